@@ -1,0 +1,30 @@
+# The two commands: `make run` and `make test`. Both install what is missing (Debian packages,
+# the pinned ggml, cached outside the checkout) and build first.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test run clean
+
+all: build
+
+deps:
+	@mkdir -p $(BUILD_DIR) && scripts/deps.sh > $(BUILD_DIR)/ggml-dir
+
+configure: deps
+	@gen=; command -v ninja >/dev/null && [ ! -f $(BUILD_DIR)/Makefile ] && gen="-G Ninja"; \
+	launcher=; command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"; \
+	cmake -S . -B $(BUILD_DIR) $$gen $$launcher -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" > $(BUILD_DIR)/configure.log \
+	  || { cat $(BUILD_DIR)/configure.log; exit 1; }
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+run: build
+	$(BUILD_DIR)/bin/offgraph --help
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,65 @@
+# Finds ggml. Two ways, one option each:
+#   -Dggml_DIR=<prefix>/lib/cmake/ggml     the build scripts/deps.sh caches (what `make` passes)
+#   -DOFFGRAPH_GGML_SOURCE=<checkout>      your own llama.cpp or ggml checkout, built in-tree
+# Either way the target ggml::ggml exists afterwards, and OFFGRAPH_GGML_DESCRIPTION says which
+# tree it came from (printed by `offgraph --version`).
+set(OFFGRAPH_GGML_SOURCE "" CACHE PATH
+    "A llama.cpp (holding ggml/) or ggml checkout to build instead of the pinned, cached ggml")
+
+set(OFFGRAPH_PINNED_TREE "fd570ef54b10ec5fecb739e7e04c8ce44a6f415a")
+set(OFFGRAPH_PINNED_RELEASE "llama.cpp v0.5.0")
+
+function(offgraph_tree_hash dir out)
+  execute_process(COMMAND git -C "${dir}" rev-parse "HEAD^{tree}" OUTPUT_VARIABLE hash
+                  ERROR_QUIET RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc EQUAL 0)
+    set(${out} "${hash}" PARENT_SCOPE)
+  else()
+    set(${out} "unknown" PARENT_SCOPE)
+  endif()
+endfunction()
+
+if(OFFGRAPH_GGML_SOURCE)
+  if(EXISTS "${OFFGRAPH_GGML_SOURCE}/ggml/CMakeLists.txt")
+    set(_ggml_src "${OFFGRAPH_GGML_SOURCE}/ggml")
+  elseif(EXISTS "${OFFGRAPH_GGML_SOURCE}/CMakeLists.txt" AND EXISTS "${OFFGRAPH_GGML_SOURCE}/include/ggml.h")
+    set(_ggml_src "${OFFGRAPH_GGML_SOURCE}")
+  else()
+    message(FATAL_ERROR "OFFGRAPH_GGML_SOURCE='${OFFGRAPH_GGML_SOURCE}' is neither a llama.cpp "
+                        "checkout (with ggml/) nor a ggml checkout")
+  endif()
+  set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
+  set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
+  set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
+  add_subdirectory("${_ggml_src}" ${PROJECT_BINARY_DIR}/ggml EXCLUDE_FROM_ALL)
+  if(NOT TARGET ggml::ggml)
+    add_library(ggml::ggml ALIAS ggml)
+  endif()
+  offgraph_tree_hash("${OFFGRAPH_GGML_SOURCE}" _tree)
+  if(_tree STREQUAL OFFGRAPH_PINNED_TREE)
+    set(OFFGRAPH_GGML_DESCRIPTION "${OFFGRAPH_PINNED_RELEASE}, tree ${_tree}, built from ${OFFGRAPH_GGML_SOURCE}")
+  else()
+    set(OFFGRAPH_GGML_DESCRIPTION "unpinned tree ${_tree} from ${OFFGRAPH_GGML_SOURCE}")
+    message(WARNING "offgraph: building on ggml tree ${_tree}, not the pinned ${OFFGRAPH_PINNED_TREE}")
+  endif()
+else()
+  find_package(ggml CONFIG)
+  if(NOT ggml_FOUND)
+    message(FATAL_ERROR "offgraph: ggml not found. Run `make` (which runs scripts/deps.sh), pass "
+                        "-Dggml_DIR=<prefix>/lib/cmake/ggml, or -DOFFGRAPH_GGML_SOURCE=<checkout>.")
+  endif()
+  # scripts/deps.sh records which verified tree it built from.
+  set(_pin_file "${ggml_DIR}/../../../offgraph-ggml-tree.txt")
+  if(EXISTS "${_pin_file}")
+    file(READ "${_pin_file}" _tree)
+    string(STRIP "${_tree}" _tree)
+  else()
+    set(_tree "unknown")
+  endif()
+  if(_tree STREQUAL OFFGRAPH_PINNED_TREE)
+    set(OFFGRAPH_GGML_DESCRIPTION "${OFFGRAPH_PINNED_RELEASE}, tree ${_tree}")
+  else()
+    set(OFFGRAPH_GGML_DESCRIPTION "tree ${_tree} from ${ggml_DIR}")
+  endif()
+endif()
+message(STATUS "offgraph: ggml from ${OFFGRAPH_GGML_DESCRIPTION}")

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Installs what offgraph needs on a fresh Debian machine, then fetches, verifies and builds the
+# pinned ggml once. Everything heavy lives in a cache outside the checkout, keyed by the pinned
+# tree hash (and, for the build, by compiler and CPU), so a second run touches no network and
+# rebuilds nothing.
+#
+# Prints, as its last line, the ggml CMake package directory (for -Dggml_DIR=...).
+#
+#   scripts/deps.sh            apt packages + source + ggml build   (what `make` runs)
+#   scripts/deps.sh --source   apt packages + verified source only; prints the source dir
+#
+# Environment: OFFGRAPH_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/offgraph).
+set -euo pipefail
+
+# The pin. node-llama-cpp ships the unmodified upstream llama.cpp release tree as a git bundle;
+# it is the only registry we can reach that carries ggml with its symbols untouched.
+readonly NPM_PACKAGE="node-llama-cpp@3.22.1"
+readonly LLAMA_CPP_RELEASE="v0.5.0"
+readonly TREE_HASH="fd570ef54b10ec5fecb739e7e04c8ce44a6f415a"
+readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
+
+readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev
+  python3 ca-certificates)
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+cache=${OFFGRAPH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/offgraph}
+mode=${1:-all}
+
+fetch_tmp=""
+trap '[ -z "$fetch_tmp" ] || rm -rf "$fetch_tmp"' EXIT
+
+log() { printf '[deps] %s\n' "$*" >&2; }
+die() { printf '[deps] error: %s\n' "$*" >&2; exit 1; }
+
+install_apt_packages() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  # npm only fetches the source; a machine may carry its own Node.js outside Debian's packages.
+  command -v npm >/dev/null || missing+=(nodejs npm)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2 || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 \
+    || die "apt-get install ${missing[*]} failed"
+}
+
+# Clones the bundle into $cache/llama.cpp-$TREE_HASH, refusing any tree but the pinned one.
+fetch_source() {
+  local dest="$cache/llama.cpp-$TREE_HASH"
+  if [ -f "$dest/.offgraph-verified" ]; then
+    echo "$dest"; return 0
+  fi
+  mkdir -p "$cache"
+  fetch_tmp=$(mktemp -d "$cache/fetch.XXXXXX")
+  local tmp=$fetch_tmp
+  log "fetching $NPM_PACKAGE (llama.cpp $LLAMA_CPP_RELEASE) from the npm registry"
+  (cd "$tmp" && npm pack "$NPM_PACKAGE" --ignore-scripts --silent >/dev/null) || die "npm pack $NPM_PACKAGE failed"
+  tar -xzf "$tmp"/node-llama-cpp-*.tgz -C "$tmp" "$BUNDLE_PATH" || die "$BUNDLE_PATH missing from the npm tarball"
+  git clone -q "$tmp/$BUNDLE_PATH" "$tmp/src" 2>/dev/null || die "git clone of the bundle failed"
+  local got
+  got=$(git -C "$tmp/src" rev-parse 'HEAD^{tree}')
+  [ "$got" = "$TREE_HASH" ] || die "tree hash mismatch: expected $TREE_HASH, the bundle holds $got; refusing to build on it"
+  rm -rf "$dest"
+  mv "$tmp/src" "$dest"
+  echo "$TREE_HASH" >"$dest/.offgraph-verified"
+  log "verified tree $TREE_HASH at $dest"
+  echo "$dest"
+}
+
+# The build is keyed by what changes the objects: tree, compiler, CPU features (GGML_NATIVE
+# compiles with -march=native) and the options below.
+readonly GGML_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+  -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CCACHE=OFF)
+
+# Bump when what the build leaves in the prefix changes.
+readonly BUILD_FORMAT=1
+
+build_key() {
+  {
+    echo "$TREE_HASH format $BUILD_FORMAT"
+    c++ --version | head -1
+    grep -m1 '^flags' /proc/cpuinfo || uname -m
+    echo "${GGML_OPTIONS[*]}"
+    cat "$root/cmake/ggml-prebuild/CMakeLists.txt"
+  } | sha256sum | cut -c1-16
+}
+
+build_ggml() {
+  local src=$1 key prefix
+  key=$(build_key)
+  prefix="$cache/ggml-${TREE_HASH:0:12}-$key"
+  if [ -f "$prefix/.offgraph-complete" ]; then
+    echo "$prefix/lib/cmake/ggml"; return 0
+  fi
+  log "building ggml (CPU backend, static) into $prefix; this happens once per tree, compiler and CPU"
+  local start=$SECONDS gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  rm -rf "$prefix.build" "$prefix"
+  cmake -S "$root/cmake/ggml-prebuild" -B "$prefix.build" "${gen[@]}" -DOFFGRAPH_GGML_TREE="$src" \
+    -DCMAKE_INSTALL_PREFIX="$prefix" "${GGML_OPTIONS[@]}" >"$prefix.log" 2>&1 \
+    || die "ggml configure failed; see $prefix.log"
+  cmake --build "$prefix.build" -j "$(nproc)" >>"$prefix.log" 2>&1 || die "ggml build failed; see $prefix.log"
+  cmake --install "$prefix.build" >>"$prefix.log" 2>&1 || die "ggml install failed; see $prefix.log"
+  rm -rf "$prefix.build"
+  echo "$TREE_HASH" >"$prefix/offgraph-ggml-tree.txt"
+  date -u +%FT%TZ >"$prefix/.offgraph-complete"
+  log "ggml built in $((SECONDS - start)) s"
+  echo "$prefix/lib/cmake/ggml"
+}
+
+install_apt_packages
+src=$(fetch_source)
+case "$mode" in
+  --source) echo "$src" ;;
+  all) build_ggml "$src" ;;
+  *) die "unknown argument '$mode' (expected nothing or --source)" ;;
+esac

@@ -1,0 +1,76 @@
+// Layout: the model's Geometry resolved against the runtime's Policy. It decides, per cache, how
+// rows are stored (a flat pool indexed by position, or a ring of window + max_write - 1 slots)
+// and does the size arithmetic every other layer relies on. Immutable once made; sequences share
+// it.
+#pragma once
+
+#include "base/status.h"
+#include "cache/geometry.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace offgraph::cache {
+
+// Runtime choices, validated against the geometry by Layout::make.
+struct Policy {
+  int32_t capacity = 0;       // hard logical bound on one sequence's length (positions)
+  int32_t max_write = 0;      // most tokens one step may write (prefill is chunked to this)
+  int32_t initial_rows = 512; // starting rows of a flat cache's storage; 0 allowed; clamped
+};
+
+enum class Storage : uint8_t { Flat = 0, Ring = 1 };
+
+struct CacheLayout {
+  CacheSpec spec;
+  Storage storage = Storage::Flat;
+  // Rows storage may ever hold: the ring size R for rings, the capacity for flat caches.
+  int32_t max_rows = 0;
+  // Rows allocated when a sequence starts: R for rings (allocated in full), the clamped initial
+  // size for flat caches (which grow lazily).
+  int32_t initial_rows = 0;
+
+  int32_t window() const { return spec.attention.window; }
+  bool ring() const { return storage == Storage::Ring; }
+};
+
+class Layout {
+public:
+  // Validates the policy (and its fit with the geometry) and resolves each cache's storage. A
+  // sliding cache is a ring of R = window + max_write - 1 slots (a step writes up to max_write
+  // rows before attending, while its first query still needs window - 1 older ones). When R would
+  // not be smaller than the capacity, the ring could never wrap, so the cache is stored flat and
+  // grows lazily instead; its window then only narrows reads and the mask.
+  static Result<std::shared_ptr<const Layout>> make(Geometry geometry, Policy policy);
+
+  const Geometry &geometry() const { return geometry_; }
+  const Policy &policy() const { return policy_; }
+  int32_t capacity() const { return policy_.capacity; }
+  int32_t max_write() const { return policy_.max_write; }
+  int32_t n_caches() const { return int32_t(caches_.size()); }
+  const CacheLayout &cache(CacheId id) const { return caches_.at(size_t(id)); }
+  bool has_ring() const { return has_ring_; }
+
+  // Storage rows cache `id` must hold so that positions [0, end) can be written and read.
+  int32_t rows_required(CacheId id, int32_t end) const;
+  // Flat growth: from `current` rows, double (starting from at least 1) until `required` fits,
+  // clamped to the capacity. Returns `current` when it already suffices. Append-only: a row's
+  // index stays its position.
+  int32_t grown_rows(int32_t current, int32_t required) const;
+  // The fewest rows any cache could hold and still serve a sequence of `length` tokens whose
+  // next step writes up to max_write tokens: all of them on a full-attention layer, the last
+  // window - 1 plus room for max_write on a sliding one. The floor our memory is measured against.
+  int64_t min_rows(CacheId id, int32_t length) const;
+
+  std::string describe() const;
+
+private:
+  Geometry geometry_;
+  Policy policy_;
+  std::vector<CacheLayout> caches_;
+  bool has_ring_ = false;
+};
+
+} // namespace offgraph::cache

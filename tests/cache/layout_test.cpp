@@ -1,0 +1,84 @@
+#include "cache/layout.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+namespace offgraph::cache {
+namespace {
+
+using testing::layer;
+using testing::make_layout;
+
+Geometry geometry(std::vector<int32_t> windows) {
+  std::vector<LayerSpec> layers;
+  for (int32_t w : windows) layers.push_back(layer(w));
+  return Geometry::build(layers, 0).value();
+}
+
+TEST(Layout, RingHoldsWindowPlusMaxWriteMinusOneRows) {
+  auto l = make_layout({2048, 0}, 131072, 512);
+  EXPECT_TRUE(l->cache(0).ring());
+  EXPECT_EQ(l->cache(0).max_rows, 2559); // CACHE_CONTRACT.md §11
+  EXPECT_EQ(l->cache(0).initial_rows, 2559);
+  EXPECT_FALSE(l->cache(1).ring());
+  EXPECT_EQ(l->cache(1).max_rows, 131072);
+  EXPECT_EQ(l->cache(1).initial_rows, 512);
+}
+
+TEST(Layout, RingThatCouldNeverWrapIsStoredFlat) {
+  // w + m - 1 = 10 >= capacity 10: a ring would never wrap, so grow lazily instead.
+  auto l = make_layout({6, 5}, 10, 5);
+  EXPECT_FALSE(l->cache(0).ring());
+  EXPECT_EQ(l->cache(0).max_rows, 10);
+  EXPECT_EQ(l->cache(0).window(), 6);
+  // w + m - 1 = 9 < 10: a ring.
+  EXPECT_TRUE(l->cache(1).ring());
+  EXPECT_EQ(l->cache(1).max_rows, 9);
+}
+
+TEST(Layout, PolicyValidationNamesTheProblem) {
+  struct Case {
+    Policy policy;
+    const char *mentions;
+  } cases[] = {
+      {{0, 1, 0}, "capacity 0"},
+      {{-5, 1, 0}, "capacity -5"},
+      {{16, 0, 0}, "max_write 0"},
+      {{16, -2, 0}, "max_write -2"},
+      {{16, 17, 0}, "exceeds the capacity"},
+      {{16, 4, -1}, "initial_rows -1"},
+      {{(1 << 29) + 1, 4, 0}, "supported maximum"},
+  };
+  for (const Case &c : cases) {
+    auto l = Layout::make(geometry({4, 0}), c.policy);
+    ASSERT_FALSE(l.ok()) << c.mentions;
+    EXPECT_NE(l.message().find(c.mentions), std::string::npos) << l.message();
+  }
+}
+
+TEST(Layout, InitialRowsClampToCapacityAndZeroIsAllowed) {
+  EXPECT_EQ(make_layout({0}, 100, 4, 512)->cache(0).initial_rows, 100);
+  EXPECT_EQ(make_layout({0}, 100, 4, 0)->cache(0).initial_rows, 0);
+}
+
+TEST(Layout, FlatGrowthDoublesAndClampsToCapacity) {
+  auto l = make_layout({0}, 1000, 4);
+  EXPECT_EQ(l->grown_rows(0, 1), 1);
+  EXPECT_EQ(l->grown_rows(0, 3), 4);
+  EXPECT_EQ(l->grown_rows(512, 513), 1000); // 1024 clamped
+  EXPECT_EQ(l->grown_rows(512, 300), 512);  // already enough
+  EXPECT_EQ(l->grown_rows(100, 1001), 1000);
+  EXPECT_EQ(l->grown_rows(3, 13), 24);
+}
+
+TEST(Layout, RowsRequiredAndTheoreticalMinimum) {
+  auto l = make_layout({4, 0}, 100, 3); // ring R = 6
+  EXPECT_EQ(l->rows_required(0, 50), 6);
+  EXPECT_EQ(l->rows_required(1, 50), 50);
+  EXPECT_EQ(l->min_rows(0, 2), 2);
+  EXPECT_EQ(l->min_rows(0, 50), 6);
+  EXPECT_EQ(l->min_rows(1, 50), 50);
+}
+
+} // namespace
+} // namespace offgraph::cache
