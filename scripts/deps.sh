@@ -49,12 +49,12 @@ install_apt_packages() {
     || die "apt-get install ${missing[*]} failed"
 }
 
-# Clones the bundle into $cache/llama.cpp-$TREE_HASH, refusing any tree but the pinned one.
+# Clones the bundle into $cache/llama.cpp-$TREE_HASH (sets src), refusing any tree but the pinned
+# one. Runs in this shell, not a subshell, so that the EXIT trap removes a failed fetch.
 fetch_source() {
   local dest="$cache/llama.cpp-$TREE_HASH"
-  if [ -f "$dest/.offgraph-verified" ]; then
-    echo "$dest"; return 0
-  fi
+  src=$dest
+  [ -f "$dest/.offgraph-verified" ] && return 0
   mkdir -p "$cache"
   fetch_tmp=$(mktemp -d "$cache/fetch.XXXXXX")
   local tmp=$fetch_tmp
@@ -69,7 +69,6 @@ fetch_source() {
   mv "$tmp/src" "$dest"
   echo "$TREE_HASH" >"$dest/.offgraph-verified"
   log "verified tree $TREE_HASH at $dest"
-  echo "$dest"
 }
 
 # The build is keyed by what changes the objects: tree, compiler, CPU features (GGML_NATIVE
@@ -114,7 +113,7 @@ build_ggml() {
 }
 
 install_apt_packages
-src=$(fetch_source)
+fetch_source
 case "$mode" in
   --source) echo "$src" ;;
   all) build_ggml "$src" ;;
