@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test run clean
+.PHONY: all deps configure build test run clean bench-kv
 
 all: build
 
@@ -25,6 +25,12 @@ test: build
 
 run: build
 	$(BUILD_DIR)/bin/offgraph --help
+
+# Decode-attention benchmark at Muse Glimmer shapes; writes docs/kv-attention.md.
+bench-kv: build
+	$(BUILD_DIR)/bin/kv_attention_bench --benchmark_out=$(BUILD_DIR)/kv_attention.json --benchmark_out_format=json
+	python3 bench/kv_attention_report.py $(BUILD_DIR)/kv_attention.json > docs/kv-attention.md
+	@echo "wrote docs/kv-attention.md"
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -1,0 +1,131 @@
+// KvStore: the bytes behind the cache core. For each sequence it owns K and V storage per cache
+// id in ggml backend buffers (shared layers own none), grows flat storage by transactional
+// doubling, copies prefixes for forks, saves and restores ring snapshots, and accounts for every
+// byte against the theoretical minimum. The graph side lives in step.h.
+#pragma once
+
+#include "base/status.h"
+#include "cache/layout.h"
+#include "cache/sequence.h"
+#include "kv/storage_types.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace offgraph::kv {
+
+using SeqId = int32_t;
+
+// Bytes of K/V storage. `held` counts rows allocated times their row bytes; `minimum` what the
+// current lengths need at the least (cache::Layout::min_rows); `buffers` what the backend
+// buffers take, alignment included.
+struct MemoryUse {
+  int64_t held = 0;
+  int64_t minimum = 0;
+  int64_t buffers = 0;
+  int64_t flat = 0, ring = 0; // held, by cache kind
+  int64_t k = 0, v = 0;       // held, by tensor (in the K and V storage types)
+
+  MemoryUse &operator+=(const MemoryUse &o);
+};
+
+// One backend buffer holding the K and V tensors of a set of caches: the flat ones (all with the
+// same row count, which grows) or the rings (each with its own ring size, fixed).
+struct Pool {
+  ggml_context_ptr ctx;
+  ggml_backend_buffer_ptr buffer;
+  int32_t rows = 0;                // flat pools: rows of every tensor
+  std::vector<ggml_tensor *> k, v; // by cache id; null where the cache lives in the other pool
+
+  int64_t buffer_bytes() const;
+};
+
+// Saved ring rows of one sequence at some length, in a buffer of their own.
+class Snapshot {
+public:
+  const cache::RingSnapshot &spec() const { return spec_; }
+  int32_t length() const { return spec_.length; }
+  int64_t bytes() const;
+
+private:
+  friend class KvStore;
+  cache::RingSnapshot spec_;
+  Pool rows_; // rows_.k[i], rows_.v[i]: the rows of spec_.rows[i], runs concatenated
+};
+
+class KvStore {
+public:
+  // `buft` is where storage lives (the CPU buffer type now). Types are checked against the layout.
+  static Result<std::unique_ptr<KvStore>> create(std::shared_ptr<const cache::Layout> layout,
+                                                 StorageTypes types,
+                                                 ggml_backend_buffer_type_t buft);
+
+  const cache::Layout &layout() const { return *layout_; }
+  std::shared_ptr<const cache::Layout> shared_layout() const { return layout_; }
+  StorageTypes types() const { return types_; }
+  // Bytes of storage all sequences may hold together (0 = no limit). Growth past it is refused.
+  void set_memory_budget(int64_t bytes) { budget_ = bytes; }
+
+  // A new empty sequence: rings allocated in full, flat caches at the initial size. Ids are the
+  // lowest unused.
+  Result<SeqId> create_sequence();
+  Status remove_sequence(SeqId id);
+  std::vector<SeqId> sequence_ids() const;
+  // The core's control face (length, rewind, clear, ...). Null for an unknown id.
+  cache::Sequence *sequence(SeqId id);
+  const cache::Sequence *sequence(SeqId id) const;
+
+  // Grows the flat storage of `id` so that positions [0, end) fit: doubling, clamped to the
+  // capacity, copying the live rows. All or nothing: on failure the sequence is untouched.
+  Status reserve(SeqId id, int32_t end);
+
+  // A new sequence holding the first n positions of `src` (refused per the core's fork rule).
+  Result<SeqId> fork(SeqId src, int32_t n);
+  // Saves the ring rows that let restore() return `id` to its current length later.
+  Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
+  Status restore(SeqId id, const Snapshot &snapshot);
+
+  MemoryUse memory(SeqId id) const;
+  MemoryUse memory() const;
+
+  // Storage of one cache of one sequence, for the graph fragment.
+  ggml_tensor *k_storage(SeqId id, cache::CacheId c) const;
+  ggml_tensor *v_storage(SeqId id, cache::CacheId c) const;
+  int32_t storage_rows(SeqId id, cache::CacheId c) const;
+
+private:
+  struct Entry {
+    explicit Entry(std::shared_ptr<const cache::Layout> l) : seq(std::move(l)) {}
+    cache::Sequence seq;
+    Pool flat, ring;
+  };
+
+  KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
+          ggml_backend_buffer_type_t buft);
+  // A pool of the ring caches (each at its ring size) or of the flat caches at flat_rows rows.
+  Result<Pool> make_pool(bool ring, int32_t flat_rows, int64_t extra_bytes_in_use);
+  int32_t pool_rows(cache::CacheId c, bool ring, int32_t flat_rows) const;
+  int64_t pool_bytes(bool ring, int32_t flat_rows) const;
+  int32_t flat_initial_rows() const;
+  const Entry *find(SeqId id) const;
+  Entry *find(SeqId id);
+  Result<SeqId> insert(Entry entry);
+  std::string unknown(SeqId id) const;
+
+  std::shared_ptr<const cache::Layout> layout_;
+  StorageTypes types_;
+  ggml_backend_buffer_type_t buft_;
+  int64_t budget_ = 0;
+  std::map<SeqId, std::unique_ptr<Entry>> entries_;
+};
+
+// Copies rows [src_row, src_row + n) of `src` into rows [dst_row, dst_row + n) of `dst` (2-D
+// tensors of the same type and row size) through the backend.
+void copy_rows(ggml_tensor *src, int32_t src_row, ggml_tensor *dst, int32_t dst_row, int32_t n);
+
+} // namespace offgraph::kv

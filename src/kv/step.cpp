@@ -1,0 +1,184 @@
+#include "kv/step.h"
+
+#include "ggml-backend.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace offgraph::kv {
+
+using cache::CacheId;
+using cache::StepPlan;
+
+namespace {
+std::string shape(const ggml_tensor *t) {
+  return "[" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) + ", " +
+         std::to_string(t->ne[2]) + ", " + std::to_string(t->ne[3]) + "]";
+}
+} // namespace
+
+Result<int32_t> Step::add_span(Span span) {
+  cache::Sequence *seq = store_.sequence(span.seq);
+  if (!seq) return Status::error("step: no sequence " + std::to_string(span.seq));
+  for (const Span &s : spans_)
+    if (s.seq == span.seq)
+      return Status::error("step: sequence " + std::to_string(span.seq) +
+                           " already has a span in this step");
+  auto plan = seq->plan(0, span.position, span.n_tokens);
+  if (!plan.ok())
+    return Status::error("step: sequence " + std::to_string(span.seq) + ": " + plan.message());
+  if (Status s = store_.reserve(span.seq, plan->end()); !s.ok()) return s;
+  spans_.push_back(span);
+  commit_plans_.push_back(*plan);
+  return int32_t(spans_.size() - 1);
+}
+
+ggml_tensor *Step::input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
+                         std::vector<uint8_t> bytes) {
+  ggml_tensor *t = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+  ggml_set_input(t);
+  pending_.push_back({t, std::move(bytes)});
+  return t;
+}
+
+ggml_tensor *Step::write_indices(ggml_context *ctx, int32_t span, const StepPlan &plan) {
+  // Flat caches write at their positions, rings at positions mod R; key on R (0 for flat).
+  const int32_t ring_rows =
+      store_.layout().cache(plan.cache).ring() ? store_.layout().cache(plan.cache).max_rows : 0;
+  auto key = std::pair{span, ring_rows};
+  if (auto it = indices_.find(key); it != indices_.end()) return it->second;
+  std::vector<uint8_t> bytes(size_t(plan.n_tokens) * sizeof(int64_t));
+  int64_t *rows = reinterpret_cast<int64_t *>(bytes.data());
+  int32_t i = 0;
+  for (const cache::Run &r : plan.write)
+    for (int32_t row = r.start; row < r.end(); ++row) rows[i++] = row;
+  ggml_tensor *t = input(ctx, GGML_TYPE_I64, plan.n_tokens, 1, std::move(bytes));
+  ggml_format_name(t, "kv_rows_s%d_r%d", span, ring_rows);
+  indices_.emplace(key, t);
+  return t;
+}
+
+ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan, int32_t first_row,
+                        int32_t n_rows) {
+  const cache::CacheLayout &c = store_.layout().cache(plan.cache);
+  const int32_t ring_rows = c.ring() ? c.max_rows : 0;
+  const int32_t window = c.window();
+  const int32_t label_base = c.ring() ? plan.high_water_after : plan.read_base_pos;
+  auto key = std::tuple{span, ring_rows, window, label_base, first_row, n_rows};
+  if (auto it = masks_.find(key); it != masks_.end()) return it->second;
+
+  // Row j of the rows read holds logical position label(j): on a flat cache first_row + j, on a
+  // ring the slot's position from the high-water mark (rows at or past the queries, and empty
+  // slots, are masked). Query i at position p sees label l iff l <= p and, with a window, p - l <
+  // w.
+  auto label = [&](int32_t j) {
+    return c.ring() ? cache::ring_slot_position(ring_rows, plan.high_water_after, first_row + j)
+                    : first_row + j;
+  };
+  const ggml_fp16_t visible = ggml_fp32_to_fp16(0.0f);
+  const ggml_fp16_t hidden = ggml_fp32_to_fp16(-INFINITY);
+  std::vector<uint8_t> bytes(size_t(n_rows) * size_t(plan.n_tokens) * sizeof(ggml_fp16_t));
+  ggml_fp16_t *m = reinterpret_cast<ggml_fp16_t *>(bytes.data());
+  for (int32_t i = 0; i < plan.n_tokens; ++i) {
+    const int32_t p = plan.position + i;
+    for (int32_t j = 0; j < n_rows; ++j) {
+      const int32_t l = label(j);
+      const bool see = l >= 0 && l <= p && (window == 0 || p - l < window);
+      m[size_t(i) * size_t(n_rows) + size_t(j)] = see ? visible : hidden;
+    }
+  }
+  ggml_tensor *t = input(ctx, GGML_TYPE_F16, n_rows, plan.n_tokens, std::move(bytes));
+  ggml_format_name(t, "kv_mask_s%d_r%d_w%d", span, ring_rows, window);
+  masks_.emplace(key, t);
+  return t;
+}
+
+Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k,
+                                              ggml_tensor *v, int32_t span, CacheId id,
+                                              float scale) {
+  if (span < 0 || span >= int32_t(spans_.size()))
+    return Status::error("update_and_attend: span " + std::to_string(span) + " was not declared");
+  const cache::Layout &layout = store_.layout();
+  if (id < 0 || id >= layout.n_caches())
+    return Status::error("update_and_attend: cache id " + std::to_string(id) + " does not exist");
+  const Span &sp = spans_[size_t(span)];
+  const cache::CacheSpec &spec = layout.cache(id).spec;
+  const int64_t T = sp.n_tokens;
+  if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F32 || v->type != GGML_TYPE_F32)
+    return Status::error("update_and_attend: q, k and v must be f32");
+  if (k->ne[0] != spec.k_head_dim || k->ne[1] != spec.n_kv_heads || k->ne[2] != T ||
+      v->ne[0] != spec.v_head_dim || v->ne[1] != spec.n_kv_heads || v->ne[2] != T ||
+      q->ne[0] != spec.k_head_dim || q->ne[2] != T || q->ne[1] % spec.n_kv_heads != 0)
+    return Status::error("update_and_attend: cache " + std::to_string(id) + " expects q [" +
+                         std::to_string(spec.k_head_dim) + ", k*" +
+                         std::to_string(spec.n_kv_heads) + ", " + std::to_string(T) + "], k [" +
+                         std::to_string(spec.k_head_dim) + ", " + std::to_string(spec.n_kv_heads) +
+                         ", " + std::to_string(T) + "], v [" + std::to_string(spec.v_head_dim) +
+                         ", " + std::to_string(spec.n_kv_heads) + ", " + std::to_string(T) +
+                         "]; got q " + shape(q) + ", k " + shape(k) + ", v " + shape(v));
+
+  auto key = std::pair{span, id};
+  auto found = written_.find(key);
+  if (found == written_.end()) {
+    const cache::Sequence &seq = *store_.sequence(sp.seq);
+    auto plan = seq.plan(id, sp.position, sp.n_tokens);
+    if (!plan.ok()) return plan.status();
+    ggml_tensor *k_store = store_.k_storage(sp.seq, id);
+    ggml_tensor *v_store = store_.v_storage(sp.seq, id);
+    GGML_ASSERT(k_store && v_store); // add_span reserved the rows
+
+    // (a) write the span's rows (both runs of a wrapping ring at once: set_rows takes indices).
+    ggml_tensor *rows = write_indices(ctx, span, *plan);
+    ggml_tensor *k_rows = ggml_reshape_2d(ctx, ggml_is_contiguous(k) ? k : ggml_cont(ctx, k),
+                                          spec.k_elements_per_token(), T);
+    ggml_tensor *v_rows = ggml_reshape_2d(ctx, ggml_is_contiguous(v) ? v : ggml_cont(ctx, v),
+                                          spec.v_elements_per_token(), T);
+    ggml_tensor *k_written = ggml_set_rows(ctx, k_store, k_rows, rows);
+    ggml_tensor *v_written = ggml_set_rows(ctx, v_store, v_rows, rows);
+
+    // (b) the rows to attend: a flat cache's contiguous read run; a ring's slots in physical order
+    // (only those ever written), labelled by position in the mask. Views of the written tensors,
+    // so attention depends on the writes.
+    int32_t first_row, n_rows;
+    if (layout.cache(id).ring()) {
+      first_row = 0;
+      n_rows = std::min(layout.cache(id).max_rows, plan->high_water_after);
+    } else {
+      first_row = plan->read.run[0].start;
+      n_rows = plan->read.run[0].len;
+    }
+    Written w;
+    w.k = ggml_view_3d(ctx, k_written, spec.k_head_dim, n_rows, spec.n_kv_heads, k_store->nb[1],
+                       ggml_row_size(k_store->type, spec.k_head_dim),
+                       size_t(first_row) * k_store->nb[1]);
+    w.v = ggml_view_3d(ctx, v_written, spec.v_head_dim, n_rows, spec.n_kv_heads, v_store->nb[1],
+                       ggml_row_size(v_store->type, spec.v_head_dim),
+                       size_t(first_row) * v_store->nb[1]);
+    // (c) the mask; a single decode token on a full-attention flat cache sees every row read.
+    const bool all_visible = !layout.cache(id).ring() && spec.attention.window == 0 && T == 1;
+    w.mask = all_visible ? nullptr : mask(ctx, span, *plan, first_row, n_rows);
+    found = written_.emplace(key, w).first;
+  }
+  const Written &w = found->second;
+  ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
+  ggml_tensor *out = ggml_flash_attn_ext(ctx, qp, w.k, w.v, w.mask, scale, 0.0f, 0.0f);
+  return out; // [D_v, H_q, T]
+}
+
+void Step::set_inputs() {
+  for (const Pending &p : pending_)
+    ggml_backend_tensor_set(p.tensor, p.bytes.data(), 0, p.bytes.size());
+}
+
+Status Step::commit() {
+  if (committed_) return Status::error("step: already committed");
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    cache::Sequence *seq = store_.sequence(spans_[i].seq);
+    if (!seq) return Status::error("step: sequence " + std::to_string(spans_[i].seq) + " vanished");
+    if (Status s = seq->commit(commit_plans_[i]); !s.ok()) return s;
+  }
+  committed_ = true;
+  return ok_status();
+}
+
+} // namespace offgraph::kv

@@ -1,0 +1,84 @@
+// Step: one forward pass's view of the cache. The runner declares the spans of the pass (one per
+// sequence); the model then calls update_and_attend once per attention layer and span; once the
+// graph is allocated, set_inputs() fills the index and mask tensors; once it has computed,
+// commit() advances the sequences. A failed pass leaves every sequence as it was.
+//
+// Tensor layouts (f32, T = the span's tokens):
+//   q   [D_k, H_q,  T]   queries, RoPE applied (H_q a multiple of H_kv; head h reads KV head
+//                        h / (H_q / H_kv))
+//   k   [D_k, H_kv, T]   the span's new keys, RoPE applied
+//   v   [D_v, H_kv, T]   the span's new values (D_v may differ from D_k)
+//   out [D_v, H_q,  T]   f32 whatever the storage types; reshape to [D_v * H_q, T] for the output
+//                        projection
+#pragma once
+
+#include "base/status.h"
+#include "kv/kv_store.h"
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+namespace offgraph::kv {
+
+struct Span {
+  SeqId seq = 0;
+  int32_t position = 0; // must be the sequence's length
+  int32_t n_tokens = 0;
+};
+
+class Step {
+public:
+  explicit Step(KvStore &store) : store_(store) {}
+
+  // Declares a span; returns its index for update_and_attend. Checks that the positions continue
+  // the sequence, fit max_write and the capacity, and grows flat storage to hold them (so graph
+  // views stay valid). A sequence may appear once per step.
+  Result<int32_t> add_span(Span span);
+
+  // The graph fragment for one attention layer on one span. `ctx` is the graph's (no_alloc)
+  // context. Writes k and v into the planned rows, then attends q over the planned read rows with
+  // the mask derived from logical positions. A second call on the same cache id and span (a
+  // shared layer re-serving its donor's cache) writes nothing and reads the same rows.
+  Result<ggml_tensor *> update_and_attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k,
+                                          ggml_tensor *v, int32_t span, cache::CacheId id,
+                                          float scale);
+
+  // After the graph holding the fragments was allocated: uploads row indices and masks.
+  void set_inputs();
+  // After the graph computed successfully: every span's sequence advances by its tokens.
+  Status commit();
+
+  const std::vector<Span> &spans() const { return spans_; }
+
+private:
+  struct Written { // the storage of one cache after the span's write, as views for attention
+    ggml_tensor *k = nullptr, *v = nullptr, *mask = nullptr;
+  };
+  struct Pending {
+    ggml_tensor *tensor;
+    std::vector<uint8_t> bytes;
+  };
+
+  ggml_tensor *input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
+                     std::vector<uint8_t> bytes);
+  ggml_tensor *write_indices(ggml_context *ctx, int32_t span, const cache::StepPlan &plan);
+  ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan, int32_t first_row,
+                    int32_t n_rows);
+
+  KvStore &store_;
+  std::vector<Span> spans_;
+  std::vector<cache::StepPlan> commit_plans_; // one per span (any cache: the length is shared)
+  std::map<std::pair<int32_t, cache::CacheId>, Written> written_;
+  // Masks and index tensors depend only on the span and a few numbers, not on the layer: build
+  // each once per step and share it across layers.
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
+  std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
+  std::vector<Pending> pending_;
+  bool committed_ = false;
+};
+
+} // namespace offgraph::kv

@@ -1,0 +1,292 @@
+// update_and_attend against the float64 oracle: random geometries (GQA ratios 1..16, head dims
+// 32..256 with V != K, windows 1..64 so rings wrap many times, shared layers), random step mixes
+// (prefill chunks, decodes, two sequences per step, rewinds, clears, forks, snapshots and
+// restores), for every pair of K and V storage types.
+#include "cache/geometry.h"
+#include "oracle.h"
+#include "runner.h"
+
+#include "ggml-cpu.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace offgraph::kv {
+namespace {
+
+using cache::CacheId;
+using testing::Call;
+using testing::Oracle;
+
+// Relative error bounds (||out - ref|| / ||ref||) by the coarsest storage type involved.
+double tolerance(ggml_type t) {
+  switch (t) {
+  case GGML_TYPE_F32:
+    return 1e-5;
+  case GGML_TYPE_F16:
+    return 2e-3;
+  case GGML_TYPE_BF16:
+    return 1.5e-2;
+  case GGML_TYPE_Q8_0:
+    return 2e-2;
+  case GGML_TYPE_Q5_0:
+  case GGML_TYPE_Q5_1:
+    return 1.5e-1;
+  default:
+    return 3e-1; // 4-bit types
+  }
+}
+
+struct Stats {
+  int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
+          clears = 0, ring_calls = 0, shared_calls = 0;
+  double worst = 0;
+};
+
+class Trial {
+public:
+  Trial(uint64_t seed, StorageTypes types, Stats &stats)
+      : rng_(seed), types_(types), stats_(stats) {}
+
+  void run(int n_ops);
+
+private:
+  int32_t uniform(int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
+  }
+  bool chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+  std::vector<float> randn(size_t n) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> x(n);
+    for (float &f : x) f = d(rng_);
+    return x;
+  }
+  void build_geometry();
+  void step();
+  int32_t pick_length(SeqId id); // a length the sequence can rewind or fork to
+  void drop_snapshots_of(SeqId id) {
+    std::erase_if(snapshots_, [&](const auto &s) { return s.first == id; });
+  }
+
+  std::mt19937_64 rng_;
+  StorageTypes types_;
+  Stats &stats_;
+  std::vector<int32_t> q_heads_; // per layer
+  std::shared_ptr<const cache::Layout> layout_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Oracle> oracle_;
+  std::vector<std::pair<SeqId, std::unique_ptr<Snapshot>>> snapshots_;
+  testing::Runner runner_;
+};
+
+void Trial::build_geometry() {
+  const int32_t n_layers = uniform(1, 4);
+  const int32_t n_shared = n_layers > 1 && chance(0.4) ? uniform(1, n_layers - 1) : 0;
+  const int32_t owners = n_layers - n_shared;
+  std::vector<cache::LayerSpec> layers;
+  for (int32_t i = 0; i < owners; ++i) {
+    const int32_t window = chance(0.3) ? 0 : (chance(0.5) ? uniform(1, 8) : uniform(1, 64));
+    const int32_t kv_heads = uniform(1, 2);
+    const int32_t k_dim = 32 * uniform(1, 8);
+    const int32_t v_dim = chance(0.5) ? k_dim : 32 * uniform(1, 8);
+    layers.push_back({cache::AttentionKind{window}, kv_heads, k_dim, v_dim});
+    q_heads_.push_back(kv_heads * (1 << uniform(0, 4))); // GQA ratio 1, 2, 4, 8 or 16
+  }
+  for (int32_t i = owners; i < n_layers; ++i) {
+    // A shared layer copies the kind of some owner; its donor is the last owner of that kind.
+    const cache::AttentionKind kind = layers[size_t(uniform(0, owners - 1))].attention;
+    int32_t donor = owners - 1;
+    while (!(layers[size_t(donor)].attention == kind)) --donor;
+    layers.push_back(layers[size_t(donor)]);
+    q_heads_.push_back(layers[size_t(donor)].n_kv_heads * (1 << uniform(0, 4)));
+  }
+  auto geo = cache::Geometry::build(layers, n_shared);
+  ASSERT_TRUE(geo.ok()) << geo.message();
+  const int32_t capacity = uniform(8, 200);
+  const int32_t max_write = uniform(1, std::min(capacity, 24));
+  auto layout = cache::Layout::make(std::move(geo).value(), {capacity, max_write, uniform(0, 16)});
+  ASSERT_TRUE(layout.ok()) << layout.message();
+  layout_ = *layout;
+  auto store = KvStore::create(layout_, types_, ggml_backend_cpu_buffer_type());
+  ASSERT_TRUE(store.ok()) << store.message();
+  store_ = std::move(store).value();
+  std::vector<testing::OracleCache> caches;
+  for (CacheId c = 0; c < layout_->n_caches(); ++c) {
+    const cache::CacheSpec &s = layout_->cache(c).spec;
+    caches.push_back({s.attention.window, s.n_kv_heads, s.k_head_dim, s.v_head_dim});
+  }
+  oracle_ = std::make_unique<Oracle>(caches);
+}
+
+void Trial::step() {
+  std::vector<SeqId> ids = store_->sequence_ids();
+  std::shuffle(ids.begin(), ids.end(), rng_);
+  if (ids.size() > 1 && chance(0.6)) ids.resize(1);
+  if (ids.size() > 2) ids.resize(2);
+  Step step(*store_);
+  for (SeqId id : ids) {
+    const cache::Sequence &seq = *store_->sequence(id);
+    const int32_t room = std::min(layout_->max_write(), seq.capacity() - seq.length());
+    if (room == 0) continue;
+    const int32_t T = chance(0.5) ? 1 : uniform(1, room);
+    auto span = step.add_span({id, seq.length(), T});
+    ASSERT_TRUE(span.ok()) << span.message();
+  }
+  if (step.spans().empty()) return;
+  const cache::Geometry &geo = layout_->geometry();
+  std::vector<Call> calls;
+  for (int32_t s = 0; s < int32_t(step.spans().size()); ++s) {
+    const int32_t T = step.spans()[size_t(s)].n_tokens;
+    std::vector<std::vector<float>> k(size_t(layout_->n_caches())), v(k.size());
+    for (CacheId c = 0; c < layout_->n_caches(); ++c) {
+      const cache::CacheSpec &cs = layout_->cache(c).spec;
+      k[size_t(c)] = randn(size_t(T) * size_t(cs.k_elements_per_token()));
+      v[size_t(c)] = randn(size_t(T) * size_t(cs.v_elements_per_token()));
+    }
+    for (int32_t l = 0; l < geo.n_layers(); ++l) {
+      const CacheId c = geo.cache_of_layer(l);
+      const cache::CacheSpec &cs = layout_->cache(c).spec;
+      Call call;
+      call.span = s;
+      call.cache = c;
+      call.n_q_heads = q_heads_[size_t(l)];
+      // 1/sqrt(D), the scale models use. With exact (f32) keys, sometimes 3x sharper too, so that
+      // softmax is far from uniform; quantized keys' score errors grow with the scale, and the
+      // bounds below are for realistic ones.
+      const double sharpen = types_.k == GGML_TYPE_F32 && chance(0.3) ? 3.0 : 1.0;
+      call.scale = float(sharpen / std::sqrt(double(cs.k_head_dim)));
+      call.q = randn(size_t(T) * size_t(call.n_q_heads) * size_t(cs.k_head_dim));
+      call.k = k[size_t(c)];
+      call.v = v[size_t(c)]; // a shared layer passes its donor's K/V, as YOCO computes them
+      stats_.ring_calls += layout_->cache(c).ring();
+      stats_.shared_calls += geo.is_shared_layer(l);
+      calls.push_back(std::move(call));
+    }
+  }
+  ASSERT_TRUE(runner_.run(step, *layout_, calls));
+  // The oracle appends each cache's rows once (a shared layer adds none), then attends.
+  for (int32_t s = 0; s < int32_t(step.spans().size()); ++s) {
+    std::vector<bool> appended(size_t(layout_->n_caches()), false);
+    for (const Call &call : calls)
+      if (call.span == s && !appended[size_t(call.cache)]) {
+        oracle_->append(step.spans()[size_t(s)].seq, call.cache, call.k, call.v);
+        appended[size_t(call.cache)] = true;
+      }
+  }
+  const double tol = std::max(tolerance(types_.k), tolerance(types_.v));
+  for (const Call &call : calls) {
+    const Span &sp = step.spans()[size_t(call.span)];
+    auto ref = oracle_->attend(sp.seq, call.cache, sp.position, sp.n_tokens, call.n_q_heads, call.q,
+                               call.scale);
+    const double err = testing::relative_error(call.out, ref);
+    stats_.worst = std::max(stats_.worst, err);
+    ASSERT_LE(err, tol) << "cache " << call.cache << " ("
+                        << layout_->cache(call.cache).spec.attention.describe()
+                        << (layout_->cache(call.cache).ring() ? ", ring" : ", flat") << ") seq "
+                        << sp.seq << " positions " << sp.position << ".."
+                        << sp.position + sp.n_tokens - 1 << ", K " << ggml_type_name(types_.k)
+                        << " V " << ggml_type_name(types_.v);
+    ++stats_.calls;
+  }
+  ASSERT_TRUE(step.commit().ok());
+  ++stats_.steps;
+  stats_.two_span_steps += step.spans().size() == 2;
+}
+
+int32_t Trial::pick_length(SeqId id) {
+  const cache::Sequence &seq = *store_->sequence(id);
+  if (chance(0.1)) return 0;
+  return uniform(seq.rewind_floor(), seq.length());
+}
+
+void Trial::run(int n_ops) {
+  build_geometry();
+  if (::testing::Test::HasFatalFailure()) return;
+  auto first = store_->create_sequence();
+  ASSERT_TRUE(first.ok()) << first.message();
+  oracle_->create(*first);
+  for (int i = 0; i < n_ops && !::testing::Test::HasFailure(); ++i) {
+    std::vector<SeqId> ids = store_->sequence_ids();
+    const SeqId id = ids[size_t(uniform(0, int32_t(ids.size()) - 1))];
+    cache::Sequence &seq = *store_->sequence(id);
+    const int32_t pick = uniform(0, 99);
+    if (pick < 62) {
+      step();
+    } else if (pick < 72) {
+      const int32_t to = pick_length(id);
+      ASSERT_TRUE(seq.rewind(to).ok()) << "rewind to " << to;
+      oracle_->truncate(id, to);
+      ++stats_.rewinds;
+    } else if (pick < 74) {
+      seq.clear();
+      oracle_->truncate(id, 0);
+      ++stats_.clears;
+    } else if (pick < 82) {
+      const int32_t n = pick_length(id);
+      if (ids.size() >= 3) {
+        const SeqId victim = ids[size_t(uniform(0, int32_t(ids.size()) - 1))];
+        if (victim == id) continue;
+        ASSERT_TRUE(store_->remove_sequence(victim).ok());
+        oracle_->erase(victim);
+        drop_snapshots_of(victim);
+      }
+      auto child = store_->fork(id, n);
+      ASSERT_TRUE(child.ok()) << child.message();
+      oracle_->fork(id, n, *child);
+      ++stats_.forks;
+    } else if (pick < 91) {
+      auto snap = store_->snapshot(id);
+      ASSERT_TRUE(snap.ok()) << snap.message();
+      snapshots_.emplace_back(id, std::move(snap).value());
+    } else if (!snapshots_.empty()) {
+      auto &[owner, snap] = snapshots_[size_t(uniform(0, int32_t(snapshots_.size()) - 1))];
+      if (store_->restore(owner, *snap).ok()) {
+        oracle_->truncate(owner, snap->length());
+        ++stats_.restores;
+      }
+    }
+  }
+}
+
+class OracleTest : public ::testing::TestWithParam<std::pair<ggml_type, ggml_type>> {};
+
+TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
+  const StorageTypes types{GetParam().first, GetParam().second};
+  Stats stats;
+  for (uint64_t seed = 1; stats.steps < 400 && !HasFailure(); ++seed) {
+    Trial trial(seed * 7919 + uint64_t(types.k) * 131 + uint64_t(types.v), types, stats);
+    trial.run(80);
+    if (HasFailure()) ADD_FAILURE() << "seed " << seed;
+  }
+  std::printf("[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
+              "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores; "
+              "worst relative error %.3g (bound %.3g)\n",
+              ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
+              (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
+              (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
+              (long long)stats.forks, (long long)stats.restores, stats.worst,
+              std::max(tolerance(types.k), tolerance(types.v)));
+  EXPECT_GT(stats.ring_calls, 100);
+  EXPECT_GT(stats.restores, 5);
+  EXPECT_GT(stats.forks, 5);
+}
+
+std::vector<std::pair<ggml_type, ggml_type>> type_pairs() {
+  std::vector<std::pair<ggml_type, ggml_type>> pairs;
+  for (ggml_type k : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0})
+    for (ggml_type v : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0}) pairs.emplace_back(k, v);
+  pairs.emplace_back(GGML_TYPE_BF16, GGML_TYPE_BF16);
+  pairs.emplace_back(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0);
+  pairs.emplace_back(GGML_TYPE_Q5_1, GGML_TYPE_Q8_0);
+  return pairs;
+}
+
+INSTANTIATE_TEST_SUITE_P(StorageTypes, OracleTest, ::testing::ValuesIn(type_pairs()),
+                         [](const auto &param_info) {
+                           return std::string("K_") + ggml_type_name(param_info.param.first) +
+                                  "_V_" + ggml_type_name(param_info.param.second);
+                         });
+
+} // namespace
+} // namespace offgraph::kv

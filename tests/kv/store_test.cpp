@@ -1,0 +1,273 @@
+// KvStore: growth, donor sharing, memory accounting and refusals, each against an independent
+// expectation (a store allocated at full size, recomputed K/V, hand arithmetic).
+#include "cache/geometry.h"
+#include "kv/kv_store.h"
+#include "runner.h"
+
+#include "ggml-cpu.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace offgraph::kv {
+namespace {
+
+using cache::CacheId;
+using testing::Call;
+
+std::shared_ptr<const cache::Layout> make_layout(std::vector<cache::LayerSpec> layers,
+                                                 int32_t shared, cache::Policy policy) {
+  auto geo = cache::Geometry::build(layers, shared);
+  EXPECT_TRUE(geo.ok()) << geo.message();
+  auto layout = cache::Layout::make(std::move(geo).value(), policy);
+  EXPECT_TRUE(layout.ok()) << layout.message();
+  return *layout;
+}
+
+std::unique_ptr<KvStore> make_store(std::shared_ptr<const cache::Layout> layout,
+                                    StorageTypes types) {
+  auto store = KvStore::create(std::move(layout), types, ggml_backend_cpu_buffer_type());
+  EXPECT_TRUE(store.ok()) << store.message();
+  return std::move(store).value();
+}
+
+std::vector<float> randn(std::mt19937_64 &rng, size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float &f : x) f = d(rng);
+  return x;
+}
+
+// One step of n tokens on `seq` through every layer; layer l's q, k, v come from `inputs(l)`.
+struct LayerInputs {
+  std::vector<float> q, k, v;
+  int32_t n_q_heads;
+};
+std::vector<std::vector<float>> run_step(KvStore &store, SeqId seq, int32_t n,
+                                         const std::vector<LayerInputs> &inputs) {
+  Step step(store);
+  auto span = step.add_span({seq, store.sequence(seq)->length(), n});
+  EXPECT_TRUE(span.ok()) << span.message();
+  if (!span.ok()) return {};
+  std::vector<Call> calls;
+  const cache::Geometry &geo = store.layout().geometry();
+  for (int32_t l = 0; l < geo.n_layers(); ++l) {
+    Call c;
+    c.span = *span;
+    c.cache = geo.cache_of_layer(l);
+    c.n_q_heads = inputs[size_t(l)].n_q_heads;
+    c.scale = 0.125f;
+    c.q = inputs[size_t(l)].q;
+    c.k = inputs[size_t(l)].k;
+    c.v = inputs[size_t(l)].v;
+    calls.push_back(std::move(c));
+  }
+  testing::Runner runner;
+  EXPECT_TRUE(runner.run(step, store.layout(), calls));
+  EXPECT_TRUE(step.commit().ok());
+  std::vector<std::vector<float>> outs;
+  for (Call &c : calls) outs.push_back(std::move(c.out));
+  return outs;
+}
+
+// Random inputs for every layer; a shared layer gets its donor's K/V (what YOCO computes).
+std::vector<LayerInputs> random_inputs(std::mt19937_64 &rng, const cache::Layout &layout, int32_t n,
+                                       int32_t q_heads) {
+  const cache::Geometry &geo = layout.geometry();
+  std::vector<LayerInputs> in(size_t(geo.n_layers()));
+  for (int32_t l = 0; l < geo.n_layers(); ++l) {
+    const cache::CacheSpec &s = layout.cache(geo.cache_of_layer(l)).spec;
+    in[size_t(l)].n_q_heads = q_heads;
+    in[size_t(l)].q = randn(rng, size_t(n * q_heads * s.k_head_dim));
+    if (geo.is_shared_layer(l)) {
+      in[size_t(l)].k = in[size_t(s.owner_layer)].k;
+      in[size_t(l)].v = in[size_t(s.owner_layer)].v;
+    } else {
+      in[size_t(l)].k = randn(rng, size_t(n * s.n_kv_heads * s.k_head_dim));
+      in[size_t(l)].v = randn(rng, size_t(n * s.n_kv_heads * s.v_head_dim));
+    }
+  }
+  return in;
+}
+
+cache::LayerSpec layer(int32_t window, int32_t heads = 2, int32_t k_dim = 64, int32_t v_dim = 32) {
+  return {cache::AttentionKind{window}, heads, k_dim, v_dim};
+}
+
+TEST(KvStore, GrowingFromOneRowGivesTheSameOutputsAsFullSize) {
+  const std::vector<cache::LayerSpec> layers = {layer(0), layer(6), layer(0, 1, 32, 96)};
+  auto small = make_store(make_layout(layers, 0, {300, 7, 1}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
+  auto full = make_store(make_layout(layers, 0, {300, 7, 300}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
+  const SeqId a = *small->create_sequence(), b = *full->create_sequence();
+  EXPECT_EQ(small->storage_rows(a, 0), 1);
+  EXPECT_EQ(full->storage_rows(b, 0), 300);
+  std::mt19937_64 rng(42);
+  int32_t doublings = 0, last_rows = 1;
+  while (small->sequence(a)->length() < 300) {
+    const int32_t room = 300 - small->sequence(a)->length();
+    const int32_t n = std::min(room, std::uniform_int_distribution<int32_t>(1, 7)(rng));
+    auto in = random_inputs(rng, small->layout(), n, 4);
+    auto out_small = run_step(*small, a, n, in);
+    auto out_full = run_step(*full, b, n, in);
+    ASSERT_EQ(out_small, out_full) << "at length " << small->sequence(a)->length();
+    doublings += small->storage_rows(a, 0) != last_rows;
+    last_rows = small->storage_rows(a, 0);
+  }
+  EXPECT_GE(doublings, 6); // each change is one or more doublings: 1 -> ... -> 256 -> 300
+  EXPECT_EQ(small->storage_rows(a, 0), 300);
+  EXPECT_EQ(small->storage_rows(a, 1), 6 + 7 - 1); // the ring never grows
+}
+
+TEST(KvStore, SharedLayersMatchRecomputedKVAndHoldNoStorage) {
+  // Layers 2 and 3 share the caches of 0 (sliding) and 1 (full).
+  const std::vector<cache::LayerSpec> layers = {layer(5), layer(0), layer(5), layer(0)};
+  auto shared = make_store(make_layout(layers, 2, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  auto own = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  ASSERT_EQ(shared->layout().n_caches(), 2);
+  ASSERT_EQ(own->layout().n_caches(), 4);
+  const SeqId a = *shared->create_sequence(), b = *own->create_sequence();
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 30; ++i) {
+    const int32_t n = i % 3 == 0 ? 4 : 1;
+    // The unshared model recomputes layers 2 and 3's K/V; they equal the donors' (as in YOCO).
+    auto in = random_inputs(rng, shared->layout(), n, 4);
+    ASSERT_EQ(run_step(*shared, a, n, in), run_step(*own, b, n, in)) << "step " << i;
+  }
+  EXPECT_EQ(shared->memory().held * 2, own->memory().held);
+  for (CacheId c = 0; c < 2; ++c) EXPECT_NE(shared->k_storage(a, c), nullptr);
+}
+
+TEST(KvStore, BytesHeldFollowTheFormula) {
+  // Two KV heads; K dim 64, V dim 32; window 6 with max_write 7 -> ring of 12 rows.
+  const std::vector<cache::LayerSpec> layers = {layer(0), layer(6), layer(0)};
+  auto store = make_store(make_layout(layers, 0, {1024, 7, 1}), {GGML_TYPE_Q8_0, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  // q8_0 stores 32 values in 34 bytes; f16 2 bytes a value.
+  const int64_t k_row = 2 * 64 / 32 * 34, v_row = 2 * 32 * 2, row = k_row + v_row;
+  const int64_t ring = 12 * row;
+  MemoryUse m = store->memory(s);
+  EXPECT_EQ(m.ring, ring); // allocated up front
+  EXPECT_EQ(m.flat, 2 * 1 * row);
+  EXPECT_EQ(m.held, m.flat + m.ring);
+  EXPECT_EQ(m.k + m.v, m.held);
+  std::mt19937_64 rng(3);
+  for (int32_t length = 0; length < 64;) {
+    const int32_t n = std::min(7, 64 - length);
+    run_step(*store, s, n, random_inputs(rng, store->layout(), n, 2));
+    length += n;
+    m = store->memory(s);
+    const int64_t flat_rows = store->storage_rows(s, 0);
+    EXPECT_EQ(m.flat, 2 * flat_rows * row);
+    EXPECT_EQ(m.k, (2 * flat_rows + 12) * k_row);
+    EXPECT_EQ(m.v, (2 * flat_rows + 12) * v_row);
+    // The minimum: every position on full layers, window - 1 + max_write on the ring.
+    EXPECT_EQ(m.minimum, (2 * int64_t(length) + std::min<int64_t>(length, 12)) * row);
+    EXPECT_GE(m.buffers, m.held);
+    EXPECT_LT(m.buffers - m.held, 6 * 64); // only alignment padding
+  }
+  // At a doubling boundary the flat caches hold exactly what they need: bytes held = minimum.
+  ASSERT_EQ(store->sequence(s)->length(), 64);
+  EXPECT_EQ(store->storage_rows(s, 0), 64);
+  EXPECT_EQ(store->memory(s).held, store->memory(s).minimum);
+}
+
+TEST(KvStore, GrowthPastTheBudgetFailsAndChangesNothing) {
+  const std::vector<cache::LayerSpec> layers = {layer(0)};
+  auto store = make_store(make_layout(layers, 0, {4096, 8, 8}), {GGML_TYPE_F32, GGML_TYPE_F32});
+  const SeqId s = *store->create_sequence();
+  const int64_t row = 2 * 64 * 4 + 2 * 32 * 4;
+  store->set_memory_budget(20 * row + 4096); // 8 rows fit, and 16 rows beside them, not 32
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 2; ++i) run_step(*store, s, 8, random_inputs(rng, store->layout(), 8, 2));
+  ASSERT_EQ(store->storage_rows(s, 0), 16);
+  const MemoryUse before = store->memory(s);
+  Step step(*store);
+  auto span = step.add_span({s, 16, 1});
+  ASSERT_FALSE(span.ok());
+  EXPECT_NE(span.message().find("memory budget"), std::string::npos) << span.message();
+  EXPECT_EQ(store->sequence(s)->length(), 16);
+  EXPECT_EQ(store->storage_rows(s, 0), 16);
+  EXPECT_EQ(store->memory(s).buffers, before.buffers);
+  // The sequence still works where its storage allows: rewind and decode again.
+  ASSERT_TRUE(store->sequence(s)->rewind(15).ok());
+  EXPECT_EQ(run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 2)).size(), 1u);
+}
+
+TEST(KvStore, ForkIsRefusedWhenTheRingNoLongerHoldsTheWindow) {
+  const std::vector<cache::LayerSpec> layers = {layer(4), layer(0)};
+  auto store = make_store(make_layout(layers, 0, {128, 2, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 12; ++i) run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 2));
+  auto refused = store->fork(s, 9);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("restore a snapshot"), std::string::npos) << refused.message();
+  EXPECT_EQ(store->sequence_ids().size(), 1u);
+  auto child = store->fork(s, 10);
+  ASSERT_TRUE(child.ok()) << child.message();
+  EXPECT_EQ(store->sequence(*child)->length(), 10);
+}
+
+TEST(KvStore, RestoreThenDecodeEqualsNeverHavingMoved) {
+  // Snapshot at a prompt boundary, generate past the ring, restore, decode: the outputs must equal
+  // those of a fork taken at the boundary (which never moved), bit for bit.
+  const std::vector<cache::LayerSpec> layers = {layer(4), layer(0), layer(3)};
+  auto store = make_store(make_layout(layers, 0, {128, 3, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 4; ++i) run_step(*store, s, 3, random_inputs(rng, store->layout(), 3, 4));
+  auto snap = store->snapshot(s);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ((*snap)->length(), 12);
+  const SeqId twin = *store->fork(s, 12); // never moves
+  for (int i = 0; i < 10; ++i) run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 4));
+  ASSERT_FALSE(store->sequence(s)->rewind(12).ok()); // the rings wrapped past the boundary
+  ASSERT_TRUE(store->restore(s, **snap).ok());
+  for (int i = 0; i < 6; ++i) {
+    auto in = random_inputs(rng, store->layout(), i % 2 ? 1 : 3, 4);
+    const int32_t n = i % 2 ? 1 : 3;
+    ASSERT_EQ(run_step(*store, s, n, in), run_step(*store, twin, n, in)) << "step " << i;
+  }
+}
+
+TEST(KvStore, RejectsTypesAttentionCannotRead) {
+  const std::vector<cache::LayerSpec> layers = {layer(0, 2, 48, 64)};
+  auto layout = make_layout(layers, 0, {64, 4, 8});
+  auto q8 =
+      KvStore::create(layout, {GGML_TYPE_Q8_0, GGML_TYPE_F16}, ggml_backend_cpu_buffer_type());
+  ASSERT_FALSE(q8.ok()); // 48 is not a multiple of q8_0's 32-value blocks
+  EXPECT_NE(q8.message().find("head dim 48"), std::string::npos) << q8.message();
+  auto kq =
+      KvStore::create(layout, {GGML_TYPE_F16, GGML_TYPE_Q4_K}, ggml_backend_cpu_buffer_type());
+  ASSERT_FALSE(kq.ok());
+  EXPECT_NE(kq.message().find("q4_K"), std::string::npos) << kq.message();
+  EXPECT_TRUE(parse_storage_type("q8_0").ok());
+  auto bad = parse_storage_type("q3");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("accepted"), std::string::npos);
+}
+
+TEST(KvStore, StepRefusesShapeMismatchesAndUnknownSequences) {
+  const std::vector<cache::LayerSpec> layers = {layer(0)};
+  auto store = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  Step step(*store);
+  EXPECT_FALSE(step.add_span({s + 1, 0, 1}).ok());
+  EXPECT_FALSE(step.add_span({s, 3, 1}).ok()); // does not continue the sequence
+  auto span = step.add_span({s, 0, 2});
+  ASSERT_TRUE(span.ok());
+  EXPECT_FALSE(step.add_span({s, 0, 1}).ok()); // one span per sequence per step
+  ggml_init_params params = {16 * ggml_tensor_overhead(), nullptr, true};
+  ggml_context_ptr ctx(ggml_init(params));
+  ggml_tensor *q =
+      ggml_new_tensor_3d(ctx.get(), GGML_TYPE_F32, 64, 3, 2); // 3 is not a multiple of 2
+  ggml_tensor *k = ggml_new_tensor_3d(ctx.get(), GGML_TYPE_F32, 64, 2, 2);
+  ggml_tensor *v = ggml_new_tensor_3d(ctx.get(), GGML_TYPE_F32, 32, 2, 2);
+  auto out = step.update_and_attend(ctx.get(), q, k, v, *span, 0, 0.125f);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.message().find("expects q"), std::string::npos) << out.message();
+}
+
+} // namespace
+} // namespace offgraph::kv
