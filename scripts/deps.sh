@@ -19,7 +19,7 @@ readonly LLAMA_CPP_RELEASE="v0.5.0"
 readonly TREE_HASH="fd570ef54b10ec5fecb739e7e04c8ce44a6f415a"
 readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
 
-readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   python3 ca-certificates)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -94,6 +94,7 @@ build_ggml() {
   key=$(build_key)
   prefix="$cache/ggml-${TREE_HASH:0:12}-$key"
   if [ -f "$prefix/.offgraph-complete" ]; then
+    echo "$src" >"$prefix/offgraph-source.txt" # the source may have been re-fetched elsewhere
     echo "$prefix/lib/cmake/ggml"; return 0
   fi
   log "building ggml (CPU backend, static) into $prefix; this happens once per tree, compiler and CPU"
@@ -107,6 +108,7 @@ build_ggml() {
   cmake --install "$prefix.build" >>"$prefix.log" 2>&1 || die "ggml install failed; see $prefix.log"
   rm -rf "$prefix.build"
   echo "$TREE_HASH" >"$prefix/offgraph-ggml-tree.txt"
+  echo "$src" >"$prefix/offgraph-source.txt"
   date -u +%FT%TZ >"$prefix/.offgraph-complete"
   log "ggml built in $((SECONDS - start)) s"
   echo "$prefix/lib/cmake/ggml"

@@ -1,46 +1,50 @@
-// The offgraph program. Subcommands arrive with the layers they expose (run, chat, serve,
-// inspect, synth, perplexity); for now it reports what it is and what it was built against.
+// The offgraph program: subcommands for generating, inspecting and running models.
+#include "commands.h"
+
 #include "ggml.h"
 
 #include <cstdio>
-#include <cstring>
-#include <string_view>
+#include <unistd.h>
 
-namespace {
+namespace offgraph::cli {
 
-void print_version() {
-  std::printf("offgraph %s (commit %s)\n", OFFGRAPH_VERSION, OFFGRAPH_COMMIT);
-  std::printf("ggml %s (commit %s), %s\n", ggml_version(), ggml_commit(),
-              OFFGRAPH_GGML_DESCRIPTION);
+void progress_bar(const char *what, uint64_t done, uint64_t total) {
+  static bool tty = isatty(2);
+  if (!tty || total == 0) return;
+  const int width = 40, filled = int(double(done) / double(total) * width);
+  std::fprintf(stderr, "\r%s [%.*s%*s] %3d%%", what, filled,
+               "########################################", width - filled, "",
+               int(100.0 * double(done) / double(total)));
+  if (done >= total) std::fprintf(stderr, "\n");
 }
 
-void print_help(std::FILE *to) {
-  std::fprintf(
-      to, "offgraph: LLM inference and an OpenAI-compatible server on ggml, with the KV cache\n"
-          "kept off the model graph.\n"
-          "\n"
-          "usage: offgraph [--version | --help]\n"
-          "\n"
-          "  --version   print offgraph's version and the ggml it was built against\n"
-          "  --help      print this help\n"
-          "\n"
-          "Serving, running and inspecting models arrive with the model and server layers.\n");
-}
-
-} // namespace
+} // namespace offgraph::cli
 
 int main(int argc, char **argv) {
-  if (argc == 2 &&
-      (std::string_view(argv[1]) == "--version" || std::string_view(argv[1]) == "-v")) {
-    print_version();
+  CLI::App app{
+      "offgraph: LLM inference and an OpenAI-compatible server on ggml, with the KV cache kept "
+      "off the model graph."};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("-v,--version", version,
+               "print offgraph's version and the ggml it was built against");
+  auto synth = offgraph::cli::add_synth(app);
+  auto inspect = offgraph::cli::add_inspect(app);
+  auto logits = offgraph::cli::add_logits(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+  if (version) {
+    std::printf("offgraph %s (commit %s)\n", OFFGRAPH_VERSION, OFFGRAPH_COMMIT);
+    std::printf("ggml %s (commit %s), %s\n", ggml_version(), ggml_commit(),
+                OFFGRAPH_GGML_DESCRIPTION);
     return 0;
   }
-  if (argc == 1 ||
-      (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h"))) {
-    print_help(stdout);
-    return 0;
-  }
-  std::fprintf(stderr, "offgraph: unknown argument '%s'\n\n", argv[1]);
-  print_help(stderr);
-  return 2;
+  if (app.got_subcommand("synth")) return synth();
+  if (app.got_subcommand("inspect")) return inspect();
+  if (app.got_subcommand("logits")) return logits();
+  std::printf("%s", app.help().c_str());
+  return 0;
 }

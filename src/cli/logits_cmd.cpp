@@ -1,0 +1,114 @@
+#include "commands.h"
+
+#include "kv/storage_types.h"
+#include "model/forward.h"
+#include "peer/logits_file.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <sstream>
+
+namespace offgraph::cli {
+
+std::function<int()> add_logits(CLI::App &app) {
+  struct Opts {
+    std::string model, tokens, out, ctk = "f32", ctv = "f32";
+    int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
+    uint64_t seed = 1;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App *cmd =
+      app.add_subcommand("logits", "compute logits for a token list, then decode greedily");
+  cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
+  cmd->add_option("--tokens", o->tokens, "prompt token ids, comma-separated");
+  cmd->add_option("--random", o->random, "or a prompt of this many random token ids");
+  cmd->add_option("--seed", o->seed, "seed for --random")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk, "prefill chunk (max_write)")->capture_default_str();
+  cmd->add_option("--greedy", o->greedy, "greedy decode steps after the prompt")
+      ->capture_default_str();
+  cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
+  cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  cmd->add_option("-o,--out", o->out,
+                  "write every logits row to this file (for the peer comparer)");
+  return [o]() -> int {
+    auto fail = [](const std::string &m) {
+      return std::fprintf(stderr, "offgraph logits: %s\n", m.c_str()), 1;
+    };
+    auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
+      if (t > (256u << 20)) progress_bar("loading", d, t);
+    });
+    if (!m.ok()) return fail(m.message());
+    const model::ModelConfig &c = (*m)->config();
+    std::vector<int32_t> prompt;
+    if (!o->tokens.empty()) {
+      std::stringstream ss(o->tokens);
+      for (std::string item; std::getline(ss, item, ',');) {
+        try {
+          prompt.push_back(std::stoi(item));
+        } catch (...) {
+          return fail("'" + item + "' is not a token id");
+        }
+      }
+    } else if (o->random > 0) {
+      std::mt19937_64 rng(o->seed);
+      for (int32_t i = 0; i < o->random; ++i)
+        prompt.push_back(std::uniform_int_distribution<int32_t>(0, c.n_vocab - 1)(rng));
+    }
+    if (prompt.empty()) return fail("no prompt (give --tokens or --random)");
+    if (o->chunk < 1) return fail("--chunk must be at least 1");
+    auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
+    if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    const int32_t capacity = int32_t(prompt.size()) + std::max(o->greedy, 1);
+    auto layout = model::make_layout(**m, {capacity, std::min(o->chunk, capacity), 256});
+    if (!layout.ok()) return fail(layout.message());
+    auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+    if (!store.ok()) return fail(store.message());
+    const kv::SeqId seq = *(*store)->create_sequence();
+    model::Forward fwd(**m, **store, o->threads);
+
+    peer::LogitsFile file;
+    file.n_vocab = uint32_t(c.n_vocab);
+    file.n_prompt = uint32_t(prompt.size());
+    for (int32_t t : prompt) file.tokens.push_back(uint32_t(t));
+    // Prefill in chunks, keeping every row's logits.
+    for (size_t at = 0; at < prompt.size();) {
+      const int32_t n = int32_t(std::min<size_t>(size_t(o->chunk), prompt.size() - at));
+      model::Batch b;
+      b.tokens.assign(prompt.begin() + long(at), prompt.begin() + long(at) + n);
+      b.spans.push_back({seq, int32_t(at), n});
+      for (int32_t i = 0; i < n; ++i) b.logit_rows.push_back(i);
+      auto logits = fwd.run(b);
+      if (!logits.ok()) return fail(logits.message());
+      file.logits.insert(file.logits.end(), logits->begin(), logits->end());
+      at += size_t(n);
+    }
+    auto argmax = [&]() {
+      const float *row = file.logits.data() + file.logits.size() - size_t(c.n_vocab);
+      return int32_t(std::max_element(row, row + c.n_vocab) - row);
+    };
+    std::printf("greedy:");
+    for (int32_t g = 0; g < o->greedy; ++g) {
+      const int32_t next = argmax();
+      file.tokens.push_back(uint32_t(next));
+      std::printf(" %d", next);
+      if (g + 1 == o->greedy) break; // the last pick needs no logits of its own
+      model::Batch b;
+      b.tokens = {next};
+      b.spans.push_back({seq, int32_t(file.tokens.size()) - 1, 1});
+      b.logit_rows = {0};
+      auto logits = fwd.run(b);
+      if (!logits.ok()) return fail(logits.message());
+      file.logits.insert(file.logits.end(), logits->begin(), logits->end());
+    }
+    std::printf("\n");
+    if (!o->out.empty() && !file.write(o->out)) return fail("cannot write " + o->out);
+    return 0;
+  };
+}
+
+} // namespace offgraph::cli

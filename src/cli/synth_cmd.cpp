@@ -1,0 +1,88 @@
+#include "commands.h"
+
+#include "kv/storage_types.h"
+#include "synth/synth.h"
+
+#include <cstdio>
+#include <memory>
+
+namespace offgraph::cli {
+
+std::function<int()> add_synth(CLI::App &app) {
+  struct Opts {
+    std::string arch = "muse-glimmer", preset = "tiny", out, type, pattern, vocab, tmpl;
+    int32_t layers = 0, embd = 0, heads = 0, kv_heads = 0, head_dim = 0, ff = 0, window = 0,
+            vocab_size = 0;
+    uint64_t seed = 1;
+    bool meta_only = false, no_vocab = false, no_template = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App *cmd = app.add_subcommand("synth", "write a GGUF model with seeded random weights");
+  cmd->add_option("-o,--output", o->out, "the GGUF file to write")->required();
+  cmd->add_option("--arch", o->arch, "muse-glimmer or llama")->capture_default_str();
+  cmd->add_option("--preset", o->preset, "tiny, small, 0.4b, 1b or 30b")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "number of layers");
+  cmd->add_option("--embd", o->embd, "embedding width");
+  cmd->add_option("--heads", o->heads, "query heads");
+  cmd->add_option("--kv-heads", o->kv_heads, "KV heads");
+  cmd->add_option("--head-dim", o->head_dim, "head dimension");
+  cmd->add_option("--ff", o->ff, "feed-forward width");
+  cmd->add_option("--window", o->window, "sliding window (muse-glimmer)");
+  cmd->add_option("--pattern", o->pattern,
+                  "sliding_window_pattern as 'array' or 'scalar' (muse-glimmer)");
+  cmd->add_option("--type", o->type, "weight type: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K");
+  cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  cmd->add_option(
+      "--vocab", o->vocab,
+      "vocab-only GGUF to copy the tokenizer from (default: the pinned tree's llama-bpe)");
+  cmd->add_flag("--no-vocab", o->no_vocab, "write no tokenizer (use --vocab-size)");
+  cmd->add_option("--vocab-size", o->vocab_size, "vocabulary size without a tokenizer");
+  cmd->add_option("--template", o->tmpl,
+                  "chat template to embed (default: the pinned tree's muse-glimmer.jinja)");
+  cmd->add_flag("--no-template", o->no_template, "embed no chat template");
+  cmd->add_flag("--meta-only", o->meta_only, "write keys and tensor infos only, no weights");
+  return [o, cmd]() -> int {
+    (void)cmd;
+    auto spec = synth::preset(o->preset, o->arch);
+    if (!spec.ok()) return std::fprintf(stderr, "offgraph synth: %s\n", spec.message().c_str()), 1;
+    synth::SynthSpec s = *spec;
+    auto set = [](int32_t v, int32_t &field) {
+      if (v > 0) field = v;
+    };
+    set(o->layers, s.n_layer), set(o->embd, s.n_embd), set(o->heads, s.n_head),
+        set(o->kv_heads, s.n_head_kv);
+    set(o->head_dim, s.head_dim), set(o->ff, s.n_ff), set(o->window, s.window),
+        set(o->vocab_size, s.n_vocab);
+    s.seed = o->seed;
+    s.metadata_only = s.metadata_only || o->meta_only;
+    if (!o->pattern.empty()) {
+      if (o->pattern != "array" && o->pattern != "scalar")
+        return std::fprintf(stderr, "offgraph synth: --pattern must be 'array' or 'scalar'\n"), 1;
+      s.pattern_array = o->pattern == "array";
+    }
+    if (!o->type.empty()) {
+      ggml_type t = GGML_TYPE_COUNT;
+      for (int i = 0; i < GGML_TYPE_COUNT; ++i)
+        if (ggml_get_type_traits(ggml_type(i))->type_name &&
+            o->type == ggml_type_name(ggml_type(i)))
+          t = ggml_type(i);
+      if (t == GGML_TYPE_COUNT)
+        return std::fprintf(stderr, "offgraph synth: unknown weight type '%s'\n", o->type.c_str()),
+               1;
+      s.weight_type = t;
+    }
+    const std::string tree = OFFGRAPH_LLAMA_TREE;
+    if (!o->no_vocab && s.n_vocab == 0)
+      s.vocab_path = !o->vocab.empty() ? o->vocab : tree + "/models/ggml-vocab-llama-bpe.gguf";
+    if (!o->no_template)
+      s.template_path = !o->tmpl.empty() ? o->tmpl : tree + "/models/templates/muse-glimmer.jinja";
+    auto summary =
+        synth::write_model(s, o->out, [](uint64_t d, uint64_t t) { progress_bar("synth", d, t); });
+    if (!summary.ok())
+      return std::fprintf(stderr, "offgraph synth: %s\n", summary.message().c_str()), 1;
+    std::printf("wrote %s: %s\n", o->out.c_str(), summary->c_str());
+    return 0;
+  };
+}
+
+} // namespace offgraph::cli

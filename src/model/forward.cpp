@@ -1,0 +1,75 @@
+#include "model/forward.h"
+
+#include "ggml-cpu.h"
+
+namespace offgraph::model {
+
+Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
+    : model_(model), store_(store), backend_(ggml_backend_cpu_init()) {
+  ggml_backend_cpu_set_n_threads(backend_.get(), n_threads);
+  alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+}
+
+Result<std::vector<float>> Forward::run(const Batch &batch) {
+  const ModelConfig &c = model_.config();
+  const int64_t n = int64_t(batch.tokens.size());
+  if (n == 0) return Status::error("forward: empty batch");
+  int64_t covered = 0;
+  for (const Batch::Span &s : batch.spans) covered += s.n_tokens;
+  if (covered != n)
+    return Status::error("forward: spans cover " + std::to_string(covered) + " of " +
+                         std::to_string(n) + " tokens");
+  for (int32_t t : batch.tokens)
+    if (t < 0 || t >= c.n_vocab)
+      return Status::error("forward: token id " + std::to_string(t) +
+                           " is outside the vocabulary (0.." + std::to_string(c.n_vocab - 1) + ")");
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
+    if (batch.logit_rows[i] < 0 || batch.logit_rows[i] >= n ||
+        (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
+      return Status::error("forward: logit rows must be ascending indices into the batch");
+  if (batch.logit_rows.empty()) return Status::error("forward: no logits requested");
+
+  kv::Step step(store_);
+  for (const Batch::Span &s : batch.spans) {
+    auto span = step.add_span({s.seq, s.position, s.n_tokens});
+    if (!span.ok()) return span.status();
+  }
+  const size_t n_nodes = size_t(64 + c.n_layer * (40 + 8 * batch.spans.size()));
+  ggml_init_params params = {
+      n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
+  ggml_context_ptr ctx(ggml_init(params));
+  ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
+  GraphInputs in;
+  in.tokens = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
+  in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
+  in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, int64_t(batch.logit_rows.size()));
+  for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
+  auto logits = build_forward(model_, ctx.get(), batch, in, step);
+  if (!logits.ok()) return logits.status();
+  ggml_set_output(*logits);
+  ggml_build_forward_expand(gf, *logits);
+  if (!ggml_gallocr_alloc_graph(alloc_.get(), gf))
+    return Status::error("forward: could not allocate the graph");
+
+  std::vector<int32_t> positions;
+  for (const Batch::Span &s : batch.spans)
+    for (int32_t i = 0; i < s.n_tokens; ++i) positions.push_back(s.position + i);
+  ggml_backend_tensor_set(in.tokens, batch.tokens.data(), 0, ggml_nbytes(in.tokens));
+  ggml_backend_tensor_set(in.positions, positions.data(), 0, ggml_nbytes(in.positions));
+  ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
+  step.set_inputs();
+  if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS)
+    return Status::error("forward: graph compute failed");
+  std::vector<float> out(size_t(ggml_nelements(*logits)));
+  ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  if (Status s = step.commit(); !s.ok()) return s;
+  return out;
+}
+
+Result<std::shared_ptr<const cache::Layout>> make_layout(const Model &model, cache::Policy policy) {
+  auto geo = model.geometry();
+  if (!geo.ok()) return geo.status();
+  return cache::Layout::make(std::move(geo).value(), policy);
+}
+
+} // namespace offgraph::model

@@ -1,0 +1,75 @@
+// GgufFile: a GGUF file opened for reading. Checks the container before trusting it (magic,
+// version, that ggml's parser accepts it, that every tensor's data lies inside the file), maps the
+// data read-only (weights are never copied), and offers typed metadata lookups whose errors name
+// the key, the expected type and the type found.
+#pragma once
+
+#include "base/status.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
+#include "gguf.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace offgraph::model {
+
+// Called with (bytes done, bytes total) while a large file is read in.
+using Progress = std::function<void(uint64_t, uint64_t)>;
+
+class GgufFile {
+public:
+  // Parses the header and tensor infos; maps nothing yet.
+  static Result<std::unique_ptr<GgufFile>> open(const std::string &path);
+  ~GgufFile();
+  GgufFile(const GgufFile &) = delete;
+  GgufFile &operator=(const GgufFile &) = delete;
+
+  const std::string &path() const { return path_; }
+  uint64_t file_size() const { return file_size_; }
+  gguf_context *gguf() const { return gguf_.get(); }
+  // Tensor infos as ggml tensors (shapes and types; data bound only after map_weights()).
+  ggml_context *tensors() const { return meta_.get(); }
+  ggml_tensor *tensor(const std::string &name) const;
+  int64_t n_tensors() const;
+
+  // True when every tensor's data lies inside the file (false for a metadata-only file).
+  bool has_weights() const { return weights_missing_.empty(); }
+  // Why not: the first tensor whose data lies past the end.
+  const std::string &weights_missing() const { return weights_missing_; }
+
+  // Maps the file and binds every tensor to its bytes in a CPU buffer over the mapping; with
+  // `progress`, reads the pages in (so a large load shows progress and later steps do not fault).
+  Status map_weights(const Progress &progress = nullptr);
+
+  // Typed metadata. `optional_*` return nullopt when the key is absent but fail on a wrong type.
+  bool has(const std::string &key) const;
+  Result<uint32_t> u32(const std::string &key) const;
+  Result<float> f32(const std::string &key) const;
+  Result<std::string> str(const std::string &key) const;
+  Result<std::optional<uint32_t>> optional_u32(const std::string &key) const;
+  Result<std::optional<float>> optional_f32(const std::string &key) const;
+  // A bool array, or nullopt when the key holds a scalar or is absent.
+  Result<std::optional<std::vector<bool>>> optional_bool_array(const std::string &key) const;
+
+private:
+  GgufFile() = default;
+  Result<int64_t> key_of(const std::string &key, std::initializer_list<gguf_type> accepted) const;
+
+  std::string path_;
+  uint64_t file_size_ = 0;
+  gguf_context_ptr gguf_;
+  ggml_context_ptr meta_;
+  std::string weights_missing_;
+  void *map_ = nullptr;
+  ggml_backend_buffer_ptr buffer_;
+};
+
+std::string gguf_type_label(gguf_type t);
+
+} // namespace offgraph::model

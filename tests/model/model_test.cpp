@@ -1,0 +1,320 @@
+// The model layer against full recomputation: decoding step by step and in prefill chunks of
+// varied size gives, at every position, the logits of recomputing the whole prefix from an empty
+// cache (where the sliding layers are not even rings). And malformed files get clear errors.
+#include "model/forward.h"
+#include "synth/synth.h"
+
+#include "ggml-cpu.h"
+#include "gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace offgraph::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Generated files live in a per-process folder, removed when the process ends.
+fs::path temp_dir() {
+  static struct Dir {
+    fs::path path =
+        fs::temp_directory_path() / ("offgraph-model-test-" + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } dir;
+  return dir.path;
+}
+
+std::string make_model(const synth::SynthSpec &spec, const std::string &name) {
+  const std::string path = (temp_dir() / name).string();
+  auto r = synth::write_model(spec, path);
+  EXPECT_TRUE(r.ok()) << r.message();
+  return path;
+}
+
+synth::SynthSpec small_spec(const std::string &arch, bool array_pattern, uint64_t seed) {
+  synth::SynthSpec s = synth::preset("tiny", arch).value();
+  s.n_layer = 5, s.n_embd = 64, s.n_head = 4, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 96;
+  s.window = 12;
+  s.pattern_array = array_pattern;
+  s.n_vocab = 300;
+  s.seed = seed;
+  return s;
+}
+
+double rel_error(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Session {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<kv::KvStore> store;
+  std::unique_ptr<Forward> fwd;
+  Session(const std::string &path, int32_t capacity, int32_t max_write) {
+    auto m = Model::load(path);
+    EXPECT_TRUE(m.ok()) << m.message();
+    model = std::move(m).value();
+    auto layout = make_layout(*model, {capacity, max_write, 4});
+    EXPECT_TRUE(layout.ok()) << layout.message();
+    auto s = kv::KvStore::create(*layout, {GGML_TYPE_F32, GGML_TYPE_F32},
+                                 ggml_backend_cpu_buffer_type());
+    EXPECT_TRUE(s.ok()) << s.message();
+    store = std::move(s).value();
+    fwd = std::make_unique<Forward>(*model, *store, 2);
+  }
+};
+
+// Logits of every position of `tokens`, in chunks drawn from `chunks`.
+std::vector<float> incremental(Session &s, kv::SeqId seq, const std::vector<int32_t> &tokens,
+                               std::mt19937_64 &rng, int32_t max_chunk) {
+  std::vector<float> all;
+  for (size_t at = 0; at < tokens.size();) {
+    const int32_t n = std::min<int32_t>(std::uniform_int_distribution<int32_t>(1, max_chunk)(rng),
+                                        int32_t(tokens.size() - at));
+    Batch b;
+    b.tokens.assign(tokens.begin() + long(at), tokens.begin() + long(at) + n);
+    b.spans.push_back({seq, int32_t(at), n});
+    for (int32_t i = 0; i < n; ++i) b.logit_rows.push_back(i);
+    auto l = s.fwd->run(b);
+    EXPECT_TRUE(l.ok()) << l.message();
+    if (!l.ok()) return {};
+    all.insert(all.end(), l->begin(), l->end());
+    at += size_t(n);
+  }
+  return all;
+}
+
+void check_against_recompute(const std::string &path, uint64_t seed) {
+  const int32_t N = 50; // more than three windows of 12
+  std::mt19937_64 rng(seed);
+  Session inc(path, N, 7);
+  Session ref(path, N, N); // one step holds the whole prefix: sliding caches are not rings here
+  const int32_t V = inc.model->config().n_vocab;
+  std::vector<int32_t> tokens(N);
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+  ASSERT_TRUE(inc.store->layout().has_ring());
+  ASSERT_FALSE(ref.store->layout().has_ring());
+
+  const kv::SeqId a = *inc.store->create_sequence();
+  std::vector<float> got = incremental(inc, a, tokens, rng, 7);
+  ASSERT_EQ(got.size(), size_t(N) * size_t(V));
+  const kv::SeqId r = *ref.store->create_sequence();
+  double worst = 0;
+  for (int32_t p = 0; p < N; ++p) {
+    ref.store->sequence(r)->clear();
+    Batch b;
+    b.tokens.assign(tokens.begin(), tokens.begin() + p + 1);
+    b.spans.push_back({r, 0, p + 1});
+    b.logit_rows = {p};
+    auto want = ref.fwd->run(b);
+    ASSERT_TRUE(want.ok()) << want.message();
+    const double err = rel_error(got.data() + size_t(p) * size_t(V), want->data(), size_t(V));
+    worst = std::max(worst, err);
+    ASSERT_LE(err, 1e-4) << "position " << p;
+  }
+  std::printf("[ model    ] %s: %d positions, worst relative error %.2g\n",
+              inc.model->config().arch_name.c_str(), N, worst);
+}
+
+TEST(ModelRecompute, MuseGlimmerScalarPattern) {
+  check_against_recompute(make_model(small_spec("muse-glimmer", false, 1), "mg-scalar.gguf"), 11);
+}
+TEST(ModelRecompute, MuseGlimmerArrayPattern) {
+  check_against_recompute(make_model(small_spec("muse-glimmer", true, 2), "mg-array.gguf"), 12);
+}
+TEST(ModelRecompute, Llama) {
+  // Llama has no sliding layers; use a window-free geometry and still vary the chunks.
+  const std::string path = make_model(small_spec("llama", false, 3), "llama.gguf");
+  std::mt19937_64 rng(13);
+  Session inc(path, 40, 5), ref(path, 40, 40);
+  const int32_t V = inc.model->config().n_vocab;
+  std::vector<int32_t> tokens(40);
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+  const kv::SeqId a = *inc.store->create_sequence(), r = *ref.store->create_sequence();
+  std::vector<float> got = incremental(inc, a, tokens, rng, 5);
+  for (int32_t p = 0; p < 40; ++p) {
+    ref.store->sequence(r)->clear();
+    Batch b;
+    b.tokens.assign(tokens.begin(), tokens.begin() + p + 1);
+    b.spans.push_back({r, 0, p + 1});
+    b.logit_rows = {p};
+    auto want = ref.fwd->run(b);
+    ASSERT_TRUE(want.ok());
+    ASSERT_LE(rel_error(got.data() + size_t(p) * size_t(V), want->data(), size_t(V)), 1e-4) << p;
+  }
+}
+
+TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
+  const std::string path = make_model(small_spec("muse-glimmer", false, 4), "mg-batch.gguf");
+  Session s(path, 64, 8);
+  std::mt19937_64 rng(21);
+  const int32_t V = s.model->config().n_vocab;
+  auto rand_tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int32_t &x : t) x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+    return t;
+  };
+  const kv::SeqId a = *s.store->create_sequence(), b = *s.store->create_sequence();
+  const kv::SeqId a2 = *s.store->create_sequence(), b2 = *s.store->create_sequence();
+  for (int step = 0; step < 12; ++step) {
+    const auto ta = rand_tokens(step % 3 == 0 ? 5 : 1), tb = rand_tokens(step % 4 == 0 ? 7 : 1);
+    Batch both;
+    both.tokens = ta;
+    both.tokens.insert(both.tokens.end(), tb.begin(), tb.end());
+    both.spans = {{a, s.store->sequence(a)->length(), int32_t(ta.size())},
+                  {b, s.store->sequence(b)->length(), int32_t(tb.size())}};
+    both.logit_rows = {int32_t(ta.size()) - 1, int32_t(both.tokens.size()) - 1};
+    auto lb = s.fwd->run(both);
+    ASSERT_TRUE(lb.ok()) << lb.message();
+    Batch ba{
+        ta, {{a2, s.store->sequence(a2)->length(), int32_t(ta.size())}}, {int32_t(ta.size()) - 1}};
+    Batch bb{
+        tb, {{b2, s.store->sequence(b2)->length(), int32_t(tb.size())}}, {int32_t(tb.size()) - 1}};
+    auto la = s.fwd->run(ba), lbb = s.fwd->run(bb);
+    ASSERT_TRUE(la.ok() && lbb.ok());
+    EXPECT_LE(rel_error(lb->data(), la->data(), size_t(V)), 1e-5) << step;
+    EXPECT_LE(rel_error(lb->data() + V, lbb->data(), size_t(V)), 1e-5) << step;
+  }
+}
+
+// ---- malformed files ----------------------------------------------------------------------
+
+// Rewrites a GGUF through the gguf API, letting `edit` change metadata; `skip` drops a tensor.
+std::string rewrite(const std::string &src, const std::string &name,
+                    const std::function<void(gguf_context *)> &edit, const std::string &skip = "",
+                    const std::string &reshape = "") {
+  ggml_context *data_ctx = nullptr;
+  gguf_init_params p = {false, &data_ctx};
+  gguf_context *in = gguf_init_from_file(src.c_str(), p);
+  EXPECT_TRUE(in);
+  gguf_context *out = gguf_init_empty();
+  gguf_set_kv(out, in);
+  edit(out);
+  ggml_init_params ep = {ggml_tensor_overhead() * 4, nullptr, true};
+  ggml_context *extra = ggml_init(ep);
+  for (int64_t i = 0; i < gguf_get_n_tensors(in); ++i) {
+    const std::string tn = gguf_get_tensor_name(in, i);
+    if (tn == skip) continue;
+    ggml_tensor *t = ggml_get_tensor(data_ctx, tn.c_str());
+    if (tn == reshape) { // same bytes, other shape: [ne0 / 2, ne1 * 2]
+      ggml_tensor *r = ggml_new_tensor_2d(extra, t->type, t->ne[0] / 2, t->ne[1] * 2);
+      ggml_set_name(r, tn.c_str());
+      r->data = t->data;
+      t = r;
+    }
+    gguf_add_tensor(out, t);
+  }
+  const std::string path = (temp_dir() / name).string();
+  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
+  gguf_free(out);
+  gguf_free(in);
+  ggml_free(data_ctx);
+  ggml_free(extra);
+  return path;
+}
+
+void expect_error(const std::string &path, const std::string &mentions) {
+  auto m = Model::load(path);
+  ASSERT_FALSE(m.ok()) << path << " loaded, expected an error mentioning '" << mentions << "'";
+  EXPECT_NE(m.message().find(mentions), std::string::npos) << m.message();
+}
+
+class Malformed : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    good_ = make_model(small_spec("muse-glimmer", true, 5), "good.gguf");
+  }
+  static std::string good_;
+};
+std::string Malformed::good_;
+
+TEST_F(Malformed, TheGoodFileLoads) { EXPECT_TRUE(Model::load(good_).ok()); }
+
+TEST_F(Malformed, TruncatedDataIsNamed) {
+  const std::string path = (temp_dir() / "truncated.gguf").string();
+  fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+  fs::resize_file(path, fs::file_size(path) / 2);
+  expect_error(path, "holds no weights");
+}
+
+TEST_F(Malformed, TruncatedHeaderIsNamed) {
+  const std::string path = (temp_dir() / "header.gguf").string();
+  fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+  fs::resize_file(path, 100);
+  expect_error(path, "malformed GGUF");
+}
+
+TEST_F(Malformed, NotGguf) {
+  const std::string path = (temp_dir() / "junk.gguf").string();
+  std::ofstream(path) << "this is not a model file at all";
+  expect_error(path, "not a GGUF file");
+  expect_error((temp_dir() / "absent.gguf").string(), "cannot open");
+}
+
+TEST_F(Malformed, MissingKey) {
+  expect_error(
+      rewrite(good_, "nokey.gguf",
+              [](gguf_context *c) { gguf_remove_key(c, "muse-glimmer.attention.sliding_window"); }),
+      "'muse-glimmer.attention.sliding_window' is missing");
+}
+
+TEST_F(Malformed, WrongKeyType) {
+  expect_error(rewrite(good_, "keytype.gguf",
+                       [](gguf_context *c) {
+                         gguf_remove_key(c, "muse-glimmer.block_count");
+                         gguf_set_val_str(c, "muse-glimmer.block_count", "five");
+                       }),
+               "'muse-glimmer.block_count' should be u32");
+}
+
+TEST_F(Malformed, UnknownArchitecture) {
+  expect_error(
+      rewrite(good_, "arch.gguf",
+              [](gguf_context *c) { gguf_set_val_str(c, "general.architecture", "mamba"); }),
+      "'mamba' is not supported");
+}
+
+TEST_F(Malformed, WrongShapeForTheHyperparameters) {
+  // 4 KV heads of 32 make attn_k [64, 128] where the file's is [64, 64].
+  expect_error(rewrite(good_, "heads.gguf",
+                       [](gguf_context *c) {
+                         gguf_set_val_u32(c, "muse-glimmer.attention.head_count_kv", 4);
+                       }),
+               "tensor 'blk.0.attn_k.weight' has shape [64, 64], expected [64, 128]");
+  expect_error(rewrite(
+                   good_, "reshaped.gguf", [](gguf_context *) {}, "", "blk.2.ffn_up.weight"),
+               "tensor 'blk.2.ffn_up.weight' has shape [32, 192], expected [64, 96]");
+}
+
+TEST_F(Malformed, MissingTensor) {
+  expect_error(rewrite(
+                   good_, "notensor.gguf", [](gguf_context *) {}, "blk.3.attn_gate.weight"),
+               "tensor 'blk.3.attn_gate.weight' is missing");
+}
+
+TEST_F(Malformed, PatternArrayOfTheWrongLength) {
+  expect_error(rewrite(good_, "pattern.gguf",
+                       [](gguf_context *c) {
+                         const uint8_t three[3] = {1, 1, 0};
+                         gguf_set_arr_data(c, "muse-glimmer.attention.sliding_window_pattern",
+                                           GGUF_TYPE_BOOL, three, 3);
+                       }),
+               "has 3 entries for 5 layers");
+}
+
+} // namespace
+} // namespace offgraph::model

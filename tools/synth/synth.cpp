@@ -1,0 +1,247 @@
+#include "synth/synth.h"
+
+#include "ggml-cpp.h"
+#include "gguf.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+namespace offgraph::synth {
+
+std::vector<std::string> preset_names() { return {"tiny", "small", "0.4b", "1b", "30b"}; }
+
+Result<SynthSpec> preset(const std::string &name, const std::string &arch) {
+  if (arch != "muse-glimmer" && arch != "llama")
+    return Status::error("synth: architecture '" + arch +
+                         "' is not supported (muse-glimmer, llama)");
+  SynthSpec s;
+  s.arch = arch;
+  s.name = "offgraph-synth-" + arch + "-" + name;
+  if (name == "tiny") {
+    // the defaults
+  } else if (name == "small") {
+    s.n_layer = 8, s.n_embd = 256, s.n_head = 8, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 768,
+    s.window = 64;
+  } else if (name == "0.4b") {
+    s.n_layer = 8, s.n_embd = 1024, s.n_head = 8, s.n_head_kv = 4, s.head_dim = 128, s.n_ff = 4096,
+    s.window = 256;
+  } else if (name == "1b") {
+    s.n_layer = 12, s.n_embd = 2048, s.n_head = 16, s.n_head_kv = 2, s.head_dim = 128,
+    s.n_ff = 6144, s.window = 512;
+  } else if (name == "30b") {
+    s.n_layer = 52, s.n_embd = 6656, s.n_head = 32, s.n_head_kv = 2, s.head_dim = 128,
+    s.n_ff = 19968;
+    s.window = 2048, s.n_ctx = 131072, s.n_vocab = 202048, s.metadata_only = true,
+    s.pattern_array = true;
+    s.weight_type = GGML_TYPE_Q4_K;
+  } else {
+    std::string all;
+    for (const auto &p : preset_names()) all += (all.empty() ? "" : ", ") + p;
+    return Status::error("synth: unknown preset '" + name + "' (presets: " + all + ")");
+  }
+  return s;
+}
+
+namespace {
+
+struct TensorPlan {
+  std::string name;
+  int64_t ne0, ne1;
+  ggml_type type;
+  enum Init { Normal, Gain, Constant } init;
+  float scale; // std-dev (Normal), spread (Gain) or value (Constant)
+};
+
+// The type a matrix gets: the requested one when its rows are whole blocks, else the best that
+// fits (as llama.cpp's quantizer falls back).
+ggml_type fit(ggml_type want, int64_t ne0) {
+  for (ggml_type t : {want, GGML_TYPE_Q8_0, GGML_TYPE_F16})
+    if (ne0 % ggml_blck_size(t) == 0) return t;
+  return GGML_TYPE_F32;
+}
+
+Status read_file(const std::string &path, std::string &out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error("synth: cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  out = ss.str();
+  return ok_status();
+}
+
+} // namespace
+
+Result<std::string> write_model(const SynthSpec &s, const std::string &path,
+                                const std::function<void(uint64_t, uint64_t)> &progress) {
+  const bool muse = s.arch == "muse-glimmer";
+  if (!muse && s.arch != "llama")
+    return Status::error("synth: unknown architecture '" + s.arch + "'");
+  if (s.n_layer < 1 || s.n_embd < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.head_dim < 2 ||
+      s.n_ff < 1 || s.n_head % s.n_head_kv != 0 || (muse && s.window < 1))
+    return Status::error("synth: inconsistent sizes (layers, embd, heads multiple of KV heads, "
+                         "head dim >= 2, ff, window >= 1)");
+
+  gguf_context_ptr out(gguf_init_empty());
+  int64_t n_vocab = s.n_vocab;
+  if (!s.vocab_path.empty()) {
+    gguf_init_params vp = {true, nullptr};
+    gguf_context_ptr vocab(gguf_init_from_file(s.vocab_path.c_str(), vp));
+    if (!vocab)
+      return Status::error("synth: '" + s.vocab_path + "' is not a readable GGUF vocabulary");
+    const int64_t tokens = gguf_find_key(vocab.get(), "tokenizer.ggml.tokens");
+    if (tokens < 0)
+      return Status::error("synth: '" + s.vocab_path + "' has no tokenizer.ggml.tokens");
+    n_vocab = int64_t(gguf_get_arr_n(vocab.get(), tokens));
+    gguf_set_kv(out.get(), vocab.get());
+    // Keep only the tokenizer's keys; the rest describe the vocabulary file's own model.
+    for (int64_t i = gguf_get_n_kv(out.get()) - 1; i >= 0; --i) {
+      const std::string key = gguf_get_key(out.get(), i);
+      if (key.rfind("tokenizer.", 0) != 0) gguf_remove_key(out.get(), key.c_str());
+    }
+  }
+  if (n_vocab < 1)
+    return Status::error("synth: no vocabulary (give a vocab GGUF or a vocabulary size)");
+  if (!s.template_path.empty()) {
+    std::string tmpl;
+    if (Status st = read_file(s.template_path, tmpl); !st.ok()) return st;
+    gguf_set_val_str(out.get(), "tokenizer.chat_template", tmpl.c_str());
+  }
+
+  const std::string p = s.arch + ".";
+  auto u32 = [&](const std::string &k, int64_t v) {
+    gguf_set_val_u32(out.get(), (p + k).c_str(), uint32_t(v));
+  };
+  gguf_set_val_str(out.get(), "general.architecture", s.arch.c_str());
+  gguf_set_val_str(out.get(), "general.name", s.name.c_str());
+  gguf_set_val_u32(out.get(), "general.file_type", s.weight_type == GGML_TYPE_F32 ? 0 : 1);
+  u32("context_length", s.n_ctx);
+  u32("embedding_length", s.n_embd);
+  u32("feed_forward_length", s.n_ff);
+  u32("block_count", s.n_layer);
+  u32("attention.head_count", s.n_head);
+  u32("attention.head_count_kv", s.n_head_kv);
+  u32("attention.key_length", s.head_dim);
+  u32("attention.value_length", s.head_dim);
+  u32("rope.dimension_count", s.head_dim);
+  u32("vocab_size", n_vocab);
+  gguf_set_val_f32(out.get(), (p + "attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
+  gguf_set_val_f32(out.get(), (p + "rope.freq_base").c_str(), 500000.0f);
+  if (muse) {
+    u32("attention.sliding_window", s.window);
+    if (s.pattern_array) {
+      std::vector<uint8_t> pattern(size_t(s.n_layer));
+      for (int32_t i = 0; i < s.n_layer; ++i) pattern[size_t(i)] = i % 4 != 3;
+      gguf_set_arr_data(out.get(), (p + "attention.sliding_window_pattern").c_str(), GGUF_TYPE_BOOL,
+                        pattern.data(), pattern.size());
+    } else {
+      u32("attention.sliding_window_pattern", s.pattern_period);
+    }
+    gguf_set_val_f32(out.get(), (p + "final_logit_softcapping").c_str(), 20.0f);
+    // The published multiplier is 1/sqrt(embd / 256).
+    gguf_set_val_f32(out.get(), (p + "logit_scale").c_str(),
+                     float(1.0 / std::sqrt(double(s.n_embd) / 256.0)));
+  }
+
+  // Tensors in the published order, with scales that keep activations near unit size.
+  const int64_t E = s.n_embd, QW = int64_t(s.n_head) * s.head_dim,
+                KW = int64_t(s.n_head_kv) * s.head_dim;
+  const ggml_type wt = s.weight_type;
+  auto mat = [&](const std::string &n, int64_t in, int64_t outw) {
+    return TensorPlan{
+        n, in, outw, fit(wt, in), TensorPlan::Normal, float(1.0 / std::sqrt(double(in)))};
+  };
+  auto gain = [&](const std::string &n, int64_t ne0) {
+    return TensorPlan{n, ne0, 1, GGML_TYPE_F32, TensorPlan::Gain, 0.1f};
+  };
+  std::vector<TensorPlan> plan;
+  plan.push_back({"token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f});
+  plan.push_back(gain("output_norm.weight", E));
+  // A head 4x the unit scale spreads the logits so greedy choices are decisive.
+  plan.push_back({"output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
+                  float(4.0 / std::sqrt(double(E)))});
+  for (int32_t i = 0; i < s.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    plan.push_back(gain(b + "attn_norm.weight", E));
+    plan.push_back(mat(b + "attn_q.weight", E, QW));
+    plan.push_back(mat(b + "attn_k.weight", E, KW));
+    plan.push_back(mat(b + "attn_v.weight", E, KW));
+    if (muse) {
+      plan.push_back(mat(b + "attn_gate.weight", E, QW));
+      plan.push_back(
+          {b + "attn_q_norm.weight", s.head_dim, 1, GGML_TYPE_F32, TensorPlan::Constant, 3.87f});
+      plan.push_back(
+          {b + "attn_k_norm.weight", s.head_dim, 1, GGML_TYPE_F32, TensorPlan::Constant, 1.0f});
+    }
+    plan.push_back(mat(b + "attn_output.weight", QW, E));
+    if (muse) plan.push_back(gain(b + "post_attention_norm.weight", E));
+    plan.push_back(gain(b + "ffn_norm.weight", E));
+    plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
+    plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
+    plan.push_back(mat(b + "ffn_down.weight", s.n_ff, E));
+    if (muse) plan.push_back(gain(b + "post_ffw_norm.weight", E));
+  }
+
+  ggml_init_params params = {plan.size() * ggml_tensor_overhead(), nullptr, true};
+  ggml_context_ptr meta(ggml_init(params));
+  uint64_t total = 0, n_params = 0;
+  for (const TensorPlan &t : plan) {
+    ggml_tensor *x = t.ne1 == 1 ? ggml_new_tensor_1d(meta.get(), t.type, t.ne0)
+                                : ggml_new_tensor_2d(meta.get(), t.type, t.ne0, t.ne1);
+    ggml_set_name(x, t.name.c_str());
+    gguf_add_tensor(out.get(), x);
+    total += ggml_nbytes(x);
+    n_params += uint64_t(ggml_nelements(x));
+  }
+
+  std::FILE *fp = std::fopen(path.c_str(), "wb");
+  if (!fp) return Status::error("synth: cannot write '" + path + "'");
+  std::unique_ptr<std::FILE, int (*)(std::FILE *)> closer(fp, std::fclose);
+  std::vector<uint8_t> head(gguf_get_meta_size(out.get()));
+  gguf_get_meta_data(out.get(), head.data());
+  if (std::fwrite(head.data(), 1, head.size(), fp) != head.size())
+    return Status::error("synth: write failed");
+  std::string summary = s.arch + ", " + std::to_string(s.n_layer) + " layers, embd " +
+                        std::to_string(E) + ", " + std::to_string(n_params) +
+                        " parameters, vocab " + std::to_string(n_vocab);
+  if (s.metadata_only) return summary + ", metadata only";
+
+  std::mt19937_64 rng(s.seed);
+  uint64_t written = 0;
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const TensorPlan &t = plan[i];
+    const uint64_t at = head.size() + gguf_get_tensor_offset(out.get(), int64_t(i));
+    for (long pos = std::ftell(fp); uint64_t(pos) < at; ++pos) std::fputc(0, fp);
+    values.resize(size_t(t.ne0 * t.ne1));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float &v : values) {
+      switch (t.init) {
+      case TensorPlan::Normal:
+        v = t.scale * normal(rng);
+        break;
+      case TensorPlan::Gain:
+        v = 1.0f + t.scale * normal(rng);
+        break;
+      case TensorPlan::Constant:
+        v = t.scale;
+        break;
+      }
+    }
+    bytes.resize(ggml_row_size(t.type, t.ne0) * size_t(t.ne1));
+    ggml_quantize_chunk(t.type, values.data(), bytes.data(), 0, t.ne1, t.ne0, nullptr);
+    if (std::fwrite(bytes.data(), 1, bytes.size(), fp) != bytes.size())
+      return Status::error("synth: write failed");
+    written += bytes.size();
+    if (progress) progress(written, total);
+  }
+  for (long pos = std::ftell(fp); pos % long(GGUF_DEFAULT_ALIGNMENT) != 0; ++pos) std::fputc(0, fp);
+  return summary + ", " + std::to_string(total) + " bytes of weights";
+}
+
+} // namespace offgraph::synth

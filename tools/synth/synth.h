@@ -1,0 +1,42 @@
+// Model generator: writes GGUF files of the supported architectures with the keys, tensor names,
+// shapes and types of the published files, seeded random weights at scales that keep activations
+// realistic, a real vocabulary copied from a vocab-only GGUF, and a real chat template.
+#pragma once
+
+#include "base/status.h"
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace offgraph::synth {
+
+struct SynthSpec {
+  std::string arch = "muse-glimmer"; // or "llama"
+  std::string name = "offgraph-synth";
+  int32_t n_layer = 4, n_embd = 64, n_head = 4, n_head_kv = 2, head_dim = 16, n_ff = 128;
+  int32_t n_ctx = 4096;
+  int32_t window = 16;        // muse-glimmer: sliding window
+  bool pattern_array = false; // muse-glimmer: write sliding_window_pattern as a bool array
+  int32_t pattern_period = 4; // ... or as this scalar period
+  ggml_type weight_type = GGML_TYPE_F32; // matrices and the embedding; norms stay f32
+  uint64_t seed = 1;
+  std::string vocab_path;     // a vocab-only GGUF whose tokenizer.* keys are copied
+  int32_t n_vocab = 0;        // without a vocabulary: this many tokens, no tokenizer keys
+  std::string template_path;  // the chat template to embed, if any
+  bool metadata_only = false; // write keys and tensor infos, no weights
+};
+
+// Named presets: "tiny" (a few MB), "small", "0.4b", "1b", "30b" (the real Muse Glimmer
+// hyperparameters; only sensible with metadata_only).
+Result<SynthSpec> preset(const std::string &name, const std::string &arch);
+std::vector<std::string> preset_names();
+
+// Writes the file; `progress(done, total)` sees bytes of tensor data written. Returns a summary.
+Result<std::string> write_model(const SynthSpec &spec, const std::string &path,
+                                const std::function<void(uint64_t, uint64_t)> &progress = nullptr);
+
+} // namespace offgraph::synth
