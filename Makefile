@@ -10,11 +10,12 @@ all: build
 
 deps:
 	@mkdir -p $(BUILD_DIR) && scripts/deps.sh > $(BUILD_DIR)/ggml-dir
+	@scripts/peer.sh > $(BUILD_DIR)/peer-dir
 
 configure: deps
 	@gen=; command -v ninja >/dev/null && [ ! -f $(BUILD_DIR)/Makefile ] && gen="-G Ninja"; \
 	launcher=; command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"; \
-	cmake -S . -B $(BUILD_DIR) $$gen $$launcher -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" > $(BUILD_DIR)/configure.log \
+	cmake -S . -B $(BUILD_DIR) $$gen $$launcher -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" -DOFFGRAPH_PEER_DIR="$$(cat $(BUILD_DIR)/peer-dir)" > $(BUILD_DIR)/configure.log \
 	  || { cat $(BUILD_DIR)/configure.log; exit 1; }
 
 build: configure

@@ -16,7 +16,7 @@ namespace offgraph::cli {
 
 std::function<int()> add_logits(CLI::App &app) {
   struct Opts {
-    std::string model, tokens, out, ctk = "f32", ctv = "f32";
+    std::string model, tokens, out, ctk = "f32", ctv = "f32", ring_order = "physical";
     int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
     uint64_t seed = 1;
   };
@@ -33,6 +33,9 @@ std::function<int()> add_logits(CLI::App &app) {
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
   cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  cmd->add_option("--ring-order", o->ring_order,
+                  "physical (no copy) or logical (summation order of an unwrapped cache)")
+      ->capture_default_str();
   cmd->add_option("-o,--out", o->out,
                   "write every logits row to this file (for the peer comparer)");
   return [o]() -> int {
@@ -68,6 +71,11 @@ std::function<int()> add_logits(CLI::App &app) {
     if (!layout.ok()) return fail(layout.message());
     auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
     if (!store.ok()) return fail(store.message());
+    if (o->ring_order != "physical" && o->ring_order != "logical")
+      return fail("--ring-order is physical or logical");
+    if (o->ring_order == "logical")
+      if (Status st = (*store)->set_ring_order(kv::RingOrder::Logical); !st.ok())
+        return fail(st.message());
     const kv::SeqId seq = *(*store)->create_sequence();
     model::Forward fwd(**m, **store, o->threads);
 

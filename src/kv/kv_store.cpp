@@ -25,6 +25,10 @@ int64_t Pool::buffer_bytes() const {
 
 int64_t Snapshot::bytes() const { return rows_.buffer_bytes(); }
 
+Snapshot::~Snapshot() {
+  if (live_bytes_) *live_bytes_ -= bytes();
+}
+
 void copy_rows(ggml_tensor *src, int32_t src_row, ggml_tensor *dst, int32_t dst_row, int32_t n) {
   GGML_ASSERT(src->type == dst->type && src->ne[0] == dst->ne[0] && n >= 0);
   GGML_ASSERT(src_row + n <= src->ne[1] && dst_row + n <= dst->ne[1]);
@@ -55,6 +59,17 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
   return std::unique_ptr<KvStore>(new KvStore(std::move(layout), types, buft));
 }
 
+Status KvStore::set_ring_order(RingOrder order) {
+  if (order == RingOrder::Logical)
+    for (ggml_type t : {types_.k, types_.v})
+      if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16)
+        return Status::error(
+            std::string("kv store: logical ring order needs f32, f16 or bf16 storage, not ") +
+            ggml_type_name(t));
+  ring_order_ = order;
+  return ok_status();
+}
+
 int32_t KvStore::pool_rows(CacheId c, bool ring, int32_t flat_rows) const {
   return ring ? layout_->cache(c).max_rows : flat_rows;
 }
@@ -79,7 +94,7 @@ Result<Pool> KvStore::make_pool(bool ring, int32_t rows, int64_t extra_bytes_in_
   if ((!ring && rows == 0) || n_tensors == 0) return pool;
 
   const int64_t need = pool_bytes(ring, rows);
-  if (budget_ > 0 && memory().buffers + extra_bytes_in_use + need > budget_)
+  if (budget_ > 0 && memory().buffers + memory().snapshots + extra_bytes_in_use + need > budget_)
     return Status::error("kv store: " + std::to_string(need) + " more bytes of " +
                          (ring ? "ring" : "flat") + " storage would exceed the memory budget of " +
                          std::to_string(budget_) + " bytes (" + std::to_string(memory().buffers) +
@@ -216,6 +231,8 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {
   if (n == 0) return snap;
   ggml_init_params params = {2 * n * ggml_tensor_overhead(), nullptr, true};
   snap->rows_.ctx.reset(ggml_init(params));
+  if (!snap->rows_.ctx)
+    return Status::error("kv store: could not create a ggml context for a snapshot");
   for (size_t i = 0; i < n; ++i) {
     const cache::CacheRows &cr = snap->spec_.rows[i];
     const cache::CacheSpec &s = layout_->cache(cr.cache).spec;
@@ -224,8 +241,16 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {
     snap->rows_.v[i] = ggml_new_tensor_2d(snap->rows_.ctx.get(), types_.v, s.v_elements_per_token(),
                                           cr.rows.total());
   }
+  const int64_t need =
+      int64_t(ggml_backend_alloc_ctx_tensors_from_buft_size(snap->rows_.ctx.get(), buft_));
+  if (budget_ > 0 && memory().buffers + memory().snapshots + need > budget_)
+    return Status::error("kv store: a snapshot of " + std::to_string(need) +
+                         " bytes would exceed the memory budget of " + std::to_string(budget_) +
+                         " bytes");
   snap->rows_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(snap->rows_.ctx.get(), buft_));
   if (!snap->rows_.buffer) return Status::error("kv store: could not allocate a ring snapshot");
+  snap->live_bytes_ = snapshot_bytes_;
+  *snapshot_bytes_ += snap->bytes();
   for (size_t i = 0; i < n; ++i) {
     const cache::CacheRows &cr = snap->spec_.rows[i];
     int32_t at = 0;
@@ -278,6 +303,7 @@ MemoryUse KvStore::memory(SeqId id) const {
 MemoryUse KvStore::memory() const {
   MemoryUse m;
   for (const auto &[id, e] : entries_) m += memory(id);
+  m.snapshots = *snapshot_bytes_;
   return m;
 }
 

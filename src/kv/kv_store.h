@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,10 +22,17 @@ namespace offgraph::kv {
 
 using SeqId = int32_t;
 
+// How attention reads a ring. Physical (the default): every written slot in slot order, masked by
+// each slot's position; no copy. Logical: the window's rows oldest first, joined by a copy when
+// they wrap; the summation order then matches an implementation whose cache has not wrapped
+// (llama.cpp's), which matters for bit-level comparisons at reduced precision.
+enum class RingOrder { Physical, Logical };
+
 // Bytes of K/V storage. `held` counts rows allocated times their row bytes; `minimum` what the
 // current lengths need at the least (cache::Layout::min_rows); `buffers` what the backend
 // buffers take, alignment included.
 struct MemoryUse {
+  int64_t snapshots = 0; // buffers of live snapshots (store-wide figure only)
   int64_t held = 0;
   int64_t minimum = 0;
   int64_t buffers = 0;
@@ -51,9 +59,11 @@ public:
   const cache::RingSnapshot &spec() const { return spec_; }
   int32_t length() const { return spec_.length; }
   int64_t bytes() const;
+  ~Snapshot();
 
 private:
   friend class KvStore;
+  std::shared_ptr<std::atomic<int64_t>> live_bytes_; // the store's tally of snapshot bytes
   cache::RingSnapshot spec_;
   Pool rows_; // rows_.k[i], rows_.v[i]: the rows of spec_.rows[i], runs concatenated
 };
@@ -70,6 +80,9 @@ public:
   StorageTypes types() const { return types_; }
   // Bytes of storage all sequences may hold together (0 = no limit). Growth past it is refused.
   void set_memory_budget(int64_t bytes) { budget_ = bytes; }
+  // Logical order joins rows with ggml_concat, which takes f32, f16 and bf16 storage only.
+  Status set_ring_order(RingOrder order);
+  RingOrder ring_order() const { return ring_order_; }
 
   // A new empty sequence: rings allocated in full, flat caches at the initial size. Ids are the
   // lowest unused.
@@ -90,6 +103,7 @@ public:
   Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
   Status restore(SeqId id, const Snapshot &snapshot);
 
+  // Per sequence (snapshots not included), and for the whole store (snapshots included).
   MemoryUse memory(SeqId id) const;
   MemoryUse memory() const;
 
@@ -121,6 +135,11 @@ private:
   StorageTypes types_;
   ggml_backend_buffer_type_t buft_;
   int64_t budget_ = 0;
+  // Bytes held by live snapshots; shared with them so that dropping one updates the tally.
+  std::shared_ptr<std::atomic<int64_t>> snapshot_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
+  int steps_in_flight_ = 0;
+  friend class Step;
+  RingOrder ring_order_ = RingOrder::Physical;
   std::map<SeqId, std::unique_ptr<Entry>> entries_;
 };
 

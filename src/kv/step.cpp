@@ -17,7 +17,27 @@ std::string shape(const ggml_tensor *t) {
 }
 } // namespace
 
+Step::~Step() {
+  if (in_flight_) --store_.steps_in_flight_;
+}
+
 Result<int32_t> Step::add_span(Span span) {
+  if (!in_flight_) {
+    if (store_.steps_in_flight_ > 0)
+      return Status::error("step: another step of this store is in flight (one at a time: its "
+                           "storage could move under the other's graph)");
+    ++store_.steps_in_flight_;
+    in_flight_ = true;
+  }
+  auto added = declare(span);
+  if (!added.ok() && spans_.empty()) { // nothing declared: leave the store free for another step
+    --store_.steps_in_flight_;
+    in_flight_ = false;
+  }
+  return added;
+}
+
+Result<int32_t> Step::declare(Span span) {
   cache::Sequence *seq = store_.sequence(span.seq);
   if (!seq) return Status::error("step: no sequence " + std::to_string(span.seq));
   for (const Span &s : spans_)
@@ -58,37 +78,37 @@ ggml_tensor *Step::write_indices(ggml_context *ctx, int32_t span, const StepPlan
   return t;
 }
 
-ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan, int32_t first_row,
-                        int32_t n_rows) {
-  const cache::CacheLayout &c = store_.layout().cache(plan.cache);
-  const int32_t ring_rows = c.ring() ? c.max_rows : 0;
-  const int32_t window = c.window();
-  const int32_t label_base = c.ring() ? plan.high_water_after : plan.read_base_pos;
-  auto key = std::tuple{span, ring_rows, window, label_base, first_row, n_rows};
+ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan,
+                        const RowLabels &rows) {
+  const int32_t window = store_.layout().cache(plan.cache).window();
+  auto key = std::tuple{span,           rows.ring_rows,
+                        window,         rows.ring_rows ? plan.high_water_after : rows.first_label,
+                        rows.first_row, rows.n_rows};
   if (auto it = masks_.find(key); it != masks_.end()) return it->second;
 
-  // Row j of the rows read holds logical position label(j): on a flat cache first_row + j, on a
-  // ring the slot's position from the high-water mark (rows at or past the queries, and empty
-  // slots, are masked). Query i at position p sees label l iff l <= p and, with a window, p - l <
-  // w.
+  // Row j of the rows read holds logical position label(j): first_label + j for rows read in
+  // logical order, or, for a ring read in physical order, the slot's position from the
+  // high-water mark (rows at or past the queries, and empty slots, are masked). Query i at
+  // position p sees label l iff l <= p and, with a window, p - l < w.
   auto label = [&](int32_t j) {
-    return c.ring() ? cache::ring_slot_position(ring_rows, plan.high_water_after, first_row + j)
-                    : first_row + j;
+    return rows.ring_rows ? cache::ring_slot_position(rows.ring_rows, plan.high_water_after,
+                                                      rows.first_row + j)
+                          : rows.first_label + j;
   };
   const ggml_fp16_t visible = ggml_fp32_to_fp16(0.0f);
   const ggml_fp16_t hidden = ggml_fp32_to_fp16(-INFINITY);
-  std::vector<uint8_t> bytes(size_t(n_rows) * size_t(plan.n_tokens) * sizeof(ggml_fp16_t));
+  std::vector<uint8_t> bytes(size_t(rows.n_rows) * size_t(plan.n_tokens) * sizeof(ggml_fp16_t));
   ggml_fp16_t *m = reinterpret_cast<ggml_fp16_t *>(bytes.data());
   for (int32_t i = 0; i < plan.n_tokens; ++i) {
     const int32_t p = plan.position + i;
-    for (int32_t j = 0; j < n_rows; ++j) {
+    for (int32_t j = 0; j < rows.n_rows; ++j) {
       const int32_t l = label(j);
       const bool see = l >= 0 && l <= p && (window == 0 || p - l < window);
-      m[size_t(i) * size_t(n_rows) + size_t(j)] = see ? visible : hidden;
+      m[size_t(i) * size_t(rows.n_rows) + size_t(j)] = see ? visible : hidden;
     }
   }
-  ggml_tensor *t = input(ctx, GGML_TYPE_F16, n_rows, plan.n_tokens, std::move(bytes));
-  ggml_format_name(t, "kv_mask_s%d_r%d_w%d", span, ring_rows, window);
+  ggml_tensor *t = input(ctx, GGML_TYPE_F16, rows.n_rows, plan.n_tokens, std::move(bytes));
+  ggml_format_name(t, "kv_mask_s%d_r%d_w%d", span, rows.ring_rows, window);
   masks_.emplace(key, t);
   return t;
 }
@@ -120,43 +140,65 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   auto key = std::pair{span, id};
   auto found = written_.find(key);
   if (found == written_.end()) {
-    const cache::Sequence &seq = *store_.sequence(sp.seq);
-    auto plan = seq.plan(id, sp.position, sp.n_tokens);
+    const cache::Sequence *seq = store_.sequence(sp.seq);
+    if (!seq)
+      return Status::error("update_and_attend: sequence " + std::to_string(sp.seq) +
+                           " was removed");
+    auto plan = seq->plan(id, sp.position, sp.n_tokens);
     if (!plan.ok()) return plan.status();
     ggml_tensor *k_store = store_.k_storage(sp.seq, id);
     ggml_tensor *v_store = store_.v_storage(sp.seq, id);
     GGML_ASSERT(k_store && v_store); // add_span reserved the rows
 
     // (a) write the span's rows (both runs of a wrapping ring at once: set_rows takes indices).
-    ggml_tensor *rows = write_indices(ctx, span, *plan);
+    ggml_tensor *write_rows = write_indices(ctx, span, *plan);
     ggml_tensor *k_rows = ggml_reshape_2d(ctx, ggml_is_contiguous(k) ? k : ggml_cont(ctx, k),
                                           spec.k_elements_per_token(), T);
     ggml_tensor *v_rows = ggml_reshape_2d(ctx, ggml_is_contiguous(v) ? v : ggml_cont(ctx, v),
                                           spec.v_elements_per_token(), T);
-    ggml_tensor *k_written = ggml_set_rows(ctx, k_store, k_rows, rows);
-    ggml_tensor *v_written = ggml_set_rows(ctx, v_store, v_rows, rows);
+    ggml_tensor *k_written = ggml_set_rows(ctx, k_store, k_rows, write_rows);
+    ggml_tensor *v_written = ggml_set_rows(ctx, v_store, v_rows, write_rows);
 
-    // (b) the rows to attend: a flat cache's contiguous read run; a ring's slots in physical order
-    // (only those ever written), labelled by position in the mask. Views of the written tensors,
-    // so attention depends on the writes.
-    int32_t first_row, n_rows;
-    if (layout.cache(id).ring()) {
-      first_row = 0;
-      n_rows = std::min(layout.cache(id).max_rows, plan->high_water_after);
-    } else {
-      first_row = plan->read.run[0].start;
-      n_rows = plan->read.run[0].len;
-    }
+    // (b) the rows to attend, as views of the written tensors (so attention depends on the
+    // writes): a flat cache's contiguous read run; a ring's slots in physical order (only those
+    // ever written), labelled by position in the mask, with no copy; or, in logical ring order,
+    // the read runs oldest first (two runs joined by a copy when the read wraps).
+    const cache::CacheLayout &cl = layout.cache(id);
+    auto rows_view = [&](ggml_tensor *written, ggml_tensor *store, int32_t dim, int32_t first,
+                         int32_t n) {
+      return ggml_view_3d(ctx, written, dim, n, spec.n_kv_heads, store->nb[1],
+                          ggml_row_size(store->type, dim), size_t(first) * store->nb[1]);
+    };
+    RowLabels rows;
     Written w;
-    w.k = ggml_view_3d(ctx, k_written, spec.k_head_dim, n_rows, spec.n_kv_heads, k_store->nb[1],
-                       ggml_row_size(k_store->type, spec.k_head_dim),
-                       size_t(first_row) * k_store->nb[1]);
-    w.v = ggml_view_3d(ctx, v_written, spec.v_head_dim, n_rows, spec.n_kv_heads, v_store->nb[1],
-                       ggml_row_size(v_store->type, spec.v_head_dim),
-                       size_t(first_row) * v_store->nb[1]);
+    if (cl.ring() && store_.ring_order() == RingOrder::Logical) {
+      rows.first_label = plan->read_base_pos;
+      rows.n_rows = plan->read.total();
+      const cache::Run &a = plan->read.run[0];
+      w.k = rows_view(k_written, k_store, spec.k_head_dim, a.start, a.len);
+      w.v = rows_view(v_written, v_store, spec.v_head_dim, a.start, a.len);
+      if (plan->read.count == 2) {
+        const cache::Run &b = plan->read.run[1];
+        w.k = ggml_concat(ctx, w.k, rows_view(k_written, k_store, spec.k_head_dim, b.start, b.len),
+                          1);
+        w.v = ggml_concat(ctx, w.v, rows_view(v_written, v_store, spec.v_head_dim, b.start, b.len),
+                          1);
+      }
+    } else {
+      if (cl.ring()) {
+        rows.ring_rows = cl.max_rows;
+        rows.n_rows = std::min(cl.max_rows, plan->high_water_after);
+      } else {
+        rows.first_row = plan->read.run[0].start;
+        rows.first_label = rows.first_row;
+        rows.n_rows = plan->read.run[0].len;
+      }
+      w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);
+      w.v = rows_view(v_written, v_store, spec.v_head_dim, rows.first_row, rows.n_rows);
+    }
     // (c) the mask; a single decode token on a full-attention flat cache sees every row read.
-    const bool all_visible = !layout.cache(id).ring() && spec.attention.window == 0 && T == 1;
-    w.mask = all_visible ? nullptr : mask(ctx, span, *plan, first_row, n_rows);
+    const bool all_visible = !cl.ring() && spec.attention.window == 0 && T == 1;
+    w.mask = all_visible ? nullptr : mask(ctx, span, *plan, rows);
     found = written_.emplace(key, w).first;
   }
   const Written &w = found->second;

@@ -33,6 +33,9 @@ struct Span {
 class Step {
 public:
   explicit Step(KvStore &store) : store_(store) {}
+  ~Step();
+  Step(const Step &) = delete;
+  Step &operator=(const Step &) = delete;
 
   // Declares a span; returns its index for update_and_attend. Checks that the positions continue
   // the sequence, fit max_write and the capacity, and grows flat storage to hold them (so graph
@@ -63,11 +66,17 @@ private:
     std::vector<uint8_t> bytes;
   };
 
+  Result<int32_t> declare(Span span);
   ggml_tensor *input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
                      std::vector<uint8_t> bytes);
   ggml_tensor *write_indices(ggml_context *ctx, int32_t span, const cache::StepPlan &plan);
-  ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan, int32_t first_row,
-                    int32_t n_rows);
+  // Which positions the rows read hold: ring slots labelled from the high-water mark
+  // (ring_rows > 0), or consecutive positions from first_label.
+  struct RowLabels {
+    int32_t ring_rows = 0, first_label = 0, first_row = 0, n_rows = 0;
+  };
+  ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
+                    const RowLabels &rows);
 
   KvStore &store_;
   std::vector<Span> spans_;
@@ -79,6 +88,8 @@ private:
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
   std::vector<Pending> pending_;
   bool committed_ = false;
+  // One step per store at a time: another step's growth would free storage this graph views.
+  bool in_flight_ = false;
 };
 
 } // namespace offgraph::kv

@@ -271,3 +271,54 @@ TEST(KvStore, StepRefusesShapeMismatchesAndUnknownSequences) {
 
 } // namespace
 } // namespace offgraph::kv
+
+namespace offgraph::kv {
+namespace {
+
+TEST(KvStore, SnapshotsAreAccountedAndBudgeted) {
+  const std::vector<cache::LayerSpec> layers = {layer(8), layer(0)};
+  auto store = make_store(make_layout(layers, 0, {256, 4, 16}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  std::mt19937_64 rng(13);
+  for (int i = 0; i < 5; ++i) run_step(*store, s, 4, random_inputs(rng, store->layout(), 4, 2));
+  const int64_t row = 2 * 64 * 2 + 2 * 32 * 2; // f16 K (2 heads x 64) and V (2 heads x 32)
+  EXPECT_EQ(store->memory().snapshots, 0);
+  auto a = store->snapshot(s);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)->spec().total_rows(), 7); // window - 1 rows of the one ring
+  EXPECT_GE(store->memory().snapshots, 7 * row);
+  const int64_t one = store->memory().snapshots;
+  {
+    auto b = store->snapshot(s);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(store->memory().snapshots, 2 * one);
+  }
+  EXPECT_EQ(store->memory().snapshots, one); // dropping a snapshot returns its bytes
+  store->set_memory_budget(store->memory().buffers + store->memory().snapshots + one / 2);
+  auto refused = store->snapshot(s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("memory budget"), std::string::npos) << refused.message();
+}
+
+TEST(KvStore, OneStepAtATime) {
+  const std::vector<cache::LayerSpec> layers = {layer(0)};
+  auto store = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId a = *store->create_sequence(), b = *store->create_sequence();
+  Step first(*store);
+  ASSERT_TRUE(first.add_span({a, 0, 1}).ok());
+  Step second(*store);
+  auto refused = second.add_span({b, 0, 1});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("in flight"), std::string::npos) << refused.message();
+}
+
+TEST(KvStore, LogicalRingOrderNeedsConcatenableTypes) {
+  const std::vector<cache::LayerSpec> layers = {layer(4)};
+  auto q8 = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_Q8_0, GGML_TYPE_F16});
+  EXPECT_FALSE(q8->set_ring_order(RingOrder::Logical).ok());
+  auto f16 = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  EXPECT_TRUE(f16->set_ring_order(RingOrder::Logical).ok());
+}
+
+} // namespace
+} // namespace offgraph::kv

@@ -158,6 +158,17 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
   auto gain = [&](const std::string &n, int64_t ne0) {
     return TensorPlan{n, ne0, 1, GGML_TYPE_F32, TensorPlan::Gain, 0.1f};
   };
+  // Residual branches start small (as GPT-2 initialises them, 1/sqrt(2 x layers)): random deep
+  // nets are otherwise chaotic, and rounding differences of 1e-4 grow into different tokens.
+  const float branch = float(1.0 / std::sqrt(2.0 * s.n_layer));
+  auto out_mat = [&](const std::string &n, int64_t in, int64_t outw) {
+    TensorPlan t = mat(n, in, outw);
+    t.scale *= branch;
+    return t;
+  };
+  auto post_gain = [&](const std::string &n, int64_t ne0) {
+    return TensorPlan{n, ne0, 1, GGML_TYPE_F32, TensorPlan::Constant, branch};
+  };
   std::vector<TensorPlan> plan;
   plan.push_back({"token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f});
   plan.push_back(gain("output_norm.weight", E));
@@ -177,13 +188,13 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
       plan.push_back(
           {b + "attn_k_norm.weight", s.head_dim, 1, GGML_TYPE_F32, TensorPlan::Constant, 1.0f});
     }
-    plan.push_back(mat(b + "attn_output.weight", QW, E));
-    if (muse) plan.push_back(gain(b + "post_attention_norm.weight", E));
+    plan.push_back(out_mat(b + "attn_output.weight", QW, E));
+    if (muse) plan.push_back(post_gain(b + "post_attention_norm.weight", E));
     plan.push_back(gain(b + "ffn_norm.weight", E));
     plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
     plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
-    plan.push_back(mat(b + "ffn_down.weight", s.n_ff, E));
-    if (muse) plan.push_back(gain(b + "post_ffw_norm.weight", E));
+    plan.push_back(out_mat(b + "ffn_down.weight", s.n_ff, E));
+    if (muse) plan.push_back(post_gain(b + "post_ffw_norm.weight", E));
   }
 
   ggml_init_params params = {plan.size() * ggml_tensor_overhead(), nullptr, true};

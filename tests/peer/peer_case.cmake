@@ -1,0 +1,21 @@
+# One peer comparison: generate a model, run `offgraph logits` and the llama.cpp peer on the same
+# prompt with the same chunks, compare greedy picks and every logits row, remove the files.
+# -D: OFFGRAPH PEER COMPARE DIR NAME SYNTH (;-list) KV TOL CHUNK ORDER
+set(model "${DIR}/${NAME}.gguf")
+set(ours "${DIR}/${NAME}.ours")
+set(theirs "${DIR}/${NAME}.theirs")
+file(MAKE_DIRECTORY "${DIR}")
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    file(REMOVE "${model}" "${ours}" "${theirs}")
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+run(${OFFGRAPH} synth -o ${model} ${SYNTH})
+set(prompt --random 64 --seed 9 --chunk ${CHUNK} --greedy 64 --ctk ${KV} --ctv ${KV})
+run(${OFFGRAPH} logits -m ${model} ${prompt} --ring-order ${ORDER} -o ${ours})
+run(${PEER} -m ${model} ${prompt} -o ${theirs})
+run(${COMPARE} ${ours} ${theirs} ${TOL})
+file(REMOVE "${model}" "${ours}" "${theirs}")

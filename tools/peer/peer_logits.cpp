@@ -1,0 +1,132 @@
+// The llama.cpp side of the peer comparison: loads a GGUF with libllama from the pinned tree,
+// feeds the same prompt in the same chunks, decodes greedily, and writes every logits row in the
+// format of `offgraph logits -o` (logits_file.h). Built only against the cached peer build.
+//
+//   peer_logits -m FILE --random N --seed S --chunk C --greedy G --ctk f32 --ctv f32 -o OUT
+#include "logits_file.h"
+
+#include "llama.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+namespace {
+
+ggml_type parse_type(const std::string &s) {
+  if (s == "f32") return GGML_TYPE_F32;
+  if (s == "f16") return GGML_TYPE_F16;
+  if (s == "q8_0") return GGML_TYPE_Q8_0;
+  std::fprintf(stderr, "peer_logits: unknown cache type %s\n", s.c_str());
+  std::exit(2);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string model_path, out, ctk = "f32", ctv = "f32";
+  int random = 0, chunk = 32, greedy = 0, threads = 2;
+  unsigned long long seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "-m")
+      model_path = v;
+    else if (k == "--random")
+      random = std::atoi(v.c_str());
+    else if (k == "--seed")
+      seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--chunk")
+      chunk = std::atoi(v.c_str());
+    else if (k == "--greedy")
+      greedy = std::atoi(v.c_str());
+    else if (k == "--ctk")
+      ctk = v;
+    else if (k == "--ctv")
+      ctv = v;
+    else if (k == "-t")
+      threads = std::atoi(v.c_str());
+    else if (k == "-o")
+      out = v;
+    else
+      return std::fprintf(stderr, "peer_logits: unknown option %s\n", k.c_str()), 2;
+  }
+  if (model_path.empty() || random < 1 || chunk < 1)
+    return std::fprintf(stderr, "peer_logits: need -m, --random, --chunk\n"), 2;
+
+  llama_log_set(
+      [](ggml_log_level level, const char *text, void *) {
+        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  // On CPUs with AMX, the pinned tree repacks Q8_0 weights for its AMX kernel, which crashes
+  // (SIGSEGV in ggml_backend_amx_mul_mat) on these models; the plain CPU path is the reference.
+  mp.use_extra_bufts = false;
+  llama_model *model = llama_model_load_from_file(model_path.c_str(), mp);
+  if (!model)
+    return std::fprintf(stderr, "peer_logits: llama.cpp could not load %s\n", model_path.c_str()),
+           1;
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = uint32_t(random + greedy + 1);
+  cp.n_batch = uint32_t(chunk);
+  cp.n_ubatch = uint32_t(chunk);
+  cp.n_seq_max = 1;
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  // llama.cpp's flash-attention path casts f32 K/V to f16 before attending, so an "f32 cache"
+  // would be compared at f16 precision; its plain path keeps f32. Quantized caches need FA.
+  cp.flash_attn_type =
+      ctk == "f32" && ctv == "f32" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  cp.type_k = parse_type(ctk);
+  cp.type_v = parse_type(ctv);
+  llama_context *ctx = llama_init_from_model(model, cp);
+  if (!ctx) return std::fprintf(stderr, "peer_logits: could not create a context\n"), 1;
+
+  // The same random prompt as `offgraph logits --random N --seed S`.
+  std::mt19937_64 rng(seed);
+  offgraph::peer::LogitsFile file;
+  file.n_vocab = uint32_t(n_vocab);
+  file.n_prompt = uint32_t(random);
+  for (int i = 0; i < random; ++i)
+    file.tokens.push_back(uint32_t(std::uniform_int_distribution<int32_t>(0, n_vocab - 1)(rng)));
+
+  llama_batch batch = llama_batch_init(chunk, 0, 1);
+  auto decode = [&](int pos, int n) {
+    batch.n_tokens = n;
+    for (int i = 0; i < n; ++i) {
+      batch.token[i] = llama_token(file.tokens[size_t(pos + i)]);
+      batch.pos[i] = pos + i;
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = 0;
+      batch.logits[i] = 1;
+    }
+    if (llama_decode(ctx, batch) != 0) {
+      std::fprintf(stderr, "peer_logits: llama_decode failed at %d\n", pos);
+      std::exit(1);
+    }
+    for (int i = 0; i < n; ++i) {
+      const float *row = llama_get_logits_ith(ctx, i);
+      file.logits.insert(file.logits.end(), row, row + n_vocab);
+    }
+  };
+  for (int at = 0; at < random; at += chunk) decode(at, std::min(chunk, random - at));
+  for (int g = 0; g < greedy; ++g) {
+    const float *row = file.logits.data() + file.logits.size() - size_t(n_vocab);
+    const int next = int(std::max_element(row, row + n_vocab) - row);
+    file.tokens.push_back(uint32_t(next));
+    if (g + 1 < greedy) decode(int(file.tokens.size()) - 1, 1);
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  if (!out.empty() && !file.write(out))
+    return std::fprintf(stderr, "peer_logits: cannot write %s\n", out.c_str()), 1;
+  return 0;
+}
