@@ -1,0 +1,285 @@
+#include "text/atem/atem_parser.h"
+
+#include <array>
+#include <functional>
+
+namespace offgraph::text {
+
+namespace {
+
+constexpr std::string_view kStart = "<|start|>", kMessage = "<|message|>", kEom = "<|eom|>",
+                           kEot = "<|eot|>", kEndOfText = "<|end_of_text|>";
+constexpr std::array<std::string_view, 5> kMarkers = {kStart, kMessage, kEom, kEot, kEndOfText};
+
+// Length of the longest suffix of `s` that is a proper prefix of some marker: text that may still
+// become a marker and must be held back.
+size_t held_suffix(std::string_view s) {
+  size_t best = 0;
+  for (std::string_view m : kMarkers)
+    for (size_t n = std::min(s.size(), m.size() - 1); n > best; --n)
+      if (s.substr(s.size() - n) == m.substr(0, n)) {
+        best = n;
+        break;
+      }
+  return best;
+}
+
+bool recipient_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == '-' || c == ':' || c == '*';
+}
+
+// Length of a trailing "to=NAME" word (or a beginning of one, "t", "to"), after a space, a newline
+// or the start: a sloppy model may open the next message without <|start|>, so it could be a
+// header rather than body text. Held back until a <|message|> or another character decides.
+size_t trailing_recipient(std::string_view s) {
+  const size_t space = s.find_last_of(" \n");
+  const std::string_view word = space == std::string_view::npos ? s : s.substr(space + 1);
+  if (word.empty() || word.size() > 128) return 0;
+  constexpr std::string_view kTo = "to=";
+  if (word.size() < kTo.size()) return kTo.substr(0, word.size()) == word ? word.size() : 0;
+  if (word.substr(0, kTo.size()) != kTo) return 0;
+  for (char c : word.substr(kTo.size()))
+    if (!recipient_char(c)) return 0;
+  return word.size();
+}
+
+// The first marker in `s` at or after `from`: (position, marker), or npos.
+std::pair<size_t, std::string_view> first_marker(std::string_view s, size_t from = 0) {
+  size_t best = std::string_view::npos;
+  std::string_view which;
+  for (std::string_view m : kMarkers) {
+    const size_t at = s.find(m, from);
+    if (at < best) best = at, which = m;
+  }
+  return {best, which};
+}
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && (s[b] == ' ' || s[b] == '\n' || s[b] == '\t' || s[b] == '\r')) ++b;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\n' || s[e - 1] == '\t' || s[e - 1] == '\r'))
+    --e;
+  return std::string(s.substr(b, e - b));
+}
+
+// The recipient named in a header such as "assistant to=weather.get" (empty: none named).
+std::string recipient_of(std::string_view header) {
+  const size_t to = header.rfind("to=");
+  if (to == std::string_view::npos) return "";
+  std::string r = trim(header.substr(to + 3));
+  const size_t space = r.find_first_of(" \n\t");
+  return space == std::string::npos ? r : r.substr(0, space);
+}
+
+// The value of attribute `name="..."` inside a tag.
+std::optional<std::string> attribute(std::string_view tag, std::string_view name) {
+  const std::string key = std::string(name) + "=\"";
+  const size_t at = tag.find(key);
+  if (at == std::string_view::npos) return std::nullopt;
+  const size_t begin = at + key.size(), end = tag.find('"', begin);
+  if (end == std::string_view::npos) return std::nullopt;
+  return std::string(tag.substr(begin, end - begin));
+}
+
+// A parameter value as the template writes it: true/false/null, JSON for lists and objects, raw
+// text otherwise. Numbers and other JSON become JSON unless the schema says string.
+nlohmann::json parameter_value(const std::string &raw, bool keep_string) {
+  if (keep_string) return raw;
+  const std::string t = trim(raw);
+  if (t.empty()) return raw;
+  const char c = t[0];
+  if (c == '{' || c == '[' || c == '"' || c == '-' || (c >= '0' && c <= '9') || t == "true" ||
+      t == "false" || t == "null") {
+    nlohmann::json j = nlohmann::json::parse(t, nullptr, false);
+    if (!j.is_discarded()) return j;
+  }
+  return raw;
+}
+
+} // namespace
+
+std::vector<ToolCall> parse_function_calls(
+    std::string_view body, const std::string &fallback_name,
+    const std::function<bool(const std::string &, const std::string &)> &is_string) {
+  std::vector<ToolCall> calls;
+  constexpr std::string_view kInvoke = "<atem:invoke", kParam = "<atem:parameter",
+                             kParamEnd = "</atem:parameter>", kInvokeEnd = "</atem:invoke>";
+  size_t at = body.find(kInvoke);
+  if (at == std::string_view::npos) {
+    // No invoke at all: a call by recipient alone, with no arguments, if anything was said.
+    if (!fallback_name.empty() && body.find("<atem:function_calls>") != std::string_view::npos)
+      calls.push_back({fallback_name, nlohmann::json::object()});
+    return calls;
+  }
+  while (at != std::string_view::npos) {
+    const size_t tag_end = body.find('>', at);
+    if (tag_end == std::string_view::npos) break;
+    ToolCall call;
+    call.name = attribute(body.substr(at, tag_end - at), "name").value_or(fallback_name);
+    size_t end = body.find(kInvokeEnd, tag_end);
+    const size_t next_invoke = body.find(kInvoke, tag_end);
+    if (end == std::string_view::npos || next_invoke < end)
+      end = std::min(next_invoke, body.size());
+    std::string_view inner = body.substr(tag_end + 1, end - tag_end - 1);
+    for (size_t p = inner.find(kParam); p != std::string_view::npos;
+         p = inner.find(kParam, p + 1)) {
+      const size_t open_end = inner.find('>', p);
+      if (open_end == std::string_view::npos) break;
+      const auto name = attribute(inner.substr(p, open_end - p), "name");
+      size_t close = inner.find(kParamEnd, open_end);
+      if (close == std::string_view::npos) close = inner.size(); // lenient: unterminated last value
+      if (name) {
+        const std::string raw(inner.substr(open_end + 1, close - open_end - 1));
+        call.arguments[*name] = parameter_value(raw, is_string(call.name, *name));
+      }
+      p = close;
+      if (p >= inner.size()) break;
+    }
+    calls.push_back(std::move(call));
+    at = body.find(kInvoke, end);
+  }
+  return calls;
+}
+
+AtemParser::AtemParser(nlohmann::json tools) : tools_(std::move(tools)) {}
+
+bool AtemParser::parameter_is_string(const std::string &tool, const std::string &param) const {
+  if (!tools_.is_array()) return false;
+  for (const auto &t : tools_) {
+    const auto &fn = t.contains("function") ? t["function"] : t;
+    if (!fn.is_object() || fn.value("name", "") != tool) continue;
+    const auto props = fn.contains("parameters") && fn["parameters"].is_object()
+                           ? fn["parameters"].value("properties", nlohmann::json::object())
+                           : nlohmann::json::object();
+    if (props.is_object() && props.contains(param) && props[param].is_object())
+      return props[param].value("type", "") == "string";
+  }
+  return false;
+}
+
+void AtemParser::emit_body_text(std::vector<AtemEvent> &out, std::string_view text) {
+  if (text.empty()) return;
+  if (recipient_ == "self") {
+    message_.reasoning_content += text;
+    if (!out.empty() && out.back().kind == AtemEvent::Kind::Reasoning)
+      out.back().text += text;
+    else
+      out.push_back({AtemEvent::Kind::Reasoning, std::string(text), {}});
+  } else if (recipient_ == "user" || recipient_.empty()) {
+    message_.content += text;
+    if (!out.empty() && out.back().kind == AtemEvent::Kind::Content)
+      out.back().text += text;
+    else
+      out.push_back({AtemEvent::Kind::Content, std::string(text), {}});
+  } else {
+    tool_body_ += text;
+  }
+}
+
+void AtemParser::end_body(std::vector<AtemEvent> &out) {
+  const bool tool = !(recipient_ == "self" || recipient_ == "user" || recipient_.empty());
+  if (tool) {
+    auto is_string = [this](const std::string &t, const std::string &p) {
+      return parameter_is_string(t, p);
+    };
+    for (ToolCall &c : parse_function_calls(tool_body_, recipient_, is_string)) {
+      message_.tool_calls.push_back(c);
+      out.push_back({AtemEvent::Kind::ToolCall, "", std::move(c)});
+    }
+  }
+  tool_body_.clear();
+  recipient_.clear();
+}
+
+void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
+  for (;;) {
+    if (state_ == State::Done) {
+      pending_.clear();
+      return;
+    }
+    if (state_ == State::Header) {
+      // A header runs up to <|message|>; an end marker here ends the turn.
+      auto [at, m] = first_marker(pending_);
+      while (at != std::string::npos && m == kStart)
+        std::tie(at, m) = first_marker(pending_, at + kStart.size());
+      if (at == std::string::npos) {
+        if (final) pending_.clear();
+        return;
+      }
+      if (m == kMessage) {
+        recipient_ = recipient_of(pending_.substr(0, at));
+        if (recipient_.empty()) recipient_ = "user";
+        pending_.erase(0, at + m.size());
+        state_ = State::Body;
+        continue;
+      }
+      pending_.erase(0, at + m.size()); // <|eom|>, <|eot|> or end of text without a body
+      if (m != kEom) {
+        state_ = State::Done;
+        message_.ended = true;
+        out.push_back({AtemEvent::Kind::EndOfTurn, "", {}});
+      }
+      continue;
+    }
+    // Body: text up to the next marker is the message's.
+    auto [at, m] = first_marker(pending_);
+    if (at == std::string::npos) {
+      // Hold back what may become a marker, and a "to=NAME" just before it.
+      const size_t marker = final ? 0 : held_suffix(pending_);
+      const size_t keep = final ? 0
+                                : marker + trailing_recipient(std::string_view(pending_).substr(
+                                               0, pending_.size() - marker));
+      emit_body_text(out, std::string_view(pending_).substr(0, pending_.size() - keep));
+      pending_.erase(0, pending_.size() - keep);
+      if (final) end_body(out);
+      return;
+    }
+    // Lenient: a stray <|message|> inside a body opens a new message; its header is a trailing
+    // " to=NAME" if there is one, else the user.
+    size_t body_end = at;
+    std::string header;
+    if (m == kMessage) {
+      const size_t r = trailing_recipient(std::string_view(pending_).substr(0, at));
+      body_end = at - r;
+      header = r ? pending_.substr(body_end, r) : " to=user";
+    }
+    emit_body_text(out, std::string_view(pending_).substr(0, body_end));
+    end_body(out);
+    if (m == kStart || m == kMessage) {
+      pending_.erase(0, at);
+      if (m == kMessage) pending_.insert(0, header);
+      state_ = State::Header;
+      continue;
+    }
+    pending_.erase(0, at + m.size());
+    state_ = State::Header;
+    if (m != kEom) {
+      state_ = State::Done;
+      message_.ended = true;
+      out.push_back({AtemEvent::Kind::EndOfTurn, "", {}});
+    }
+  }
+}
+
+std::vector<AtemEvent> AtemParser::feed(std::string_view text) {
+  std::vector<AtemEvent> out;
+  pending_ += text;
+  run(out, false);
+  return out;
+}
+
+std::vector<AtemEvent> AtemParser::finish() {
+  std::vector<AtemEvent> out;
+  run(out, true);
+  return out;
+}
+
+AtemMessage parse_atem(std::string_view text, const nlohmann::json &tools) {
+  AtemParser p(tools);
+  p.feed(text);
+  p.finish();
+  return p.message();
+}
+
+} // namespace offgraph::text

@@ -1,0 +1,82 @@
+// Parser of Muse Glimmer's output protocol (ATEM, MUSE_GLIMMER.md §10). After the generation
+// prompt `<|start|>assistant`, the model writes messages `[<|start|>assistant] to={recipient}
+// <|message|>{body}{end}`: to=self is reasoning, to=user the answer, any other recipient a tool
+// call whose body is an `<atem:function_calls>` block; `<|eom|>` ends a message within the turn,
+// `<|eot|>` (or `<|end_of_text|>`) ends the turn.
+//
+// The parser works incrementally on detokenized text (special tokens as their text) and emits
+// reasoning and content as deltas as soon as they are certain: text that could still turn into a
+// marker is held back, so a partial tag never reaches a client. It is lenient where models are
+// sloppy: a missing recipient means the user, a `<|start|>` inside a body ends that message, a
+// stream that stops mid-message is flushed by finish().
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace offgraph::text {
+
+struct ToolCall {
+  std::string name;
+  nlohmann::json arguments = nlohmann::json::object();
+};
+
+struct AtemEvent {
+  enum class Kind { Reasoning, Content, ToolCall, EndOfTurn };
+  Kind kind;
+  std::string text; // Reasoning, Content: the delta
+  ToolCall call;    // ToolCall
+};
+
+// The whole response, OpenAI-shaped.
+struct AtemMessage {
+  std::string reasoning_content;
+  std::string content;
+  std::vector<ToolCall> tool_calls;
+  bool ended = false; // the model ended its turn
+};
+
+class AtemParser {
+public:
+  // `tools`: the request's OpenAI tool list, if any. A parameter its schema declares a string
+  // stays a string even when it looks like JSON ("42", "true").
+  explicit AtemParser(nlohmann::json tools = nlohmann::json::array());
+
+  std::vector<AtemEvent> feed(std::string_view text);
+  // End of the stream (end of turn, max tokens or a stop): flushes held text and a pending tool
+  // call.
+  std::vector<AtemEvent> finish();
+
+  // Everything so far, aggregated.
+  const AtemMessage &message() const { return message_; }
+
+private:
+  enum class State { Header, Body, Done };
+  void run(std::vector<AtemEvent> &out, bool final);
+  void end_body(std::vector<AtemEvent> &out);
+  void emit_body_text(std::vector<AtemEvent> &out, std::string_view text);
+  bool parameter_is_string(const std::string &tool, const std::string &param) const;
+
+  nlohmann::json tools_;
+  State state_ = State::Header;
+  std::string pending_;   // text not yet consumed
+  std::string recipient_; // of the current message
+  std::string tool_body_; // the current tool message's body
+  AtemMessage message_;
+};
+
+// Parses a complete response in one go.
+AtemMessage parse_atem(std::string_view text,
+                       const nlohmann::json &tools = nlohmann::json::array());
+
+// Parses the tool calls of one `<atem:function_calls>` block (several invokes allowed).
+std::vector<ToolCall> parse_function_calls(
+    std::string_view body, const std::string &fallback_name,
+    const std::function<bool(const std::string &, const std::string &)> &is_string);
+
+} // namespace offgraph::text
