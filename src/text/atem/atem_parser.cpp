@@ -9,6 +9,8 @@ namespace {
 
 constexpr std::string_view kStart = "<|start|>", kMessage = "<|message|>", kEom = "<|eom|>",
                            kEot = "<|eot|>", kEndOfText = "<|end_of_text|>";
+// Longer than any "<|start|>assistant to=RECIPIENT" the model could mean.
+constexpr size_t kMaxHeader = 256;
 constexpr std::array<std::string_view, 5> kMarkers = {kStart, kMessage, kEom, kEot, kEndOfText};
 
 // Length of the longest suffix of `s` that is a proper prefix of some marker: text that may still
@@ -204,6 +206,13 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
       while (at != std::string::npos && m == kStart)
         std::tie(at, m) = first_marker(pending_, at + kStart.size());
       if (at == std::string::npos) {
+        // A model that ignores the protocol still has its text shown: a "header" far longer than
+        // any recipient, or one left when the stream ends, is an answer to the user.
+        if (pending_.size() > kMaxHeader || (final && !trim(pending_).empty())) {
+          recipient_ = "user";
+          state_ = State::Body;
+          continue;
+        }
         if (final) pending_.clear();
         return;
       }
