@@ -100,9 +100,11 @@ std::vector<float> incremental(Session &s, kv::SeqId seq, const std::vector<int3
 
 // Decodes N random tokens in random chunks of up to max_chunk and compares every position's logits
 // with recomputing the whole prefix in one step (where sliding caches are stored flat).
-void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, int32_t max_chunk) {
+void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, int32_t max_chunk,
+                             kv::RingOrder order = kv::RingOrder::Physical) {
   std::mt19937_64 rng(seed);
   Session inc(path, N, max_chunk);
+  ASSERT_TRUE(inc.store->set_ring_order(order).ok());
   Session ref(path, N, N);
   const int32_t V = inc.model->config().n_vocab;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
@@ -143,6 +145,24 @@ TEST(ModelRecompute, MuseGlimmerArrayPattern) {
 }
 TEST(ModelRecompute, Llama) {
   check_against_recompute(make_model(small_spec("llama", false, 3), "llama.gguf"), 13, 40, 5);
+}
+
+// Every weight type ggml's CPU backend multiplies loads and decodes like a full recompute.
+// Quantized matrices quantize their activations too, so the ring is read in logical order here: the
+// same summation order as the flat reference (physical order is checked above with f32 weights).
+TEST(ModelRecompute, EveryWeightType) {
+  for (ggml_type t : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0,
+                      GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K}) {
+    synth::SynthSpec s = synth::preset("small", "muse-glimmer").value();
+    s.n_layer = 4, s.n_vocab = 1000, s.window = 12, s.weight_type = t, s.seed = 40 + uint64_t(t);
+    const std::string path = make_model(s, std::string("type-") + ggml_type_name(t) + ".gguf");
+    auto m = Model::open_metadata(path);
+    ASSERT_TRUE(m.ok()) << m.message();
+    EXPECT_EQ((*m)->weights().layers[0].wq->type, t) << ggml_type_name(t);
+    SCOPED_TRACE(ggml_type_name(t));
+    check_against_recompute(path, 50, 30, 7, kv::RingOrder::Logical);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
