@@ -83,7 +83,9 @@ std::vector<Case> cases() {
   c.push_back({"cut_off_by_max_tokens",
                " to=self<|message|>Thinking... to=us",
                {"Thinking... to=us", "", {}, false}});
-  c.push_back({"text_without_protocol", "just words, no markers", {"", "just words, no markers", {}, false}});
+  c.push_back({"text_without_protocol",
+               "just words, no markers",
+               {"", "just words, no markers", {}, false}});
   c.push_back({"unicode_and_emoji",
                " to=user<|message|>héllo 世界 🎉 to=nobody here<|eot|>",
                {"", "héllo 世界 🎉 to=nobody here", {}, true}});
