@@ -3,6 +3,7 @@
 #include "kv/storage_types.h"
 #include "model/forward.h"
 #include "peer/logits_file.h"
+#include "text/tokenizer/tokenizer.h"
 
 #include "ggml-cpu.h"
 
@@ -16,7 +17,7 @@ namespace offgraph::cli {
 
 std::function<int()> add_logits(CLI::App &app) {
   struct Opts {
-    std::string model, tokens, out, ctk = "f32", ctv = "f32", ring_order = "physical";
+    std::string model, tokens, out, ctk = "f32", ctv = "f32", ring_order = "physical", prompt;
     int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
     uint64_t seed = 1;
   };
@@ -26,6 +27,8 @@ std::function<int()> add_logits(CLI::App &app) {
   cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
   cmd->add_option("--tokens", o->tokens, "prompt token ids, comma-separated");
   cmd->add_option("--random", o->random, "or a prompt of this many random token ids");
+  cmd->add_option("-p,--prompt", o->prompt,
+                  "or a text prompt, tokenized by the model's tokenizer (BOS per the vocabulary)");
   cmd->add_option("--seed", o->seed, "seed for --random")->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "prefill chunk (max_write)")->capture_default_str();
   cmd->add_option("--greedy", o->greedy, "greedy decode steps after the prompt")
@@ -57,12 +60,16 @@ std::function<int()> add_logits(CLI::App &app) {
           return fail("'" + item + "' is not a token id");
         }
       }
+    } else if (!o->prompt.empty()) {
+      auto tok = text::Tokenizer::from_gguf(o->model);
+      if (!tok.ok()) return fail(tok.message());
+      prompt = (*tok)->encode(o->prompt, (*tok)->add_bos_default(), false);
     } else if (o->random > 0) {
       std::mt19937_64 rng(o->seed);
       for (int32_t i = 0; i < o->random; ++i)
         prompt.push_back(std::uniform_int_distribution<int32_t>(0, c.n_vocab - 1)(rng));
     }
-    if (prompt.empty()) return fail("no prompt (give --tokens or --random)");
+    if (prompt.empty()) return fail("no prompt (give --tokens, --prompt or --random)");
     if (o->chunk < 1) return fail("--chunk must be at least 1");
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());

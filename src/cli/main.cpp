@@ -31,6 +31,8 @@ int main(int argc, char **argv) {
   auto synth = offgraph::cli::add_synth(app);
   auto inspect = offgraph::cli::add_inspect(app);
   auto logits = offgraph::cli::add_logits(app);
+  auto run = offgraph::cli::add_run(app);
+  auto chat = offgraph::cli::add_chat(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -45,6 +47,8 @@ int main(int argc, char **argv) {
   if (app.got_subcommand("synth")) return synth();
   if (app.got_subcommand("inspect")) return inspect();
   if (app.got_subcommand("logits")) return logits();
+  if (app.got_subcommand("run")) return run();
+  if (app.got_subcommand("chat")) return chat();
   std::printf("%s", app.help().c_str());
   return 0;
 }

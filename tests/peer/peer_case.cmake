@@ -1,6 +1,6 @@
 # One peer comparison: generate a model, run `offgraph logits` and the llama.cpp peer on the same
 # prompt with the same chunks, compare greedy picks and every logits row, remove the files.
-# -D: OFFGRAPH PEER COMPARE DIR NAME SYNTH (;-list) KV TOL CHUNK ORDER
+# -D: OFFGRAPH PEER COMPARE DIR NAME SYNTH (;-list) KV TOL CHUNK ORDER [TEXT]
 set(model "${DIR}/${NAME}.gguf")
 set(ours "${DIR}/${NAME}.ours")
 set(theirs "${DIR}/${NAME}.theirs")
@@ -14,8 +14,14 @@ function(run)
   message(STATUS "${out}")
 endfunction()
 run(${OFFGRAPH} synth -o ${model} ${SYNTH})
-set(prompt --random 64 --seed 9 --chunk ${CHUNK} --greedy 64 --ctk ${KV} --ctv ${KV})
-run(${OFFGRAPH} logits -m ${model} ${prompt} --ring-order ${ORDER} -o ${ours})
-run(${PEER} -m ${model} ${prompt} -o ${theirs})
+set(common --chunk ${CHUNK} --greedy 64 --ctk ${KV} --ctv ${KV})
+if(DEFINED TEXT)
+  # A text prompt: each side tokenizes it with its own tokenizer, so the prompt ids are compared too.
+  run(${OFFGRAPH} logits -m ${model} --prompt ${TEXT} ${common} --ring-order ${ORDER} -o ${ours})
+  run(${PEER} -m ${model} --prompt ${TEXT} ${common} -o ${theirs})
+else()
+  run(${OFFGRAPH} logits -m ${model} --random 64 --seed 9 ${common} --ring-order ${ORDER} -o ${ours})
+  run(${PEER} -m ${model} --random 64 --seed 9 ${common} -o ${theirs})
+endif()
 run(${COMPARE} ${ours} ${theirs} ${TOL})
 file(REMOVE "${model}" "${ours}" "${theirs}")

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -27,7 +28,7 @@ ggml_type parse_type(const std::string &s) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, out, ctk = "f32", ctv = "f32";
+  std::string model_path, out, ctk = "f32", ctv = "f32", prompt_text;
   int random = 0, chunk = 32, greedy = 0, threads = 2;
   unsigned long long seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -36,6 +37,8 @@ int main(int argc, char **argv) {
       model_path = v;
     else if (k == "--random")
       random = std::atoi(v.c_str());
+    else if (k == "--prompt")
+      prompt_text = v;
     else if (k == "--seed")
       seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--chunk")
@@ -53,8 +56,8 @@ int main(int argc, char **argv) {
     else
       return std::fprintf(stderr, "peer_logits: unknown option %s\n", k.c_str()), 2;
   }
-  if (model_path.empty() || random < 1 || chunk < 1)
-    return std::fprintf(stderr, "peer_logits: need -m, --random, --chunk\n"), 2;
+  if (model_path.empty() || (random < 1 && prompt_text.empty()) || chunk < 1)
+    return std::fprintf(stderr, "peer_logits: need -m, --random or --prompt, --chunk\n"), 2;
 
   llama_log_set(
       [](ggml_log_level level, const char *text, void *) {
@@ -74,7 +77,7 @@ int main(int argc, char **argv) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = uint32_t(random + greedy + 1);
+  cp.n_ctx = uint32_t((prompt_text.empty() ? random : int(prompt_text.size()) + 8) + greedy + 1);
   cp.n_batch = uint32_t(chunk);
   cp.n_ubatch = uint32_t(chunk);
   cp.n_seq_max = 1;
@@ -89,13 +92,24 @@ int main(int argc, char **argv) {
   llama_context *ctx = llama_init_from_model(model, cp);
   if (!ctx) return std::fprintf(stderr, "peer_logits: could not create a context\n"), 1;
 
-  // The same random prompt as `offgraph logits --random N --seed S`.
-  std::mt19937_64 rng(seed);
   offgraph::peer::LogitsFile file;
   file.n_vocab = uint32_t(n_vocab);
+  if (!prompt_text.empty()) {
+    // llama.cpp's own tokenizer: BOS as the vocabulary says, special tokens as plain text.
+    std::vector<llama_token> ids(prompt_text.size() + 8);
+    const int n =
+        llama_tokenize(llama_model_get_vocab(model), prompt_text.c_str(),
+                       int32_t(prompt_text.size()), ids.data(), int32_t(ids.size()), true, false);
+    if (n < 0) return std::fprintf(stderr, "peer_logits: tokenization failed\n"), 1;
+    for (int i = 0; i < n; ++i) file.tokens.push_back(uint32_t(ids[size_t(i)]));
+    random = n;
+  } else {
+    // The same random prompt as `offgraph logits --random N --seed S`.
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < random; ++i)
+      file.tokens.push_back(uint32_t(std::uniform_int_distribution<int32_t>(0, n_vocab - 1)(rng)));
+  }
   file.n_prompt = uint32_t(random);
-  for (int i = 0; i < random; ++i)
-    file.tokens.push_back(uint32_t(std::uniform_int_distribution<int32_t>(0, n_vocab - 1)(rng)));
 
   llama_batch batch = llama_batch_init(chunk, 0, 1);
   auto decode = [&](int pos, int n) {

@@ -1,0 +1,332 @@
+// `offgraph run` (one prompt, streamed) and `offgraph chat` (a conversation kept in the cache).
+#include "commands.h"
+#include "session.h"
+
+#include "kv/storage_types.h"
+#include "sample/sampler.h"
+#include "text/atem/atem_parser.h"
+#include "text/template/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <unistd.h>
+
+namespace offgraph::cli {
+
+namespace {
+
+struct CommonOpts {
+  std::string model, ctk = "f16", ctv = "f16", reasoning = "high", system, template_file;
+  int32_t n_predict = 256, ctx = 4096, threads = 2, max_write = 256;
+  // Unset sampling options keep the architecture's defaults.
+  float temp = NAN, top_p = NAN, min_p = NAN, repeat_penalty = NAN;
+  int32_t top_k = -1;
+  uint64_t seed = 0;
+};
+
+void add_common(CLI::App *cmd, CommonOpts &o) {
+  cmd->add_option("-m,--model", o.model, "the GGUF model")->required();
+  cmd->add_option("-n,--n-predict", o.n_predict, "most tokens to generate")->capture_default_str();
+  cmd->add_option("--temp", o.temp, "temperature (0: greedy); default: the model's recommendation");
+  cmd->add_option("--top-k", o.top_k, "top-k (0 disables)");
+  cmd->add_option("--top-p", o.top_p, "top-p (1 disables)");
+  cmd->add_option("--min-p", o.min_p, "min-p (0 disables)");
+  cmd->add_option("--repeat-penalty", o.repeat_penalty, "repetition penalty (1 disables)");
+  cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--reasoning", o.reasoning, "reasoning strength: low, medium, high, xhigh")
+      ->capture_default_str();
+  cmd->add_option("--system", o.system, "system message");
+  cmd->add_option("--template", o.template_file, "chat template file (default: the model's own)");
+  cmd->add_option("-c,--ctx", o.ctx, "context length")->capture_default_str();
+  cmd->add_option("-b,--batch", o.max_write, "prefill chunk (max_write)")->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads, "threads")->capture_default_str();
+  cmd->add_option("--ctk", o.ctk, "K cache type")->capture_default_str();
+  cmd->add_option("--ctv", o.ctv, "V cache type")->capture_default_str();
+}
+
+// Everything a generation needs, loaded once.
+struct Loaded {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::unique_ptr<Session> session;
+  sample::SamplingParams sampling;
+  std::string chat_template;
+};
+
+Result<Loaded> load(const CommonOpts &o, bool need_template) {
+  Loaded l;
+  auto m = model::Model::load(o.model, [](uint64_t d, uint64_t t) {
+    if (t > (256u << 20)) progress_bar("loading", d, t);
+  });
+  if (!m.ok()) return m.status();
+  l.model = std::move(m).value();
+  auto tok = text::Tokenizer::from_gguf(o.model);
+  if (!tok.ok()) return tok.status();
+  l.tokenizer = std::move(tok).value();
+  auto ctk = kv::parse_storage_type(o.ctk), ctv = kv::parse_storage_type(o.ctv);
+  if (!ctk.ok() || !ctv.ok()) return (ctk.ok() ? ctv : ctk).status();
+  auto session = Session::create(*l.model, {o.ctx, o.max_write, o.threads, {*ctk, *ctv}, 8});
+  if (!session.ok()) return session.status();
+  l.session = std::move(session).value();
+  l.sampling = sample::defaults_for(l.model->config().arch_name);
+  if (!std::isnan(o.temp)) l.sampling.temperature = o.temp;
+  if (o.top_k >= 0) l.sampling.top_k = o.top_k;
+  if (!std::isnan(o.top_p)) l.sampling.top_p = o.top_p;
+  if (!std::isnan(o.min_p)) l.sampling.min_p = o.min_p;
+  if (!std::isnan(o.repeat_penalty)) l.sampling.repetition_penalty = o.repeat_penalty;
+  l.sampling.seed = o.seed;
+  if (Status s = sample::validate(l.sampling, l.tokenizer->n_vocab()); !s.ok()) return s;
+  if (need_template) {
+    if (!o.template_file.empty()) {
+      std::ifstream in(o.template_file);
+      if (!in) return Status::error("cannot read the template " + o.template_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      l.chat_template = ss.str();
+    } else {
+      auto t = l.model->file().str("tokenizer.chat_template");
+      if (!t.ok())
+        return Status::error(
+            o.model + " embeds no chat template (tokenizer.chat_template); give --template FILE");
+      l.chat_template = *t;
+    }
+  }
+  if (o.reasoning != "low" && o.reasoning != "medium" && o.reasoning != "high" &&
+      o.reasoning != "xhigh")
+    return Status::error("--reasoning must be low, medium, high or xhigh, not '" + o.reasoning +
+                         "'");
+  return l;
+}
+
+Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::ordered_json &messages,
+                                           const std::string &reasoning) {
+  nlohmann::ordered_json ctx;
+  ctx["messages"] = messages;
+  ctx["add_generation_prompt"] = true;
+  ctx["reasoning_strength"] = reasoning;
+  ctx["bos_token"] = l.tokenizer->bos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->bos()) : "";
+  ctx["eos_token"] = l.tokenizer->eos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->eos()) : "";
+  auto text = text::render_chat_template(l.chat_template, ctx);
+  if (!text.ok()) return Status::error("chat template: " + text.message());
+  // The template writes BOS itself; user text was rendered as text, and control tokens in it are
+  // the template's own markers only where the template put them.
+  return l.tokenizer->encode(*text, false, true);
+}
+
+// Generates until an end-of-turn token or the limit; every piece of text goes to `on_text`.
+// Returns the generated ids.
+Result<std::vector<int32_t>> generate(Loaded &l, std::vector<float> logits, int32_t limit,
+                                      bool render_control,
+                                      const std::function<void(const std::string &)> &on_text) {
+  auto sampler = sample::Sampler::create(l.sampling, l.tokenizer->n_vocab());
+  if (!sampler.ok()) return sampler.status();
+  text::Detokenizer detok(*l.tokenizer, render_control);
+  const std::vector<int32_t> stops = l.tokenizer->end_of_generation_ids();
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < limit; ++i) {
+    auto sampled = sampler->sample_checked(logits, l.session->tokens());
+    if (!sampled.ok()) return sampled.status();
+    const int32_t id = *sampled;
+    out.push_back(id);
+    const bool stop = std::find(stops.begin(), stops.end(), id) != stops.end();
+    if (!stop || render_control) on_text(detok.feed(id));
+    if (stop) break;
+    auto next = l.session->step(id);
+    if (!next.ok()) return next.status();
+    logits = std::move(next).value();
+  }
+  on_text(detok.flush());
+  return out;
+}
+
+void print_stats(const SessionStats &s) {
+  std::fprintf(stderr,
+               "\nprompt: %lld tokens computed (%lld reused) in %.2f s, %.1f tok/s; generated: "
+               "%lld tokens in %.2f s, %.1f tok/s\n",
+               (long long)s.prompt_tokens, (long long)s.reused_tokens, s.prompt_seconds,
+               s.prompt_seconds > 0 ? double(s.prompt_tokens) / s.prompt_seconds : 0.0,
+               (long long)s.generated_tokens, s.generate_seconds,
+               s.generate_seconds > 0 ? double(s.generated_tokens) / s.generate_seconds : 0.0);
+}
+
+// Streams ATEM events: reasoning dimmed on stderr, the answer on stdout, tool calls as JSON.
+struct AtemPrinter {
+  bool tty_err = isatty(2);
+  void operator()(const std::vector<text::AtemEvent> &events) const {
+    for (const auto &e : events) {
+      switch (e.kind) {
+      case text::AtemEvent::Kind::Reasoning:
+        std::fprintf(stderr, "%s%s%s", tty_err ? "\x1b[2m" : "", e.text.c_str(),
+                     tty_err ? "\x1b[0m" : "");
+        break;
+      case text::AtemEvent::Kind::Content:
+        std::fputs(e.text.c_str(), stdout);
+        break;
+      case text::AtemEvent::Kind::ToolCall:
+        std::printf("\n[tool call] %s %s\n", e.call.name.c_str(), e.call.arguments.dump().c_str());
+        break;
+      case text::AtemEvent::Kind::EndOfTurn:
+        break;
+      }
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+  }
+};
+
+} // namespace
+
+std::function<int()> add_run(CLI::App &app) {
+  struct Opts : CommonOpts {
+    std::string prompt, file;
+    bool chat = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App *cmd = app.add_subcommand("run", "generate text from a prompt, streamed to stdout");
+  add_common(cmd, *o);
+  cmd->add_option("-p,--prompt", o->prompt, "the prompt");
+  cmd->add_option("-f,--file", o->file, "read the prompt from a file");
+  cmd->add_flag("--chat", o->chat,
+                "wrap the prompt as a user message in the model's chat template");
+  return [o]() -> int {
+    auto fail = [](const std::string &m) {
+      return std::fprintf(stderr, "offgraph run: %s\n", m.c_str()), 1;
+    };
+    if (!o->file.empty()) {
+      std::ifstream in(o->file);
+      if (!in) return fail("cannot read " + o->file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      o->prompt = ss.str();
+    }
+    if (o->prompt.empty()) return fail("no prompt (give -p TEXT or -f FILE)");
+    auto loaded = load(*o, o->chat);
+    if (!loaded.ok()) return fail(loaded.message());
+    Loaded &l = *loaded;
+    std::vector<int32_t> prompt;
+    if (o->chat) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+      messages.push_back({{"role", "user"}, {"content", o->prompt}});
+      auto p = render_prompt(l, messages, o->reasoning);
+      if (!p.ok()) return fail(p.message());
+      prompt = *p;
+    } else {
+      prompt = l.tokenizer->encode(o->prompt, l.tokenizer->add_bos_default(), false);
+    }
+    auto logits = l.session->prompt(prompt);
+    if (!logits.ok()) return fail(logits.message());
+    text::AtemParser atem;
+    AtemPrinter print;
+    auto out = generate(l, *logits, o->n_predict, o->chat, [&](const std::string &t) {
+      if (t.empty()) return;
+      if (o->chat) {
+        print(atem.feed(t));
+      } else {
+        std::fputs(t.c_str(), stdout);
+        std::fflush(stdout);
+      }
+    });
+    if (o->chat) print(atem.finish());
+    if (!out.ok()) return fail(out.message());
+    std::printf("\n");
+    print_stats(l.session->stats());
+    return 0;
+  };
+}
+
+std::function<int()> add_chat(CLI::App &app) {
+  auto o = std::make_shared<CommonOpts>();
+  CLI::App *cmd = app.add_subcommand("chat", "an interactive chat kept in the cache between turns");
+  add_common(cmd, *o);
+  return [o]() -> int {
+    auto fail = [](const std::string &m) {
+      return std::fprintf(stderr, "offgraph chat: %s\n", m.c_str()), 1;
+    };
+    auto loaded = load(*o, true);
+    if (!loaded.ok()) return fail(loaded.message());
+    Loaded &l = *loaded;
+    const bool tty = isatty(0);
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+    std::string reasoning = o->reasoning;
+    if (tty)
+      std::fprintf(stderr,
+                   "offgraph chat: /undo, /reset, /reasoning low|medium|high|xhigh, /quit\n");
+    for (std::string line;;) {
+      if (tty) std::fprintf(stderr, "> ");
+      if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
+      if (line.empty()) continue;
+      if (line == "/undo") {
+        // Drop the last exchange; the next prompt rewinds the cache to where it began (exactly:
+        // by rewind, or by the snapshot taken at that prompt's end).
+        size_t n = messages.size();
+        while (n > 0 && messages[n - 1]["role"] != "user") --n;
+        if (n == 0) {
+          std::fprintf(stderr, "nothing to undo\n");
+          continue;
+        }
+        messages.erase(messages.begin() + long(n - 1), messages.end());
+        std::fprintf(stderr, "undone; %zu messages remain\n", messages.size());
+        continue;
+      }
+      if (line == "/reset") {
+        messages.erase(messages.begin() + (!o->system.empty() ? 1 : 0), messages.end());
+        l.session->reset();
+        std::fprintf(stderr, "reset\n");
+        continue;
+      }
+      if (line.rfind("/reasoning", 0) == 0) {
+        const std::string v = line.size() > 11 ? line.substr(11) : "";
+        if (v != "low" && v != "medium" && v != "high" && v != "xhigh") {
+          std::fprintf(stderr, "reasoning strength is low, medium, high or xhigh\n");
+          continue;
+        }
+        reasoning = v;
+        std::fprintf(stderr, "reasoning strength: %s\n", v.c_str());
+        continue;
+      }
+      messages.push_back({{"role", "user"}, {"content", line}});
+      auto prompt = render_prompt(l, messages, reasoning);
+      if (!prompt.ok()) {
+        messages.erase(messages.end() - 1);
+        std::fprintf(stderr, "%s\n", prompt.message().c_str());
+        continue;
+      }
+      auto logits = l.session->prompt(*prompt);
+      if (!logits.ok()) {
+        messages.erase(messages.end() - 1);
+        std::fprintf(stderr, "%s\n", logits.message().c_str());
+        continue;
+      }
+      text::AtemParser atem;
+      AtemPrinter print;
+      auto out = generate(l, *logits, o->n_predict, true,
+                          [&](const std::string &t) { print(atem.feed(t)); });
+      print(atem.finish());
+      std::printf("\n");
+      std::fflush(stdout);
+      if (!out.ok()) std::fprintf(stderr, "%s\n", out.message().c_str());
+      // History keeps the answer, not the reasoning (as the template drops it), so the next prompt
+      // diverges right after this one's end: the snapshot there makes the reuse exact.
+      nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", atem.message().content}};
+      if (!atem.message().tool_calls.empty()) {
+        nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+        for (const auto &c : atem.message().tool_calls)
+          calls.push_back(
+              {{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        reply["tool_calls"] = calls;
+      }
+      messages.push_back(reply);
+    }
+    print_stats(l.session->stats());
+    return 0;
+  };
+}
+
+} // namespace offgraph::cli
