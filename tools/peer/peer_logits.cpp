@@ -17,6 +17,44 @@
 
 namespace {
 
+// llama.cpp's pieces may end or start mid-character; a client must only ever see valid UTF-8.
+// Replaces each maximal ill-formed subpart by U+FFFD (Unicode 15 §3.9, Table 3-7 ranges).
+std::string sanitize_utf8(const std::string &s) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+      need = 0;
+    else if (c >= 0xC2 && c <= 0xDF)
+      need = 1;
+    else if (c >= 0xE0 && c <= 0xEF)
+      need = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+      need = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+      need = -1;
+    if (need < 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      continue;
+    }
+    size_t j = 1;
+    for (; j <= size_t(need) && i + j < s.size(); ++j) {
+      const unsigned char d = static_cast<unsigned char>(s[i + j]);
+      if (d < (j == 1 ? lo : 0x80) || d > (j == 1 ? hi : 0xBF)) break;
+    }
+    if (j == size_t(need) + 1)
+      out.append(s, i, j);
+    else
+      out += "\xEF\xBF\xBD";
+    i += j;
+  }
+  return out;
+}
+
 ggml_type parse_type(const std::string &s) {
   if (s == "f32") return GGML_TYPE_F32;
   if (s == "f16") return GGML_TYPE_F16;
@@ -28,7 +66,7 @@ ggml_type parse_type(const std::string &s) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, out, ctk = "f32", ctv = "f32", prompt_text;
+  std::string model_path, out, ctk = "f32", ctv = "f32", prompt_text, text_out;
   int random = 0, chunk = 32, greedy = 0, threads = 2;
   unsigned long long seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -39,6 +77,8 @@ int main(int argc, char **argv) {
       random = std::atoi(v.c_str());
     else if (k == "--prompt")
       prompt_text = v;
+    else if (k == "--text-out")
+      text_out = v;
     else if (k == "--seed")
       seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--chunk")
@@ -136,6 +176,22 @@ int main(int argc, char **argv) {
     const int next = int(std::max_element(row, row + n_vocab) - row);
     file.tokens.push_back(uint32_t(next));
     if (g + 1 < greedy) decode(int(file.tokens.size()) - 1, 1);
+  }
+  if (!text_out.empty()) {
+    // The greedy continuation as text, stopping at an end-of-generation token like `offgraph run`.
+    std::string text;
+    const llama_vocab *vocab = llama_model_get_vocab(model);
+    for (size_t i = file.n_prompt; i < file.tokens.size(); ++i) {
+      if (llama_vocab_is_eog(vocab, llama_token(file.tokens[i]))) break;
+      char piece[256];
+      const int n =
+          llama_token_to_piece(vocab, llama_token(file.tokens[i]), piece, sizeof piece, 0, false);
+      if (n > 0) text.append(piece, size_t(n));
+    }
+    text = sanitize_utf8(text);
+    std::FILE *f = std::fopen(text_out.c_str(), "wb");
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+      return std::fprintf(stderr, "peer_logits: cannot write %s\n", text_out.c_str()), 1;
   }
   llama_batch_free(batch);
   llama_free(ctx);

@@ -461,8 +461,20 @@ std::string Detokenizer::drain(bool final) {
       append_utf8(kReplacementChar, out); // an unfinished character at the end: one U+FFFD
       i = pending_.size();
     } else {
+      // One U+FFFD per maximal subpart (Unicode's recommended practice, as Python and browsers
+      // decode): the lead byte and the continuation bytes that were still valid after it.
+      size_t part = 1;
+      for (size_t k = std::min<size_t>(3, pending_.size() - i - 1); k > 1; --k) {
+        bool prefix_incomplete = false;
+        if (well_formed_sequence_length(std::string_view(pending_).substr(i, k),
+                                        &prefix_incomplete) == 0 &&
+            prefix_incomplete) {
+          part = k;
+          break;
+        }
+      }
       append_utf8(kReplacementChar, out);
-      ++i;
+      i += part;
     }
   }
   pending_.erase(0, i);

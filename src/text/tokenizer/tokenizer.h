@@ -105,8 +105,8 @@ private:
 
 // Turns a stream of token ids into text that is always valid UTF-8: bytes of a character split
 // across tokens are held until it completes; bytes that can never form a character become U+FFFD
-// (one per byte; an unfinished character at flush() is one). Control tokens are skipped unless
-// `render_control`.
+// (one U+FFFD per maximal invalid subpart, as Python and browsers decode; an unfinished character
+// at flush() is one). Control tokens are skipped unless `render_control`.
 class Detokenizer {
 public:
   explicit Detokenizer(const Tokenizer &tokenizer, bool render_control = false)

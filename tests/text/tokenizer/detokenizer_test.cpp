@@ -39,6 +39,20 @@ TEST(Detokenizer, ReplacesInvalidBytes) {
   EXPECT_EQ(d.feed_bytes("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"); // surrogate
 }
 
+// A character cut short by the next token's lead byte is one U+FFFD (its maximal valid prefix),
+// as Python's decode(errors="replace") and browsers give; seen with llama-bpe tokens " \xED\x8B"
+// followed by "\xD0\x94..." in a random model's output.
+TEST(Detokenizer, OneReplacementPerMaximalSubpart) {
+  auto tok = small_tokenizer();
+  Detokenizer d(*tok);
+  EXPECT_EQ(d.feed_bytes(" \xED\x8B"), " ");
+  EXPECT_EQ(d.feed_bytes("\xD0\x94"), "\xEF\xBF\xBD\xD0\x94");
+  EXPECT_EQ(d.feed_bytes("\xF0\x9F\x98"), "");
+  EXPECT_EQ(d.feed_bytes("x"), "\xEF\xBF\xBDx");
+  EXPECT_EQ(d.feed_bytes("\xE0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD"); // E0 80 is never a prefix
+  EXPECT_EQ(d.flush(), "");
+}
+
 TEST(Detokenizer, SkipsControlTokensUnlessAsked) {
   auto tok = small_tokenizer();
   Detokenizer plain(*tok);
