@@ -1,4 +1,5 @@
 #include "text/template/jinja_value.h"
+#include "base/utf8.h"
 
 #include <algorithm>
 #include <charconv>
@@ -302,24 +303,6 @@ bool CallArgs::has(size_t pos, const std::string &name) const {
   if (pos < positional.size()) return true;
   return std::any_of(keyword.begin(), keyword.end(),
                      [&](const auto &kv) { return kv.first == name; });
-}
-
-static void append_utf8(std::string &out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 static uint32_t decode_utf8(const std::string &s) {

@@ -42,7 +42,7 @@ std::string unmap_bytes(std::string_view text) {
     if (b >= 0) {
       out.push_back(static_cast<char>(b));
     } else {
-      append_utf8(cp, out);
+      append_utf8(out, cp);
     }
   }
   return out;
@@ -458,7 +458,7 @@ std::string Detokenizer::drain(bool final) {
     } else if (incomplete && !final) {
       break; // the rest of this character comes with a later token
     } else if (incomplete) {
-      append_utf8(kReplacementChar, out); // an unfinished character at the end: one U+FFFD
+      append_utf8(out, kReplacementChar); // an unfinished character at the end: one U+FFFD
       i = pending_.size();
     } else {
       // One U+FFFD per maximal subpart (Unicode's recommended practice, as Python and browsers
@@ -473,7 +473,7 @@ std::string Detokenizer::drain(bool final) {
           break;
         }
       }
-      append_utf8(kReplacementChar, out);
+      append_utf8(out, kReplacementChar);
       i += part;
     }
   }

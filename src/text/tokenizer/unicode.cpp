@@ -56,24 +56,6 @@ bool is_whitespace(uint32_t cp) {
   }
 }
 
-void append_utf8(uint32_t cp, std::string &out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 DecodedText decode_lenient(std::string_view text) {
   DecodedText d;
   d.cps.reserve(text.size());
@@ -105,7 +87,7 @@ DecodedText decode_lenient(std::string_view text) {
     }
     d.cps.push_back(cp);
     d.offsets.push_back(d.utf8.size());
-    append_utf8(cp, d.utf8);
+    append_utf8(d.utf8, cp);
     i += len;
   }
   d.offsets.push_back(d.utf8.size());

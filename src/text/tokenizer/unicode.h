@@ -2,6 +2,8 @@
 // output, and the code point classes the pre-tokenizers split on.
 #pragma once
 
+#include "base/utf8.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,8 +20,6 @@ enum class CodepointClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2 };
 CodepointClass codepoint_class(uint32_t cp);
 // The Unicode White_Space property (the same set llama.cpp treats as \s).
 bool is_whitespace(uint32_t cp);
-
-void append_utf8(uint32_t cp, std::string &out);
 
 // Text decoded for tokenizing: code points plus the UTF-8 they re-encode to.
 struct DecodedText {

@@ -140,7 +140,7 @@ TEST(PreTokenize, Gpt4oMatchesLlamaCppRegexOnRandomText) {
     std::vector<size_t> ends;
     split_words(PreTokenizer::kGpt4o, cps, 0, cps.size(), ends);
     std::string text;
-    for (const uint32_t cp : cps) append_utf8(cp, text);
+    for (const uint32_t cp : cps) append_utf8(text, cp);
     ASSERT_EQ(ends, reference_gpt4o_ends(cps)) << "case " << i << ": '" << text << "'";
   }
 }

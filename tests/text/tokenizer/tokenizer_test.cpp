@@ -176,7 +176,7 @@ std::string random_text(std::mt19937 &rng, size_t n_chars) {
   for (size_t i = 0; i < n_chars; ++i) {
     const auto &r = ranges[std::uniform_int_distribution<size_t>(0, ranges.size() - 1)(rng)];
     const uint32_t cp = std::uniform_int_distribution<uint32_t>(r.first, r.second)(rng);
-    append_utf8(cp, s);
+    append_utf8(s, cp);
   }
   return s;
 }
