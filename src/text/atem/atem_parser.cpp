@@ -34,8 +34,9 @@ bool recipient_char(char c) {
 // Length of a trailing "to=NAME" word (or a beginning of one, "t", "to"), after a space, a newline
 // or the start: a sloppy model may open the next message without <|start|>, so it could be a
 // header rather than body text. Held back until a <|message|> or another character decides.
-size_t trailing_recipient(std::string_view s) {
+size_t trailing_recipient(std::string_view s, bool start_is_boundary) {
   const size_t space = s.find_last_of(" \n");
+  if (space == std::string_view::npos && !start_is_boundary) return 0; // glued to earlier text
   const std::string_view word = space == std::string_view::npos ? s : s.substr(space + 1);
   if (word.empty() || word.size() > 128) return 0;
   constexpr std::string_view kTo = "to=";
@@ -44,6 +45,30 @@ size_t trailing_recipient(std::string_view s) {
   for (char c : word.substr(kTo.size()))
     if (!recipient_char(c)) return 0;
   return word.size();
+}
+
+// Whether leftover header text is only a header ("<|start|>assistant to=NAME" in any part), as
+// when the stream stops right after the model opened a new message.
+bool looks_like_header(std::string_view s) {
+  std::string t;
+  for (size_t at = 0; at < s.size();) {
+    const size_t next = s.find(kStart, at);
+    t += s.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at);
+    at = next == std::string_view::npos ? s.size() : next + kStart.size();
+  }
+  std::string_view v = t;
+  auto skip_space = [&] {
+    while (!v.empty() && (v[0] == ' ' || v[0] == '\n')) v.remove_prefix(1);
+  };
+  skip_space();
+  if (v.substr(0, 9) == "assistant") v.remove_prefix(9);
+  skip_space();
+  if (v.substr(0, 3) == "to=") {
+    v.remove_prefix(3);
+    while (!v.empty() && recipient_char(v[0])) v.remove_prefix(1);
+  }
+  skip_space();
+  return v.empty();
 }
 
 // The first marker in `s` at or after `from`: (position, marker), or npos.
@@ -162,6 +187,7 @@ bool AtemParser::parameter_is_string(const std::string &tool, const std::string 
 
 void AtemParser::emit_body_text(std::vector<AtemEvent> &out, std::string_view text) {
   if (text.empty()) return;
+  body_at_boundary_ = text.back() == ' ' || text.back() == '\n';
   if (recipient_ == "self") {
     message_.reasoning_content += text;
     if (!out.empty() && out.back().kind == AtemEvent::Kind::Reasoning)
@@ -192,6 +218,7 @@ void AtemParser::end_body(std::vector<AtemEvent> &out) {
   }
   tool_body_.clear();
   recipient_.clear();
+  body_at_boundary_ = true;
 }
 
 void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
@@ -205,16 +232,22 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
       auto [at, m] = first_marker(pending_);
       while (at != std::string::npos && m == kStart)
         std::tie(at, m) = first_marker(pending_, at + kStart.size());
-      if (at == std::string::npos) {
-        // A model that ignores the protocol still has its text shown: a "header" far longer than
-        // any recipient, or one left when the stream ends, is an answer to the user.
-        if (pending_.size() > kMaxHeader || (final && !trim(pending_).empty())) {
+      // A model that ignores the protocol still has its text shown: a "header" far longer than
+      // any recipient is an answer to the user, and so is a non-header left when the stream ends.
+      const bool too_long = (at == std::string::npos ? pending_.size() : at) > kMaxHeader;
+      if (at == std::string::npos && !too_long) {
+        if (final && !looks_like_header(pending_)) {
           recipient_ = "user";
           state_ = State::Body;
           continue;
         }
         if (final) pending_.clear();
         return;
+      }
+      if (too_long) {
+        recipient_ = "user";
+        state_ = State::Body;
+        continue;
       }
       if (m == kMessage) {
         recipient_ = recipient_of(pending_.substr(0, at));
@@ -238,7 +271,8 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
       const size_t marker = final ? 0 : held_suffix(pending_);
       const size_t keep = final ? 0
                                 : marker + trailing_recipient(std::string_view(pending_).substr(
-                                               0, pending_.size() - marker));
+                                                                  0, pending_.size() - marker),
+                                                              body_at_boundary_);
       emit_body_text(out, std::string_view(pending_).substr(0, pending_.size() - keep));
       pending_.erase(0, pending_.size() - keep);
       if (final) end_body(out);
@@ -249,14 +283,15 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
     size_t body_end = at;
     std::string header;
     if (m == kMessage) {
-      const size_t r = trailing_recipient(std::string_view(pending_).substr(0, at));
+      const size_t r =
+          trailing_recipient(std::string_view(pending_).substr(0, at), body_at_boundary_);
       body_end = at - r;
       header = r ? pending_.substr(body_end, r) : " to=user";
     }
     emit_body_text(out, std::string_view(pending_).substr(0, body_end));
     end_body(out);
     if (m == kStart || m == kMessage) {
-      pending_.erase(0, at);
+      pending_.erase(0, m == kStart ? at + kStart.size() : at); // the header follows <|start|>
       if (m == kMessage) pending_.insert(0, header);
       state_ = State::Header;
       continue;

@@ -64,9 +64,10 @@ private:
 
   nlohmann::json tools_;
   State state_ = State::Header;
-  std::string pending_;   // text not yet consumed
-  std::string recipient_; // of the current message
-  std::string tool_body_; // the current tool message's body
+  std::string pending_;          // text not yet consumed
+  std::string recipient_;        // of the current message
+  std::string tool_body_;        // the current tool message's body
+  bool body_at_boundary_ = true; // the body text emitted so far ends at a word boundary
   AtemMessage message_;
 };
 
