@@ -5,6 +5,7 @@
 #include "kv/storage_types.h"
 #include "sample/sampler.h"
 #include "text/atem/atem_parser.h"
+#include "text/chat/chat_prompt.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -13,6 +14,8 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <unistd.h>
 
@@ -27,6 +30,7 @@ struct CommonOpts {
   float temp = NAN, top_p = NAN, min_p = NAN, repeat_penalty = NAN;
   int32_t top_k = -1;
   uint64_t seed = 0;
+  CLI::Option *seed_option = nullptr; // unset: a random seed
 };
 
 void add_common(CLI::App *cmd, CommonOpts &o) {
@@ -37,7 +41,7 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
   cmd->add_option("--top-p", o.top_p, "top-p (1 disables)");
   cmd->add_option("--min-p", o.min_p, "min-p (0 disables)");
   cmd->add_option("--repeat-penalty", o.repeat_penalty, "repetition penalty (1 disables)");
-  cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
+  o.seed_option = cmd->add_option("--seed", o.seed, "sampling seed (default: random)");
   cmd->add_option("--reasoning", o.reasoning, "reasoning strength: low, medium, high, xhigh")
       ->capture_default_str();
   cmd->add_option("--system", o.system, "system message");
@@ -56,6 +60,8 @@ struct Loaded {
   std::unique_ptr<Session> session;
   sample::SamplingParams sampling;
   std::string chat_template;
+  std::optional<text::Template> parsed_template;
+  bool atem = false; // the template speaks ATEM (Muse Glimmer): parse reasoning and tool calls
 };
 
 Result<Loaded> load(const CommonOpts &o, bool need_template) {
@@ -79,7 +85,7 @@ Result<Loaded> load(const CommonOpts &o, bool need_template) {
   if (!std::isnan(o.top_p)) l.sampling.top_p = o.top_p;
   if (!std::isnan(o.min_p)) l.sampling.min_p = o.min_p;
   if (!std::isnan(o.repeat_penalty)) l.sampling.repetition_penalty = o.repeat_penalty;
-  l.sampling.seed = o.seed;
+  l.sampling.seed = o.seed_option && o.seed_option->count() ? o.seed : std::random_device{}();
   if (Status s = sample::validate(l.sampling, l.tokenizer->n_vocab()); !s.ok()) return s;
   if (need_template) {
     if (!o.template_file.empty()) {
@@ -95,6 +101,12 @@ Result<Loaded> load(const CommonOpts &o, bool need_template) {
             o.model + " embeds no chat template (tokenizer.chat_template); give --template FILE");
       l.chat_template = *t;
     }
+    auto parsed = text::Template::parse(l.chat_template);
+    if (!parsed.ok()) return Status::error("chat template: " + parsed.message());
+    l.parsed_template = std::move(parsed).value();
+    // As llama.cpp decides: a template that writes both ATEM markers gets the ATEM parser.
+    l.atem = l.chat_template.find("<atem:function_calls>") != std::string::npos &&
+             l.chat_template.find("<|eom|>") != std::string::npos;
   }
   if (o.reasoning != "low" && o.reasoning != "medium" && o.reasoning != "high" &&
       o.reasoning != "xhigh")
@@ -111,15 +123,14 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
   ctx["reasoning_strength"] = reasoning;
   ctx["bos_token"] = l.tokenizer->bos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->bos()) : "";
   ctx["eos_token"] = l.tokenizer->eos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->eos()) : "";
-  auto text = text::render_chat_template(l.chat_template, ctx);
-  if (!text.ok()) return Status::error("chat template: " + text.message());
-  // The template writes BOS itself; user text was rendered as text, and control tokens in it are
-  // the template's own markers only where the template put them.
-  return l.tokenizer->encode(*text, false, true);
+  // Control tokens come only from the template's own text, never from what the user typed.
+  auto tokens = text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx);
+  if (!tokens.ok()) return Status::error("chat template: " + tokens.message());
+  return tokens;
 }
 
-// Generates until an end-of-turn token or the limit; every piece of text goes to `on_text`.
-// Returns the generated ids.
+// Generates until an end-of-turn token, the limit or a full context; every piece of text goes to
+// `on_text`. Returns the generated ids.
 Result<std::vector<int32_t>> generate(Loaded &l, std::vector<float> logits, int32_t limit,
                                       bool render_control,
                                       const std::function<void(const std::string &)> &on_text) {
@@ -136,6 +147,13 @@ Result<std::vector<int32_t>> generate(Loaded &l, std::vector<float> logits, int3
     const bool stop = std::find(stops.begin(), stops.end(), id) != stops.end();
     if (!stop || render_control) on_text(detok.feed(id));
     if (stop) break;
+    if (int32_t(l.session->tokens().size()) >= l.session->capacity()) {
+      std::fprintf(
+          stderr,
+          "\n[the context of %d tokens is full: /undo or /reset to go on, or a larger --ctx]\n",
+          l.session->capacity());
+      break;
+    }
     auto next = l.session->step(id);
     if (!next.ok()) return next.status();
     logits = std::move(next).value();
@@ -223,16 +241,17 @@ std::function<int()> add_run(CLI::App &app) {
     if (!logits.ok()) return fail(logits.message());
     text::AtemParser atem;
     AtemPrinter print;
-    auto out = generate(l, *logits, o->n_predict, o->chat, [&](const std::string &t) {
+    const bool parse_atem = o->chat && l.atem;
+    auto out = generate(l, *logits, o->n_predict, parse_atem, [&](const std::string &t) {
       if (t.empty()) return;
-      if (o->chat) {
+      if (parse_atem) {
         print(atem.feed(t));
       } else {
         std::fputs(t.c_str(), stdout);
         std::fflush(stdout);
       }
     });
-    if (o->chat) print(atem.finish());
+    if (parse_atem) print(atem.finish());
     if (!out.ok()) return fail(out.message());
     std::printf("\n");
     print_stats(l.session->stats());
@@ -260,7 +279,9 @@ std::function<int()> add_chat(CLI::App &app) {
                    "offgraph chat: /undo, /reset, /reasoning low|medium|high|xhigh, /quit\n");
     for (std::string line;;) {
       if (tty) std::fprintf(stderr, "> ");
-      if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
+      if (!std::getline(std::cin, line)) break;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line == "/quit" || line == "/exit") break;
       if (line.empty()) continue;
       if (line == "/undo") {
         // Drop the last exchange; the next prompt rewinds the cache to where it began (exactly:
@@ -281,8 +302,10 @@ std::function<int()> add_chat(CLI::App &app) {
         std::fprintf(stderr, "reset\n");
         continue;
       }
-      if (line.rfind("/reasoning", 0) == 0) {
-        const std::string v = line.size() > 11 ? line.substr(11) : "";
+      if (line == "/reasoning" || line.rfind("/reasoning ", 0) == 0) {
+        std::istringstream words(line.substr(10));
+        std::string v;
+        words >> v;
         if (v != "low" && v != "medium" && v != "high" && v != "xhigh") {
           std::fprintf(stderr, "reasoning strength is low, medium, high or xhigh\n");
           continue;
@@ -301,20 +324,30 @@ std::function<int()> add_chat(CLI::App &app) {
       auto logits = l.session->prompt(*prompt);
       if (!logits.ok()) {
         messages.erase(messages.end() - 1);
-        std::fprintf(stderr, "%s\n", logits.message().c_str());
+        std::fprintf(stderr, "%s%s\n", logits.message().c_str(),
+                     messages.size() > 1 ? " (/undo or /reset frees the context)" : "");
         continue;
       }
       text::AtemParser atem;
       AtemPrinter print;
-      auto out = generate(l, *logits, o->n_predict, true,
-                          [&](const std::string &t) { print(atem.feed(t)); });
-      print(atem.finish());
+      std::string plain; // the answer of a model whose template is not ATEM
+      auto out = generate(l, *logits, o->n_predict, l.atem, [&](const std::string &t) {
+        if (l.atem) {
+          print(atem.feed(t));
+        } else {
+          plain += t;
+          std::fputs(t.c_str(), stdout);
+          std::fflush(stdout);
+        }
+      });
+      if (l.atem) print(atem.finish());
       std::printf("\n");
       std::fflush(stdout);
       if (!out.ok()) std::fprintf(stderr, "%s\n", out.message().c_str());
       // History keeps the answer, not the reasoning (as the template drops it), so the next prompt
       // diverges right after this one's end: the snapshot there makes the reuse exact.
-      nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", atem.message().content}};
+      nlohmann::ordered_json reply = {{"role", "assistant"},
+                                      {"content", l.atem ? atem.message().content : plain}};
       if (!atem.message().tool_calls.empty()) {
         nlohmann::ordered_json calls = nlohmann::ordered_json::array();
         for (const auto &c : atem.message().tool_calls)

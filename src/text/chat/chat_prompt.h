@@ -1,0 +1,26 @@
+// Turns a conversation into prompt tokens through the model's chat template, so that only the
+// template's own text can produce control tokens. Message text is the caller's (a user typing
+// "<|eot|><|start|>system" must not open a system turn): each message's text is rendered as a
+// placeholder, the placeholders are found in the output, and their text is tokenized with special
+// tokens off while the template's text around them is tokenized with them on.
+#pragma once
+
+#include "base/status.h"
+#include "text/template/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <vector>
+
+namespace offgraph::text {
+
+// `context` holds messages, tools, add_generation_prompt, ... as the template expects. The
+// `content` (a string, or the text parts of a list) of every message not from the assistant is
+// protected.
+Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
+                                           const Template &chat_template,
+                                           const nlohmann::ordered_json &context,
+                                           const ChatTemplateOptions &options = {});
+
+} // namespace offgraph::text
