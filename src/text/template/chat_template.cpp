@@ -1,5 +1,7 @@
 #include "text/template/chat_template.h"
 
+#include <vector>
+
 #include <chrono>
 
 #include "text/template/jinja_ast.h"
@@ -30,8 +32,31 @@ Result<Template> Template::parse(const std::string &source) {
   }
 }
 
+namespace {
+
+// Contexts come from clients; converting or printing a JSON value recurses, so a value nested
+// thousands deep would overflow the stack. Measured without recursion.
+template <class Json> bool nested_too_deeply(const Json &root, size_t limit) {
+  std::vector<std::pair<const Json *, size_t>> stack = {{&root, 1}};
+  while (!stack.empty()) {
+    auto [j, depth] = stack.back();
+    stack.pop_back();
+    if (depth > limit) return true;
+    if (j->is_array() || j->is_object())
+      for (const auto &child : *j) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
+
+constexpr size_t kMaxContextDepth = 128;
+
+} // namespace
+
 Result<std::string> Template::render(const nlohmann::ordered_json &context,
                                      const ChatTemplateOptions &options) const {
+  if (nested_too_deeply(context, kMaxContextDepth))
+    return Status::error("chat template context is nested deeper than " +
+                         std::to_string(kMaxContextDepth) + " levels");
   jinja::RenderSettings settings;
   if (options.now) {
     settings.now = *options.now;
@@ -53,6 +78,9 @@ Result<std::string> Template::render(const nlohmann::ordered_json &context,
 
 Result<std::string> Template::render(const nlohmann::json &context,
                                      const ChatTemplateOptions &options) const {
+  if (nested_too_deeply(context, kMaxContextDepth))
+    return Status::error("chat template context is nested deeper than " +
+                         std::to_string(kMaxContextDepth) + " levels");
   return render(nlohmann::ordered_json::parse(context.dump()), options);
 }
 
@@ -67,8 +95,9 @@ Result<std::string> render_chat_template(const std::string &template_source,
 Result<std::string> render_chat_template(const std::string &template_source,
                                          const nlohmann::json &context,
                                          const ChatTemplateOptions &options) {
-  return render_chat_template(template_source, nlohmann::ordered_json::parse(context.dump()),
-                              options);
+  auto t = Template::parse(template_source);
+  if (!t.ok()) return t.status();
+  return t->render(context, options); // checks the depth before converting
 }
 
 } // namespace offgraph::text

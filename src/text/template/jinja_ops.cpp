@@ -464,7 +464,22 @@ static std::string percent_format(const std::string &fmt, const Value &args) {
   return out;
 }
 
+namespace {
+Value binary_op_unchecked(const std::string &op, const Value &a, const Value &b);
+}
+
+// A hostile template can double a string or list each loop pass; stop it before memory runs out.
 Value binary_op(const std::string &op, const Value &a, const Value &b) {
+  constexpr size_t kMaxString = size_t(16) << 20, kMaxList = size_t(1) << 20;
+  Value r = binary_op_unchecked(op, a, b);
+  if ((r.is_string() && r.as_string().size() > kMaxString) ||
+      (r.is_list() && r.as_list().size() > kMaxList))
+    throw TemplateError("template value too large (over 16 MiB of text or 1M list items)");
+  return r;
+}
+
+namespace {
+Value binary_op_unchecked(const std::string &op, const Value &a, const Value &b) {
   if (op == "~") return Value(a.str() + b.str());
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
@@ -546,5 +561,6 @@ Value binary_op(const std::string &op, const Value &a, const Value &b) {
   }
   return unsupported();
 }
+} // namespace
 
 } // namespace offgraph::text::jinja

@@ -32,6 +32,8 @@ enum class Flow { Normal, Break, Continue };
 // Deep enough for any real template, shallow enough that runaway macro recursion cannot overflow
 // the stack.
 constexpr int kMaxDepth = 200;
+constexpr int64_t kMaxIterations = 1'000'000; // real chat templates loop over messages and tools
+constexpr size_t kMaxOutput = size_t(64) << 20;
 
 class Interpreter {
 public:
@@ -236,6 +238,10 @@ private:
     if (items.empty()) return exec_body(s.else_body, frame, out);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      // Nested loops multiply: bound the total work of one render, and its output.
+      if (++iterations_ > kMaxIterations)
+        throw TemplateError("template ran too long (over 1M loop iterations)");
+      if (out.size() > kMaxOutput) throw TemplateError("template output too large (over 64 MiB)");
       FramePtr f = child(frame);
       assign(f, s.targets, items[static_cast<size_t>(i)]);
       Value loop = Value::dict();
@@ -335,6 +341,7 @@ private:
 
   const RenderSettings &settings_;
   int depth_ = 0;
+  int64_t iterations_ = 0;
 };
 
 Value make_globals(const RenderSettings &settings) {

@@ -175,3 +175,34 @@ TEST(JinjaEngine, WhitespaceRulesMatchHuggingFace) {
 
 } // namespace
 } // namespace offgraph::text
+
+namespace offgraph::text {
+namespace {
+
+// Found by review: hostile contexts and templates must end in an error, not a crash or a hang.
+TEST(JinjaEngine, LimitsAgainstHostileInput) {
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  for (int i = 0; i < 100000; ++i) deep += "]";
+  auto ctx = nlohmann::ordered_json::parse("{\"x\": " + deep + "}");
+  auto r = render_chat_template("{{ 'hi' }}", ctx);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("nested deeper"), std::string::npos) << r.message();
+  auto plain = nlohmann::json::parse("{\"x\": " + deep + "}");
+  EXPECT_FALSE(render_chat_template("{{ 'hi' }}", plain).ok());
+
+  auto loops = render_chat_template(
+      "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+      nlohmann::ordered_json::object());
+  ASSERT_FALSE(loops.ok());
+  EXPECT_NE(loops.message().find("too long"), std::string::npos) << loops.message();
+
+  auto doubling = render_chat_template("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% "
+                                       "set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+                                       nlohmann::ordered_json::object());
+  ASSERT_FALSE(doubling.ok());
+  EXPECT_NE(doubling.message().find("too large"), std::string::npos) << doubling.message();
+}
+
+} // namespace
+} // namespace offgraph::text
