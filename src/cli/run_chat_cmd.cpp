@@ -61,6 +61,9 @@ struct Loaded {
   sample::SamplingParams sampling;
   std::string chat_template;
   std::optional<text::Template> parsed_template;
+  // One sampler for the whole session: its random stream goes on from turn to turn, so asking
+  // again after /undo draws a new answer (and a given --seed still replays the whole session).
+  std::optional<sample::Sampler> sampler;
   bool atem = false; // the template speaks ATEM (Muse Glimmer): parse reasoning and tool calls
 };
 
@@ -86,7 +89,9 @@ Result<Loaded> load(const CommonOpts &o, bool need_template) {
   if (!std::isnan(o.min_p)) l.sampling.min_p = o.min_p;
   if (!std::isnan(o.repeat_penalty)) l.sampling.repetition_penalty = o.repeat_penalty;
   l.sampling.seed = o.seed_option && o.seed_option->count() ? o.seed : std::random_device{}();
-  if (Status s = sample::validate(l.sampling, l.tokenizer->n_vocab()); !s.ok()) return s;
+  auto sampler = sample::Sampler::create(l.sampling, l.tokenizer->n_vocab());
+  if (!sampler.ok()) return sampler.status();
+  l.sampler = std::move(sampler).value();
   if (need_template) {
     if (!o.template_file.empty()) {
       std::ifstream in(o.template_file);
@@ -134,13 +139,11 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
 Result<std::vector<int32_t>> generate(Loaded &l, std::vector<float> logits, int32_t limit,
                                       bool render_control,
                                       const std::function<void(const std::string &)> &on_text) {
-  auto sampler = sample::Sampler::create(l.sampling, l.tokenizer->n_vocab());
-  if (!sampler.ok()) return sampler.status();
   text::Detokenizer detok(*l.tokenizer, render_control);
   const std::vector<int32_t> stops = l.tokenizer->end_of_generation_ids();
   std::vector<int32_t> out;
   for (int32_t i = 0; i < limit; ++i) {
-    auto sampled = sampler->sample_checked(logits, l.session->tokens());
+    auto sampled = l.sampler->sample_checked(logits, l.session->tokens());
     if (!sampled.ok()) return sampled.status();
     const int32_t id = *sampled;
     out.push_back(id);
