@@ -1,0 +1,264 @@
+#include "engine/engine.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+
+namespace offgraph::engine {
+
+Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
+  if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
+      options.max_active < 1 || options.max_cached < 0)
+    return Status::error(
+        "engine: context >= 2, max_write, step_tokens and max_active >= 1, max_cached >= 0");
+  options.max_write = std::min(options.max_write, options.context);
+  std::unique_ptr<Engine> e(new Engine(model, options));
+  auto layout = model::make_layout(
+      model, {options.context, options.max_write, std::min(options.context, 256)});
+  if (!layout.ok()) return layout.status();
+  auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
+  if (!store.ok()) return store.status();
+  e->store_ = std::move(store).value();
+  e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
+  return e;
+}
+
+Result<uint64_t> Engine::submit(Request request, std::function<void(const Event &)> on_event) {
+  if (request.prompt.empty()) return Status::error("the prompt is empty");
+  if (request.max_tokens < 1) return Status::error("max_tokens must be at least 1");
+  const int64_t need = int64_t(request.prompt.size()) + request.max_tokens;
+  if (need > options_.context)
+    return Status::error("the prompt has " + std::to_string(request.prompt.size()) +
+                         " tokens and asks for up to " + std::to_string(request.max_tokens) +
+                         " more, " + std::to_string(need) + " in all; the context holds " +
+                         std::to_string(options_.context));
+  if (queue_.size() >= options_.max_queue)
+    return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
+                         " waiting requests)");
+  auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
+  if (!sampler.ok()) return sampler.status();
+  auto a = std::make_unique<Active>();
+  a->id = next_id_++;
+  a->request = std::move(request);
+  a->on_event = std::move(on_event);
+  a->sampler = std::move(sampler).value();
+  const uint64_t id = a->id;
+  queue_.push_back(std::move(a));
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  for (auto &a : active_)
+    if (a->id == id) a->cancelled = true;
+  for (auto &a : queue_)
+    if (a->id == id) a->cancelled = true;
+}
+
+Status Engine::admit(Active &a) {
+  const std::vector<int32_t> &prompt = a.request.prompt;
+  stats_.prompt_tokens += int64_t(prompt.size());
+  // The cached sequence that saves the most work: rewound to the common prefix where its rings
+  // still hold it, else brought back to its prompt's end by the snapshot taken there.
+  size_t best = cached_.size();
+  int32_t best_reuse = 0;
+  bool best_by_snapshot = false;
+  for (size_t i = 0; i < cached_.size(); ++i) {
+    const Cached &c = cached_[i];
+    size_t lcp = 0;
+    while (lcp < c.tokens.size() && lcp < prompt.size() && c.tokens[lcp] == prompt[lcp]) ++lcp;
+    const int32_t target = int32_t(std::min(lcp, prompt.size() - 1)); // recompute the last token
+    const cache::Sequence &seq = *store_->sequence(c.seq);
+    int32_t reuse = 0;
+    bool by_snapshot = false;
+    if (target > 0 && target >= seq.rewind_floor()) {
+      reuse = target;
+    } else if (c.prompt_snapshot && c.prompt_snapshot->length() <= target &&
+               c.prompt_snapshot->length() > 0) {
+      reuse = c.prompt_snapshot->length();
+      by_snapshot = true;
+    }
+    if (reuse > best_reuse) best = i, best_reuse = reuse, best_by_snapshot = by_snapshot;
+  }
+  if (best < cached_.size()) {
+    Cached c = std::move(cached_[best]);
+    cached_.erase(cached_.begin() + long(best));
+    Status s = best_by_snapshot ? store_->restore(c.seq, *c.prompt_snapshot)
+                                : store_->sequence(c.seq)->rewind(best_reuse);
+    if (s.ok()) {
+      a.seq = c.seq;
+      a.computed = size_t(best_reuse);
+      stats_.reused_prompt_tokens += best_reuse;
+      stats_.snapshot_restores += best_by_snapshot;
+      a.tokens = prompt;
+      return ok_status();
+    }
+    (void)store_->remove_sequence(c.seq); // cannot happen by construction; never reuse it
+  }
+  // A fresh sequence; make room by dropping the least recently used cached ones if needed.
+  for (;;) {
+    const bool room =
+        int32_t(active_.size() + cached_.size()) < options_.max_active + options_.max_cached;
+    if (room) {
+      auto seq = store_->create_sequence();
+      if (seq.ok()) {
+        a.seq = *seq;
+        a.tokens = prompt;
+        a.computed = 0;
+        return ok_status();
+      }
+      if (cached_.empty()) return seq.status();
+    }
+    if (cached_.empty()) return Status::error("engine: no sequence available");
+    auto lru =
+        std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
+          return x.last_used < y.last_used;
+        });
+    (void)store_->remove_sequence(lru->seq);
+    cached_.erase(lru);
+  }
+}
+
+void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
+  Event e;
+  e.request = a.id;
+  e.finish = reason;
+  e.error = error;
+  if (a.on_event) a.on_event(e);
+  // Keep what the sequence holds for prefix reuse; the least recently used goes first.
+  Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
+           std::move(a.prompt_snapshot), ++clock_};
+  if (options_.max_cached == 0 || c.tokens.empty()) {
+    (void)store_->remove_sequence(c.seq);
+    return;
+  }
+  cached_.push_back(std::move(c));
+  while (int32_t(cached_.size()) > options_.max_cached) {
+    auto lru =
+        std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
+          return x.last_used < y.last_used;
+        });
+    (void)store_->remove_sequence(lru->seq);
+    cached_.erase(lru);
+  }
+}
+
+bool Engine::step() {
+  // Cancelled requests leave first; queued ones join while there is room.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->cancelled) {
+      Event e{(*it)->id, -1, FinishReason::Cancelled, ""};
+      if ((*it)->on_event) (*it)->on_event(e);
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = active_.begin(); it != active_.end();) {
+    if ((*it)->cancelled) {
+      finish(**it, FinishReason::Cancelled);
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
+    std::unique_ptr<Active> a = std::move(queue_.front());
+    queue_.pop_front();
+    if (Status s = admit(*a); !s.ok()) {
+      Event e{a->id, -1, FinishReason::Error, s.message()};
+      if (a->on_event) a->on_event(e);
+      continue;
+    }
+    active_.push_back(std::move(a));
+  }
+  if (active_.empty()) return false;
+
+  // The batch: every decode token first (they are what users wait on), then prefill chunks.
+  struct Part {
+    Active *a;
+    int32_t n;
+    bool wants_logits;
+  };
+  std::vector<Part> parts;
+  int32_t budget = options_.step_tokens;
+  for (auto &a : active_)
+    if (a->computed + 1 == a->tokens.size() && a->computed >= a->request.prompt.size() &&
+        budget > 0) {
+      parts.push_back({a.get(), 1, true});
+      --budget;
+    }
+  for (auto &a : active_) {
+    if (a->computed >= a->request.prompt.size() || budget <= 0) continue;
+    const int32_t n = int32_t(std::min<size_t>(
+        {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed}));
+    parts.push_back({a.get(), n, a->computed + size_t(n) == a->request.prompt.size()});
+    budget -= n;
+  }
+  model::Batch batch;
+  for (const Part &p : parts) {
+    const int32_t first = int32_t(batch.tokens.size());
+    batch.tokens.insert(batch.tokens.end(), p.a->tokens.begin() + long(p.a->computed),
+                        p.a->tokens.begin() + long(p.a->computed) + p.n);
+    batch.spans.push_back({p.a->seq, int32_t(p.a->computed), p.n});
+    if (p.wants_logits) batch.logit_rows.push_back(first + p.n - 1);
+  }
+  // A step of prefill chunks alone still asks for one row (unused): the graph needs an output.
+  if (batch.logit_rows.empty()) batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
+  ++stats_.steps;
+  auto logits = forward_->run(batch);
+  if (!logits.ok()) {
+    // Nothing was committed; the requests of this step end with the reason.
+    for (const Part &p : parts)
+      p.a->cancelled = true, finish(*p.a, FinishReason::Error, logits.message());
+    std::erase_if(active_, [](const auto &a) { return a->cancelled; });
+    return true;
+  }
+  const int32_t n_vocab = model_.config().n_vocab;
+  size_t row = 0;
+  std::vector<uint64_t> done;
+  for (const Part &p : parts) {
+    Active &a = *p.a;
+    const bool prefill = a.computed < a.request.prompt.size();
+    a.computed += size_t(p.n);
+    if (prefill) stats_.computed_prompt_tokens += p.n;
+    if (!p.wants_logits) continue;
+    std::span<const float> l(logits->data() + row * size_t(n_vocab), size_t(n_vocab));
+    ++row;
+    if (prefill && store_->layout().has_ring()) {
+      // The prompt's end: the point a later request resending this history will come back to.
+      if (auto snap = store_->snapshot(a.seq); snap.ok())
+        a.prompt_snapshot = std::move(snap).value();
+    }
+    auto token = a.sampler->sample_checked(l, a.tokens);
+    if (!token.ok()) {
+      finish(a, FinishReason::Error, token.message());
+      done.push_back(a.id);
+      continue;
+    }
+    ++a.generated;
+    ++stats_.generated_tokens;
+    const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(),
+                                *token) != a.request.stop_tokens.end();
+    const bool length =
+        a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 >= options_.context;
+    Event e{a.id, *token, FinishReason::None, ""};
+    if (a.on_event) a.on_event(e);
+    if (stop || length) {
+      finish(a, stop ? FinishReason::Stop : FinishReason::Length);
+      done.push_back(a.id);
+      continue;
+    }
+    a.tokens.push_back(*token); // fed back in the next step
+  }
+  std::erase_if(active_, [&](const auto &a) {
+    return std::find(done.begin(), done.end(), a->id) != done.end();
+  });
+  return true;
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+} // namespace offgraph::engine

@@ -1,0 +1,202 @@
+// The engine against running each request alone: batched requests, prefix reuse (by rewind and by
+// the prompt-end snapshot after the rings wrapped) and agent loops give exactly the tokens of a
+// fresh computation, while computing only the new part of each prompt.
+#include "engine/engine.h"
+#include "synth/synth.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+namespace offgraph::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Fixture {
+  std::string path;
+  std::unique_ptr<model::Model> model;
+  Fixture() {
+    path = (fs::temp_directory_path() /
+            ("offgraph-engine-test-" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
+    s.n_layer = 4, s.n_embd = 64, s.n_head = 4, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 96,
+    s.window = 16;
+    s.n_vocab = 500, s.seed = 9;
+    EXPECT_TRUE(synth::write_model(s, path).ok());
+    model = std::move(model::Model::load(path)).value();
+  }
+  ~Fixture() { fs::remove(path); }
+};
+
+Fixture &fixture() {
+  static Fixture f;
+  return f;
+}
+
+EngineOptions options(int32_t max_cached) {
+  EngineOptions o;
+  o.context = 256;
+  o.max_write = 8; // rings of 16 + 8 - 1 rows: they wrap within every prompt here
+  o.step_tokens = 20;
+  o.max_active = 4;
+  o.max_cached = max_cached;
+  o.types = {GGML_TYPE_F32, GGML_TYPE_F32};
+  return o;
+}
+
+Request greedy(std::vector<int32_t> prompt, int32_t n) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_tokens = n;
+  return r;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64 &rng, size_t n) {
+  std::vector<int32_t> t(n);
+  for (int32_t &x : t) x = std::uniform_int_distribution<int32_t>(0, 499)(rng);
+  return t;
+}
+
+// Runs requests to completion on `engine`, returning each one's tokens in submission order.
+std::vector<std::vector<int32_t>> run(Engine &engine, const std::vector<Request> &requests) {
+  std::vector<std::vector<int32_t>> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto id = engine.submit(requests[i], [&out, i](const Event &e) {
+      if (e.token >= 0) out[i].push_back(e.token);
+      EXPECT_NE(e.finish, FinishReason::Error) << e.error;
+    });
+    EXPECT_TRUE(id.ok()) << id.message();
+  }
+  engine.run_until_idle();
+  return out;
+}
+
+std::vector<int32_t> alone(const Request &r) {
+  auto e = Engine::create(*fixture().model, options(0));
+  return run(**e, {r})[0];
+}
+
+TEST(Engine, BatchedRequestsEqualEachAlone) {
+  std::mt19937_64 rng(1);
+  std::vector<Request> reqs = {greedy(random_tokens(rng, 30), 20),
+                               greedy(random_tokens(rng, 45), 12),
+                               greedy(random_tokens(rng, 7), 25), greedy(random_tokens(rng, 60), 5),
+                               greedy(random_tokens(rng, 18), 9)}; // five requests, four at a time
+  auto e = Engine::create(*fixture().model, options(4));
+  ASSERT_TRUE(e.ok()) << e.message();
+  auto together = run(**e, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(together[i].size(), size_t(reqs[i].max_tokens));
+    EXPECT_EQ(together[i], alone(reqs[i])) << "request " << i;
+  }
+  EXPECT_EQ((*e)->stats().computed_prompt_tokens, 30 + 45 + 7 + 60 + 18);
+}
+
+// The agent pattern: each turn resends the whole history plus something new (not what the model
+// generated, as a template that drops reasoning would). Each turn must compute only the new part,
+// by restoring the snapshot at the previous prompt's end, and answer exactly as a fresh engine.
+TEST(Engine, AgentLoopComputesOnlyWhatFollowsThePreviousPrompt) {
+  std::mt19937_64 rng(2);
+  auto e = Engine::create(*fixture().model, options(2));
+  ASSERT_TRUE(e.ok());
+  std::vector<int32_t> history = random_tokens(rng, 40);
+  int64_t computed = 0;
+  for (int turn = 0; turn < 4; ++turn) {
+    const Request r = greedy(history, 15);
+    auto got = run(**e, {r})[0];
+    const int64_t now = (*e)->stats().computed_prompt_tokens;
+    if (turn > 0) {
+      EXPECT_EQ(now - computed, 12) << "turn " << turn << " recomputed the history";
+      EXPECT_EQ((*e)->stats().snapshot_restores, turn);
+    }
+    computed = now;
+    EXPECT_EQ(got, alone(r)) << "turn " << turn;
+    const auto added = random_tokens(rng, 12); // an edited answer and a tool result
+    history.insert(history.end(), added.begin(), added.end());
+  }
+}
+
+TEST(Engine, ContinuationWithinTheRingSlackRewinds) {
+  std::mt19937_64 rng(3);
+  auto e = Engine::create(*fixture().model, options(2));
+  ASSERT_TRUE(e.ok());
+  const auto prompt = random_tokens(rng, 33);
+  auto first = run(**e, {greedy(prompt, 1)})[0];
+  // The same prompt plus what was generated and more: the cached sequence continues.
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(first[0]);
+  const auto more = random_tokens(rng, 5);
+  longer.insert(longer.end(), more.begin(), more.end());
+  const int64_t before = (*e)->stats().computed_prompt_tokens;
+  auto second = run(**e, {greedy(longer, 6)})[0];
+  EXPECT_EQ((*e)->stats().computed_prompt_tokens - before, int64_t(longer.size() - prompt.size()));
+  EXPECT_EQ((*e)->stats().snapshot_restores, 0);
+  EXPECT_EQ(second, alone(greedy(longer, 6)));
+}
+
+TEST(Engine, CancelEndsTheRequestWithinOneStep) {
+  std::mt19937_64 rng(4);
+  auto e = Engine::create(*fixture().model, options(0));
+  ASSERT_TRUE(e.ok());
+  FinishReason reason = FinishReason::None;
+  int tokens = 0;
+  auto id = (*e)->submit(greedy(random_tokens(rng, 10), 200), [&](const Event &ev) {
+    tokens += ev.token >= 0;
+    if (ev.finish != FinishReason::None) reason = ev.finish;
+  });
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 5; ++i) (*e)->step();
+  (*e)->cancel(*id);
+  (*e)->step();
+  EXPECT_EQ(reason, FinishReason::Cancelled);
+  EXPECT_EQ((*e)->active(), 0u);
+  EXPECT_TRUE((*e)->store().sequence_ids().empty()); // nothing cached: its sequence is freed
+  EXPECT_LT(tokens, 200);
+}
+
+TEST(Engine, AdmissionRefusesWhatCannotFitWithTheNumbers) {
+  auto e = Engine::create(*fixture().model, options(0));
+  ASSERT_TRUE(e.ok());
+  auto r = (*e)->submit(greedy(std::vector<int32_t>(200, 1), 100), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("300 in all; the context holds 256"), std::string::npos)
+      << r.message();
+  EXPECT_FALSE((*e)->submit(greedy({}, 10), nullptr).ok());
+  EngineOptions small = options(0);
+  small.max_queue = 2;
+  auto q = Engine::create(*fixture().model, small);
+  EXPECT_TRUE((*q)->submit(greedy({1, 2}, 1), nullptr).ok());
+  EXPECT_TRUE((*q)->submit(greedy({1, 2}, 1), nullptr).ok());
+  auto full = (*q)->submit(greedy({1, 2}, 1), nullptr);
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("queue is full"), std::string::npos);
+}
+
+TEST(Engine, StopTokensEndTheRequest) {
+  std::mt19937_64 rng(5);
+  const auto prompt = random_tokens(rng, 12);
+  auto free_run = alone(greedy(prompt, 10));
+  Request r = greedy(prompt, 10);
+  r.stop_tokens = {free_run[3]};
+  auto e = Engine::create(*fixture().model, options(0));
+  FinishReason reason = FinishReason::None;
+  std::vector<int32_t> got;
+  ASSERT_TRUE((*e)->submit(r,
+                           [&](const Event &ev) {
+                             if (ev.token >= 0) got.push_back(ev.token);
+                             if (ev.finish != FinishReason::None) reason = ev.finish;
+                           })
+                  .ok());
+  (*e)->run_until_idle();
+  const size_t first_stop =
+      size_t(std::find(free_run.begin(), free_run.end(), free_run[3]) - free_run.begin());
+  EXPECT_EQ(got, std::vector<int32_t>(free_run.begin(), free_run.begin() + long(first_stop) + 1));
+  EXPECT_EQ(reason, FinishReason::Stop);
+}
+
+} // namespace
+} // namespace offgraph::engine
