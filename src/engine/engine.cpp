@@ -56,7 +56,6 @@ void Engine::cancel(uint64_t id) {
 
 Status Engine::admit(Active &a) {
   const std::vector<int32_t> &prompt = a.request.prompt;
-  stats_.prompt_tokens += int64_t(prompt.size());
   // The cached sequence that saves the most work: rewound to the common prefix where its rings
   // still hold it, else brought back to its prompt's end by the snapshot taken there.
   size_t best = cached_.size();
@@ -87,6 +86,7 @@ Status Engine::admit(Active &a) {
     if (s.ok()) {
       a.seq = c.seq;
       a.computed = size_t(best_reuse);
+      a.reused = best_reuse;
       stats_.reused_prompt_tokens += best_reuse;
       stats_.snapshot_restores += best_by_snapshot;
       a.tokens = prompt;
@@ -123,6 +123,7 @@ void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
   e.request = a.id;
   e.finish = reason;
   e.error = error;
+  e.cached_tokens = a.reused;
   if (a.on_event) a.on_event(e);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
   Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
@@ -143,15 +144,20 @@ void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
 }
 
 bool Engine::step() {
-  // Cancelled requests leave first; queued ones join while there is room.
+  // Cancelled requests leave first; queued ones join while there is room. Callbacks run after
+  // the containers are updated: they may submit or cancel.
+  std::vector<std::unique_ptr<Active>> dropped;
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled) {
-      Event e{(*it)->id, -1, FinishReason::Cancelled, ""};
-      if ((*it)->on_event) (*it)->on_event(e);
+      dropped.push_back(std::move(*it));
       it = queue_.erase(it);
     } else {
       ++it;
     }
+  }
+  for (auto &a : dropped) {
+    Event e{a->id, -1, FinishReason::Cancelled, "", 0};
+    if (a->on_event) a->on_event(e);
   }
   for (auto it = active_.begin(); it != active_.end();) {
     if ((*it)->cancelled) {
@@ -169,29 +175,34 @@ bool Engine::step() {
       if (a->on_event) a->on_event(e);
       continue;
     }
+    stats_.prompt_tokens += int64_t(a->request.prompt.size());
     active_.push_back(std::move(a));
   }
   if (active_.empty()) return false;
 
-  // The batch: every decode token first (they are what users wait on), then prefill chunks.
+  // The batch: each request's next decode token or prefill chunk, in turn, under the budget.
   struct Part {
     Active *a;
     int32_t n;
     bool wants_logits;
   };
+  // Requests take turns at the head of the line, so a budget smaller than the number of active
+  // requests delays each by a few steps instead of starving the last ones.
+  std::vector<Active *> order;
+  const size_t start = size_t(stats_.steps) % active_.size();
+  for (size_t i = 0; i < active_.size(); ++i)
+    order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
   int32_t budget = options_.step_tokens;
-  for (auto &a : active_)
-    if (a->computed + 1 == a->tokens.size() && a->computed >= a->request.prompt.size() &&
-        budget > 0) {
-      parts.push_back({a.get(), 1, true});
-      --budget;
+  for (Active *a : order) {
+    if (budget <= 0) break;
+    if (a->computed >= a->request.prompt.size()) {
+      if (a->computed + 1 == a->tokens.size()) parts.push_back({a, 1, true}), --budget; // decode
+      continue;
     }
-  for (auto &a : active_) {
-    if (a->computed >= a->request.prompt.size() || budget <= 0) continue;
     const int32_t n = int32_t(std::min<size_t>(
         {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed}));
-    parts.push_back({a.get(), n, a->computed + size_t(n) == a->request.prompt.size()});
+    parts.push_back({a, n, a->computed + size_t(n) == a->request.prompt.size()});
     budget -= n;
   }
   model::Batch batch;
@@ -240,7 +251,7 @@ bool Engine::step() {
     const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(),
                                 *token) != a.request.stop_tokens.end();
     const bool length =
-        a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 >= options_.context;
+        a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 > options_.context;
     Event e{a.id, *token, FinishReason::None, ""};
     if (a.on_event) a.on_event(e);
     if (stop || length) {

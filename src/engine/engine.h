@@ -50,6 +50,7 @@ struct Event {
   int32_t token = -1;                       // a generated token, or -1 when only finishing
   FinishReason finish = FinishReason::None; // set on the request's last event
   std::string error;                        // with FinishReason::Error
+  int32_t cached_tokens = 0;                // on the last event: prompt tokens reused, not computed
 };
 
 struct EngineStats {
@@ -88,6 +89,7 @@ private:
     size_t computed = 0;         // tokens[0, computed) are in the cache
     int32_t generated = 0;
     bool cancelled = false;
+    int32_t reused = 0; // prompt tokens found in the cache
     std::unique_ptr<kv::Snapshot> prompt_snapshot;
   };
   struct Cached {
