@@ -19,7 +19,7 @@ readonly LLAMA_CPP_RELEASE="v0.5.0"
 readonly TREE_HASH="fd570ef54b10ec5fecb739e7e04c8ce44a6f415a"
 readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
 
-readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   python3 ca-certificates)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
   auto logits = offgraph::cli::add_logits(app);
   auto run = offgraph::cli::add_run(app);
   auto chat = offgraph::cli::add_chat(app);
+  auto serve = offgraph::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
   if (app.got_subcommand("logits")) return logits();
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("chat")) return chat();
+  if (app.got_subcommand("serve")) return serve();
   std::printf("%s", app.help().c_str());
   return 0;
 }

@@ -1,0 +1,161 @@
+// The OpenAI routes end to end on 127.0.0.1: an in-process server on a free port, a real HTTP
+// client, a generated Muse Glimmer model (the real chat template embedded).
+#include "server/server.h"
+#include "synth/synth.h"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace offgraph::server {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Live {
+  std::string path;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<Server> server;
+  std::unique_ptr<httplib::Client> client;
+  Live() {
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    path = (fs::temp_directory_path() / ("offgraph-server-test-" + std::to_string(::getpid()) + ".gguf")).string();
+    synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
+    s.vocab_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-llama-bpe.gguf";
+    s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
+    s.n_embd = 64, s.head_dim = 16, s.window = 16, s.seed = 3;
+    EXPECT_TRUE(synth::write_model(s, path).ok());
+    model = std::move(model::Model::load(path)).value();
+    engine::EngineOptions eo;
+    eo.context = 512, eo.max_write = 32, eo.max_active = 4, eo.max_cached = 4;
+    eo.types = {GGML_TYPE_F32, GGML_TYPE_F32};
+    server = std::move(Server::create(*model, eo, {"127.0.0.1", 0, "test-model"})).value();
+    EXPECT_TRUE(server->start().ok());
+    client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
+    client->set_read_timeout(60, 0);
+  }
+  ~Live() {
+    server->stop();
+    fs::remove(path);
+  }
+  std::pair<int, json> post(const std::string &route, const json &body) {
+    auto r = client->Post(route.c_str(), body.dump(), "application/json");
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+};
+
+Live &live() {
+  static Live l;
+  return l;
+}
+
+json chat(int max_tokens, std::string user = "Hello there") {
+  return {{"messages", {{{"role", "user"}, {"content", user}}}}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+TEST(Server, HealthAndModels) {
+  auto h = live().client->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = live().client->Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "test-model");
+}
+
+TEST(Server, ChatCompletionShapeUsageAndPrefixReuse) {
+  auto [status, body] = live().post("/v1/chat/completions", chat(12));
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["object"], "chat.completion");
+  const json &choice = body["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_TRUE(choice["finish_reason"] == "length" || choice["finish_reason"] == "stop");
+  const int prompt = body["usage"]["prompt_tokens"];
+  EXPECT_GT(prompt, 20); // the template's system block and the user turn
+  EXPECT_LE(body["usage"]["completion_tokens"].get<int>(), 12);
+  EXPECT_EQ(body["usage"]["total_tokens"].get<int>(), prompt + body["usage"]["completion_tokens"].get<int>());
+  // The same request again: the cached conversation serves all but the last prompt token, and
+  // greedy decoding gives the same message.
+  auto [status2, again] = live().post("/v1/chat/completions", chat(12));
+  ASSERT_EQ(status2, 200);
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+  EXPECT_EQ(again["choices"][0]["message"], choice["message"]);
+}
+
+TEST(Server, StreamingDeltasAddUpToTheAnswer) {
+  json req = chat(10, "Stream this");
+  auto [status, whole] = live().post("/v1/chat/completions", req);
+  ASSERT_EQ(status, 200);
+  req["stream"] = true;
+  auto r = live().client->Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  std::string content, reasoning;
+  bool done = false, usage = false;
+  std::string finish;
+  size_t at = 0;
+  while ((at = r->body.find("data: ", at)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", at);
+    const std::string data = r->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json chunk = json::parse(data);
+    if (chunk.contains("usage")) usage = true;
+    if (chunk["choices"].empty()) continue;
+    const json &d = chunk["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(usage);
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(reasoning, whole["choices"][0]["message"].value("reasoning_content", ""));
+}
+
+TEST(Server, StopStringCutsTheAnswer) {
+  auto [status, whole] = live().post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}});
+  ASSERT_EQ(status, 200);
+  const std::string text = whole["choices"][0]["text"];
+  ASSERT_GT(text.size(), 8u);
+  const std::string stop = text.substr(4, 3);
+  const size_t cut = text.find(stop);
+  auto [status2, stopped] = live().post(
+      "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}, {"stop", stop}});
+  ASSERT_EQ(status2, 200);
+  EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, cut));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Server, BadRequestsGetClearErrors) {
+  auto bad = live().client->Post("/v1/chat/completions", "{not json", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("not a JSON object"), std::string::npos);
+  json wrong = chat(5);
+  wrong["temperature"] = "hot";
+  auto [s1, b1] = live().post("/v1/chat/completions", wrong);
+  EXPECT_EQ(s1, 400);
+  EXPECT_NE(b1["error"]["message"].get<std::string>().find("'temperature'"), std::string::npos);
+  auto [s2, b2] = live().post("/v1/chat/completions", chat(5000));
+  EXPECT_EQ(s2, 400);
+  EXPECT_NE(b2["error"]["message"].get<std::string>().find("the context holds 512"), std::string::npos);
+  json two = chat(5);
+  two["n"] = 2;
+  EXPECT_EQ(live().post("/v1/chat/completions", two).first, 400);
+  EXPECT_EQ(live().post("/v1/chat/completions", {{"messages", json::array()}}).first, 400);
+  // The server goes on serving.
+  EXPECT_EQ(live().post("/v1/chat/completions", chat(2)).first, 200);
+}
+
+} // namespace
+} // namespace offgraph::server
