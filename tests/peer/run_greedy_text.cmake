@@ -10,7 +10,7 @@ function(run out_var)
   endif()
   set(${out_var} "${out}" PARENT_SCOPE)
 endfunction()
-run(ignored ${OFFGRAPH} synth --preset small --seed 21 -o ${model})
+run(ignored ${OFFGRAPH} synth --preset small --type f32 --seed 21 -o ${model})
 set(prompt "The quick brown fox jumps over the lazy dog. Ünïcödé, 中文, and numbers 12345 follow")
 run(ours ${OFFGRAPH} run -m ${model} -p ${prompt} -n 40 --temp 0 -c 256)
 run(ignored ${PEER} -m ${model} --prompt ${prompt} --chunk 64 --greedy 40 --ctk f16 --ctv f16 -o ${DIR}/greedy.lg

@@ -26,13 +26,13 @@ Result<SynthSpec> preset(const std::string &name, const std::string &arch) {
     // the defaults
   } else if (name == "small") {
     s.n_layer = 8, s.n_embd = 256, s.n_head = 8, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 768,
-    s.window = 64;
+    s.window = 64, s.weight_type = GGML_TYPE_Q8_0;
   } else if (name == "0.4b") {
     s.n_layer = 8, s.n_embd = 1024, s.n_head = 8, s.n_head_kv = 4, s.head_dim = 128, s.n_ff = 4096,
-    s.window = 256;
+    s.window = 256, s.weight_type = GGML_TYPE_F16;
   } else if (name == "1b") {
     s.n_layer = 12, s.n_embd = 2048, s.n_head = 16, s.n_head_kv = 2, s.head_dim = 128,
-    s.n_ff = 6144, s.window = 512;
+    s.n_ff = 6144, s.window = 512, s.weight_type = GGML_TYPE_Q8_0;
   } else if (name == "30b") {
     s.n_layer = 52, s.n_embd = 6656, s.n_head = 32, s.n_head_kv = 2, s.head_dim = 128,
     s.n_ff = 19968;
