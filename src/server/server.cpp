@@ -24,7 +24,9 @@ struct ApiError {
   std::string type = "invalid_request_error";
 };
 
-json error_body(const ApiError &e) { return {{"error", {{"message", e.message}, {"type", e.type}, {"code", e.status}}}}; }
+json error_body(const ApiError &e) {
+  return {{"error", {{"message", e.message}, {"type", e.type}, {"code", e.status}}}};
+}
 
 // Events of one request, from the engine thread to its HTTP handler.
 struct Channel {
@@ -57,16 +59,21 @@ std::string finish_reason(engine::FinishReason r, bool tool_calls) {
 }
 
 int64_t now_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // Reads an optional number of a given kind, with a clear error for the wrong type or range.
-template <class T> std::optional<ApiError> read_number(const json &body, const char *key, T &out, double lo, double hi) {
+template <class T>
+std::optional<ApiError> read_number(const json &body, const char *key, T &out, double lo,
+                                    double hi) {
   if (!body.contains(key) || body[key].is_null()) return std::nullopt;
   if (!body[key].is_number()) return ApiError{400, std::string("'") + key + "' must be a number"};
   const double v = body[key].get<double>();
   if (!(v >= lo && v <= hi))
-    return ApiError{400, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi)};
+    return ApiError{400, std::string("'") + key + "' must be between " + std::to_string(lo) +
+                             " and " + std::to_string(hi)};
   out = static_cast<T>(v);
   return std::nullopt;
 }
@@ -106,13 +113,15 @@ struct Handlers {
       return ApiError{400, "'n' other than 1 is not supported yet"};
     if (body.contains("stop") && !body["stop"].is_null()) {
       const json &st = body["stop"];
-      if (st.is_string()) job.stop_strings.push_back(st.get<std::string>());
+      if (st.is_string())
+        job.stop_strings.push_back(st.get<std::string>());
       else if (st.is_array()) {
         for (const auto &x : st) {
           if (!x.is_string()) return ApiError{400, "'stop' must be a string or a list of strings"};
           job.stop_strings.push_back(x.get<std::string>());
         }
-      } else return ApiError{400, "'stop' must be a string or a list of strings"};
+      } else
+        return ApiError{400, "'stop' must be a string or a list of strings"};
       if (job.stop_strings.size() > 16) return ApiError{400, "at most 16 stop strings"};
     }
     if (body.contains("logit_bias") && body["logit_bias"].is_object())
@@ -126,7 +135,8 @@ struct Handlers {
         if (!it.value().is_number()) return ApiError{400, "'logit_bias' values must be numbers"};
         p.logit_bias[id] = it.value().get<float>();
       }
-    if (Status v = sample::validate(p, s.model_->config().n_vocab); !v.ok()) return ApiError{400, v.message()};
+    if (Status v = sample::validate(p, s.model_->config().n_vocab); !v.ok())
+      return ApiError{400, v.message()};
     job.stream = body.value("stream", false);
     job.request.sampling = p;
     job.request.max_tokens = max_tokens;
@@ -147,9 +157,12 @@ struct Handlers {
       // OpenAI clients send tool-call arguments as a JSON string; templates want a mapping.
       if (msg.contains("tool_calls") && msg["tool_calls"].is_array())
         for (auto &tc : msg["tool_calls"])
-          if (tc.contains("function") && tc["function"].contains("arguments") && tc["function"]["arguments"].is_string()) {
-            json parsed = json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
-            if (parsed.is_discarded()) return ApiError{400, "a tool call's 'arguments' is not valid JSON"};
+          if (tc.contains("function") && tc["function"].contains("arguments") &&
+              tc["function"]["arguments"].is_string()) {
+            json parsed =
+                json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
+            if (parsed.is_discarded())
+              return ApiError{400, "a tool call's 'arguments' is not valid JSON"};
             tc["function"]["arguments"] = parsed;
           }
       messages.push_back(msg);
@@ -158,16 +171,20 @@ struct Handlers {
     ctx["messages"] = messages;
     ctx["add_generation_prompt"] = true;
     const std::string effort = body.value("reasoning_effort", std::string("high"));
-    if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" && effort != "minimal" &&
-        effort != "none")
+    if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" &&
+        effort != "minimal" && effort != "none")
       return ApiError{400, "'reasoning_effort' must be low, medium, high or xhigh"};
-    ctx["reasoning_strength"] = (effort == "minimal" || effort == "none") ? "low" : effort; // no "off" exists
-    if (body.contains("tools") && body["tools"].is_array() && body.value("tool_choice", json("auto")) != "none") {
+    ctx["reasoning_strength"] =
+        (effort == "minimal" || effort == "none") ? "low" : effort; // no "off" exists
+    if (body.contains("tools") && body["tools"].is_array() &&
+        body.value("tool_choice", json("auto")) != "none") {
       ctx["tools"] = body["tools"];
       job.tools = body["tools"];
     }
-    ctx["bos_token"] = s.tokenizer_->bos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->bos()) : "";
-    ctx["eos_token"] = s.tokenizer_->eos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->eos()) : "";
+    ctx["bos_token"] =
+        s.tokenizer_->bos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->bos()) : "";
+    ctx["eos_token"] =
+        s.tokenizer_->eos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->eos()) : "";
     std::lock_guard lock(text_mutex);
     auto tokens = text::tokenize_chat(*s.tokenizer_, *s.template_, ctx);
     if (!tokens.ok()) return ApiError{400, tokens.message()};
@@ -176,9 +193,11 @@ struct Handlers {
   }
 
   std::optional<ApiError> parse_completion(const json &body, Job &job) {
-    if (!body.contains("prompt") || !body["prompt"].is_string()) return ApiError{400, "'prompt' must be a string"};
+    if (!body.contains("prompt") || !body["prompt"].is_string())
+      return ApiError{400, "'prompt' must be a string"};
     std::lock_guard lock(text_mutex);
-    job.request.prompt = s.tokenizer_->encode(body["prompt"].get<std::string>(), s.tokenizer_->add_bos_default(), false);
+    job.request.prompt = s.tokenizer_->encode(body["prompt"].get<std::string>(),
+                                              s.tokenizer_->add_bos_default(), false);
     job.chat = false;
     return std::nullopt;
   }
@@ -191,18 +210,21 @@ struct Handlers {
     text::AtemParser atem;
     bool use_atem;
     std::string content; // completions, or chat without ATEM
-    Output(const text::Tokenizer &t, bool atem_, json tools) : detok(t, atem_), atem(std::move(tools)), use_atem(atem_) {}
+    Output(const text::Tokenizer &t, bool atem_, json tools)
+        : detok(t, atem_), atem(std::move(tools)), use_atem(atem_) {}
   };
 
   std::mutex text_mutex;
 };
 
-Result<std::unique_ptr<Server>> Server::create(const model::Model &model, engine::EngineOptions engine_options,
+Result<std::unique_ptr<Server>> Server::create(const model::Model &model,
+                                               engine::EngineOptions engine_options,
                                                ServerOptions options) {
   std::unique_ptr<Server> s(new Server());
   s->model_ = &model;
   s->options_ = options;
-  if (s->options_.model_name.empty()) s->options_.model_name = model.config().name.empty() ? "offgraph" : model.config().name;
+  if (s->options_.model_name.empty())
+    s->options_.model_name = model.config().name.empty() ? "offgraph" : model.config().name;
   auto tok = text::Tokenizer::from_gguf(model.file().path());
   if (!tok.ok()) return tok.status();
   s->tokenizer_ = std::move(tok).value();
@@ -210,7 +232,8 @@ Result<std::unique_ptr<Server>> Server::create(const model::Model &model, engine
     auto parsed = text::Template::parse(*t);
     if (!parsed.ok()) return Status::error("the model's chat template: " + parsed.message());
     s->template_ = std::move(parsed).value();
-    s->atem_ = t->find("<atem:function_calls>") != std::string::npos && t->find("<|eom|>") != std::string::npos;
+    s->atem_ = t->find("<atem:function_calls>") != std::string::npos &&
+               t->find("<|eom|>") != std::string::npos;
   }
   auto e = engine::Engine::create(model, engine_options);
   if (!e.ok()) return e.status();
@@ -234,9 +257,12 @@ void Server::engine_loop() {
 }
 
 Status Server::start() {
-  if (options_.port == 0) port_ = http_->bind_to_any_port(options_.host.c_str());
-  else port_ = http_->bind_to_port(options_.host.c_str(), options_.port) ? options_.port : -1;
-  if (port_ <= 0) return Status::error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+  if (options_.port == 0)
+    port_ = http_->bind_to_any_port(options_.host.c_str());
+  else
+    port_ = http_->bind_to_port(options_.host.c_str(), options_.port) ? options_.port : -1;
+  if (port_ <= 0)
+    return Status::error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
   engine_thread_ = std::thread([this] { engine_loop(); });
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
   return ok_status();
@@ -263,14 +289,20 @@ void Server::routes() {
     res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   };
 
-  http.Get("/health", [send](const httplib::Request &, httplib::Response &res) { send(res, 200, {{"status", "ok"}}); });
+  http.Get("/health", [send](const httplib::Request &, httplib::Response &res) {
+    send(res, 200, {{"status", "ok"}});
+  });
   http.Get("/v1/models", [this, send](const httplib::Request &, httplib::Response &res) {
-    send(res, 200, {{"object", "list"},
-                    {"data", json::array({{{"id", options_.model_name}, {"object", "model"}, {"owned_by", "offgraph"},
-                                           {"created", now_seconds()}}})}});
+    send(res, 200,
+         {{"object", "list"},
+          {"data", json::array({{{"id", options_.model_name},
+                                 {"object", "model"},
+                                 {"owned_by", "offgraph"},
+                                 {"created", now_seconds()}}})}});
   });
 
-  auto serve = [this, handlers, send](const httplib::Request &req, httplib::Response &res, bool chat) {
+  auto serve = [this, handlers, send](const httplib::Request &req, httplib::Response &res,
+                                      bool chat) {
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object())
       return send(res, 400, error_body({400, "the request body is not a JSON object"}));
@@ -282,7 +314,8 @@ void Server::routes() {
     uint64_t id = 0;
     {
       std::lock_guard lock(mutex_);
-      auto submitted = engine_->submit(job.request, [channel](const engine::Event &e) { channel->push(e); });
+      auto submitted =
+          engine_->submit(job.request, [channel](const engine::Event &e) { channel->push(e); });
       if (!submitted.ok()) return send(res, 400, error_body({400, submitted.message()}));
       id = *submitted;
     }
@@ -298,8 +331,10 @@ void Server::routes() {
         out->matcher.emplace(*out->stops);
       }
     }
-    // Turns new text into deltas: (reasoning, content, tool calls). Returns true once a stop string matched.
-    auto absorb = [out](const std::string &piece, json &reasoning, std::string &content, json &calls) {
+    // Turns new text into deltas: (reasoning, content, tool calls). Returns true once a stop string
+    // matched.
+    auto absorb = [out](const std::string &piece, json &reasoning, std::string &content,
+                        json &calls) {
       std::string text = piece;
       bool stopped = false;
       if (out->matcher) {
@@ -309,11 +344,14 @@ void Server::routes() {
       }
       if (out->use_atem) {
         for (const auto &e : out->atem.feed(text)) {
-          if (e.kind == text::AtemEvent::Kind::Reasoning) reasoning = reasoning.get<std::string>() + e.text;
+          if (e.kind == text::AtemEvent::Kind::Reasoning)
+            reasoning = reasoning.get<std::string>() + e.text;
           if (e.kind == text::AtemEvent::Kind::Content) content += e.text;
           if (e.kind == text::AtemEvent::Kind::ToolCall)
-            calls.push_back({{"id", "call_" + std::to_string(calls.size())}, {"type", "function"},
-                             {"function", {{"name", e.call.name}, {"arguments", e.call.arguments.dump()}}}});
+            calls.push_back(
+                {{"id", "call_" + std::to_string(calls.size())},
+                 {"type", "function"},
+                 {"function", {{"name", e.call.name}, {"arguments", e.call.arguments.dump()}}}});
         }
       } else {
         content += text;
@@ -324,6 +362,19 @@ void Server::routes() {
       std::lock_guard lock(mutex_);
       engine_->cancel(id);
       wake_.notify_all();
+    };
+    // A generated token's text; an end-of-turn token is text only where the ATEM parser wants it.
+    auto piece_of = [out, stops = job.request.stop_tokens](int32_t token) {
+      std::string piece = out->detok.feed(token);
+      if (!out->use_atem && std::find(stops.begin(), stops.end(), token) != stops.end())
+        piece.clear();
+      return piece;
+    };
+    auto usage_of = [prompt_tokens](int completion, int cached) {
+      return json{{"prompt_tokens", prompt_tokens},
+                  {"completion_tokens", completion},
+                  {"total_tokens", prompt_tokens + size_t(completion)},
+                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
     };
 
     if (!job.stream) {
@@ -337,15 +388,14 @@ void Server::routes() {
       while (channel->pop(e)) {
         if (e.token >= 0 && !stopped) {
           ++completion;
-          const bool eog = std::find(job.request.stop_tokens.begin(), job.request.stop_tokens.end(), e.token) !=
-                           job.request.stop_tokens.end();
-          std::string piece = out->detok.feed(e.token);
-          if (eog && !out->use_atem) piece.clear();
+          const std::string piece = piece_of(e.token);
           if (absorb(piece, reasoning, content, calls)) stopped = true, cancel();
         }
-        if (e.finish != engine::FinishReason::None) reason = e.finish, cached = e.cached_tokens, error = e.error;
+        if (e.finish != engine::FinishReason::None)
+          reason = e.finish, cached = e.cached_tokens, error = e.error;
       }
-      if (reason == engine::FinishReason::Error) return send(res, 500, error_body({500, error, "server_error"}));
+      if (reason == engine::FinishReason::Error)
+        return send(res, 500, error_body({500, error, "server_error"}));
       if (!stopped) {
         absorb(out->detok.flush(), reasoning, content, calls);
         if (out->matcher) absorb(out->matcher->finish(), reasoning, content, calls);
@@ -356,37 +406,54 @@ void Server::routes() {
         reasoning = out->atem.message().reasoning_content;
       }
       const std::string why = stopped ? "stop" : finish_reason(reason, !calls.empty());
-      json usage = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion},
-                    {"total_tokens", prompt_tokens + size_t(completion)},
-                    {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+      const json usage = usage_of(completion, cached);
       json body_out;
       if (chat) {
         json message = {{"role", "assistant"}, {"content", content}};
         if (!reasoning.get<std::string>().empty()) message["reasoning_content"] = reasoning;
         if (!calls.empty()) message["tool_calls"] = calls;
-        body_out = {{"id", rid}, {"object", "chat.completion"}, {"created", created}, {"model", options_.model_name},
-                    {"choices", json::array({{{"index", 0}, {"message", message}, {"finish_reason", why}}})},
+        body_out = {{"id", rid},
+                    {"object", "chat.completion"},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices",
+                     json::array({{{"index", 0}, {"message", message}, {"finish_reason", why}}})},
                     {"usage", usage}};
       } else {
-        body_out = {{"id", rid}, {"object", "text_completion"}, {"created", created}, {"model", options_.model_name},
-                    {"choices", json::array({{{"index", 0}, {"text", content}, {"finish_reason", why}}})},
-                    {"usage", usage}};
+        body_out = {
+            {"id", rid},
+            {"object", "text_completion"},
+            {"created", created},
+            {"model", options_.model_name},
+            {"choices", json::array({{{"index", 0}, {"text", content}, {"finish_reason", why}}})},
+            {"usage", usage}};
       }
       return send(res, 200, body_out);
     }
 
     // Streaming: server-sent events, one chunk per delta, then [DONE]. A client that goes away
     // cancels its request.
-    res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink &sink) {
+    res.set_chunked_content_provider("text/event-stream", [=, this](size_t,
+                                                                    httplib::DataSink &sink) {
       auto emit = [&](const json &delta, const json &finish) {
         json chunk;
         if (chat)
-          chunk = {{"id", rid}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", options_.model_name},
-                   {"choices", json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}};
+          chunk = {{"id", rid},
+                   {"object", "chat.completion.chunk"},
+                   {"created", created},
+                   {"model", options_.model_name},
+                   {"choices",
+                    json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}};
         else
-          chunk = {{"id", rid}, {"object", "text_completion"}, {"created", created}, {"model", options_.model_name},
-                   {"choices", json::array({{{"index", 0}, {"text", delta.value("content", "")}, {"finish_reason", finish}}})}};
-        const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+          chunk = {{"id", rid},
+                   {"object", "text_completion"},
+                   {"created", created},
+                   {"model", options_.model_name},
+                   {"choices", json::array({{{"index", 0},
+                                             {"text", delta.value("content", "")},
+                                             {"finish_reason", finish}}})}};
+        const std::string line =
+            "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
         return sink.write(line.data(), line.size());
       };
       if (chat && !emit({{"role", "assistant"}}, nullptr)) return cancel(), false;
@@ -399,7 +466,8 @@ void Server::routes() {
         std::string content;
         const bool hit = absorb(piece, reasoning, content, calls);
         bool ok = true;
-        if (!reasoning.get<std::string>().empty()) ok = ok && emit({{"reasoning_content", reasoning}}, nullptr);
+        if (!reasoning.get<std::string>().empty())
+          ok = ok && emit({{"reasoning_content", reasoning}}, nullptr);
         if (!content.empty()) ok = ok && emit({{"content", content}}, nullptr);
         for (size_t i = 0; i < calls.size(); ++i) {
           json c = calls[i];
@@ -412,10 +480,7 @@ void Server::routes() {
       while (channel->pop(e)) {
         if (e.token >= 0 && !stopped) {
           ++completion;
-          const bool eog = std::find(job.request.stop_tokens.begin(), job.request.stop_tokens.end(), e.token) !=
-                           job.request.stop_tokens.end();
-          std::string piece = out->detok.feed(e.token);
-          if (eog && !out->use_atem) piece.clear();
+          const std::string piece = piece_of(e.token);
           auto [ok, hit] = flush_deltas(piece);
           if (!ok) return false;
           if (hit) stopped = true, cancel();
@@ -433,21 +498,29 @@ void Server::routes() {
       }
       const bool tools = out->use_atem && !out->atem.message().tool_calls.empty();
       emit(json::object(), stopped ? "stop" : finish_reason(reason, tools));
-      json usage = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion},
-                    {"total_tokens", prompt_tokens + size_t(completion)},
-                    {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-      const std::string tail = "data: " + json{{"id", rid}, {"object", "chat.completion.chunk"}, {"choices", json::array()},
-                                                 {"usage", usage}}.dump() + "\n\ndata: [DONE]\n\n";
+      const json usage = usage_of(completion, cached);
+      const std::string tail = "data: " +
+                               json{{"id", rid},
+                                    {"object", "chat.completion.chunk"},
+                                    {"choices", json::array()},
+                                    {"usage", usage}}
+                                   .dump() +
+                               "\n\ndata: [DONE]\n\n";
       sink.write(tail.data(), tail.size());
       sink.done();
       return true;
     });
   };
-  http.Post("/v1/chat/completions", [serve](const httplib::Request &req, httplib::Response &res) { serve(req, res, true); });
-  http.Post("/v1/completions", [serve](const httplib::Request &req, httplib::Response &res) { serve(req, res, false); });
-  http.set_exception_handler([send](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
-    send(res, 500, error_body({500, "internal error", "server_error"}));
+  http.Post("/v1/chat/completions", [serve](const httplib::Request &req, httplib::Response &res) {
+    serve(req, res, true);
   });
+  http.Post("/v1/completions", [serve](const httplib::Request &req, httplib::Response &res) {
+    serve(req, res, false);
+  });
+  http.set_exception_handler(
+      [send](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
+        send(res, 500, error_body({500, "internal error", "server_error"}));
+      });
 }
 
 } // namespace offgraph::server
