@@ -4,8 +4,8 @@
 #include "server/server.h"
 
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 namespace offgraph::cli {
@@ -29,7 +29,8 @@ std::function<int()> add_serve(CLI::App &app) {
   cmd->add_option("--port", o->port, "port")->capture_default_str();
   cmd->add_option("-c,--ctx", o->ctx, "context per sequence")->capture_default_str();
   cmd->add_option("--parallel", o->parallel, "requests computed together")->capture_default_str();
-  cmd->add_option("--cache-seqs", o->cached, "finished conversations kept for prefix reuse")->capture_default_str();
+  cmd->add_option("--cache-seqs", o->cached, "finished conversations kept for prefix reuse")
+      ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
@@ -39,7 +40,9 @@ std::function<int()> add_serve(CLI::App &app) {
     // ggml's OpenMP workers spin between graph nodes by default; in a server they would starve the
     // HTTP threads on a small machine (a first request took 4 s instead of 0.2 s on 2 cores).
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    auto fail = [](const std::string &m) { return std::fprintf(stderr, "offgraph serve: %s\n", m.c_str()), 1; };
+    auto fail = [](const std::string &m) {
+      return std::fprintf(stderr, "offgraph serve: %s\n", m.c_str()), 1;
+    };
     auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
@@ -57,8 +60,8 @@ std::function<int()> add_serve(CLI::App &app) {
     auto s = server::Server::create(**m, eo, {o->host, o->port, o->name});
     if (!s.ok()) return fail(s.message());
     if (Status st = (*s)->start(); !st.ok()) return fail(st.message());
-    std::fprintf(stderr, "offgraph serve: listening on http://%s:%d (model %s)\n", o->host.c_str(), (*s)->port(),
-                 o->model.c_str());
+    std::fprintf(stderr, "offgraph serve: listening on http://%s:%d (model %s)\n", o->host.c_str(),
+                 (*s)->port(), o->model.c_str());
     running = s->get();
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

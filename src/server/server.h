@@ -29,8 +29,8 @@ struct ServerOptions {
 
 class Server {
 public:
-  static Result<std::unique_ptr<Server>> create(const model::Model &model, engine::EngineOptions engine_options,
-                                                ServerOptions options);
+  static Result<std::unique_ptr<Server>>
+  create(const model::Model &model, engine::EngineOptions engine_options, ServerOptions options);
   ~Server();
 
   // Binds and serves in background threads; returns once listening.

@@ -24,7 +24,9 @@ struct Live {
   std::unique_ptr<httplib::Client> client;
   Live() {
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    path = (fs::temp_directory_path() / ("offgraph-server-test-" + std::to_string(::getpid()) + ".gguf")).string();
+    path = (fs::temp_directory_path() /
+            ("offgraph-server-test-" + std::to_string(::getpid()) + ".gguf"))
+               .string();
     synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
     s.vocab_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-llama-bpe.gguf";
     s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
@@ -56,7 +58,9 @@ Live &live() {
 }
 
 json chat(int max_tokens, std::string user = "Hello there") {
-  return {{"messages", {{{"role", "user"}, {"content", user}}}}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  return {{"messages", {{{"role", "user"}, {"content", user}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
 }
 
 TEST(Server, HealthAndModels) {
@@ -78,7 +82,8 @@ TEST(Server, ChatCompletionShapeUsageAndPrefixReuse) {
   const int prompt = body["usage"]["prompt_tokens"];
   EXPECT_GT(prompt, 20); // the template's system block and the user turn
   EXPECT_LE(body["usage"]["completion_tokens"].get<int>(), 12);
-  EXPECT_EQ(body["usage"]["total_tokens"].get<int>(), prompt + body["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(body["usage"]["total_tokens"].get<int>(),
+            prompt + body["usage"]["completion_tokens"].get<int>());
   // The same request again: the cached conversation serves all but the last prompt token, and
   // greedy decoding gives the same message.
   auto [status2, again] = live().post("/v1/chat/completions", chat(12));
@@ -113,7 +118,8 @@ TEST(Server, StreamingDeltasAddUpToTheAnswer) {
     const json &d = chunk["choices"][0]["delta"];
     if (d.contains("content")) content += d["content"].get<std::string>();
     if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
-    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+    if (!chunk["choices"][0]["finish_reason"].is_null())
+      finish = chunk["choices"][0]["finish_reason"];
   }
   EXPECT_TRUE(done);
   EXPECT_TRUE(usage);
@@ -123,14 +129,16 @@ TEST(Server, StreamingDeltasAddUpToTheAnswer) {
 }
 
 TEST(Server, StopStringCutsTheAnswer) {
-  auto [status, whole] = live().post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}});
+  auto [status, whole] = live().post(
+      "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}});
   ASSERT_EQ(status, 200);
   const std::string text = whole["choices"][0]["text"];
   ASSERT_GT(text.size(), 8u);
   const std::string stop = text.substr(4, 3);
   const size_t cut = text.find(stop);
   auto [status2, stopped] = live().post(
-      "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}, {"stop", stop}});
+      "/v1/completions",
+      {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}, {"stop", stop}});
   ASSERT_EQ(status2, 200);
   EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, cut));
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
@@ -148,7 +156,8 @@ TEST(Server, BadRequestsGetClearErrors) {
   EXPECT_NE(b1["error"]["message"].get<std::string>().find("'temperature'"), std::string::npos);
   auto [s2, b2] = live().post("/v1/chat/completions", chat(5000));
   EXPECT_EQ(s2, 400);
-  EXPECT_NE(b2["error"]["message"].get<std::string>().find("the context holds 512"), std::string::npos);
+  EXPECT_NE(b2["error"]["message"].get<std::string>().find("the context holds 512"),
+            std::string::npos);
   json two = chat(5);
   two["n"] = 2;
   EXPECT_EQ(live().post("/v1/chat/completions", two).first, 400);

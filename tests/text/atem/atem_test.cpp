@@ -85,12 +85,15 @@ std::vector<Case> cases() {
                {"Thinking... to=us", "", {}, false}});
   // Found by review: a stream cut right after the model opened its next message used to loop
   // forever; it ends with the header dropped.
-  c.push_back({"cut_after_next_header", " to=self<|message|>t<|eom|><|start|>assistant", {"t", "", {}, false}});
+  c.push_back({"cut_after_next_header",
+               " to=self<|message|>t<|eom|><|start|>assistant",
+               {"t", "", {}, false}});
   c.push_back({"long_text_after_header_opening",
                " to=self<|message|>t<|eom|><|start|>assistant" + std::string(300, 'x'),
                {"t", "assistant" + std::string(300, 'x'), {}, false}});
   // "to=NAME" glued to earlier text is not a header, whether it arrives in one piece or later.
-  c.push_back({"glued_recipient_is_text", " to=user<|message|>abcto=fn.x<|message|>y<|eot|>",
+  c.push_back({"glued_recipient_is_text",
+               " to=user<|message|>abcto=fn.x<|message|>y<|eot|>",
                {"", "abcto=fn.xy", {}, true}});
   c.push_back({"text_without_protocol",
                "just words, no markers",
