@@ -292,6 +292,48 @@ void Server::routes() {
   http.Get("/health", [send](const httplib::Request &, httplib::Response &res) {
     send(res, 200, {{"status", "ok"}});
   });
+  http.Get("/metrics", [this](const httplib::Request &, httplib::Response &res) {
+    // Prometheus text format.
+    engine::EngineStats st;
+    size_t active = 0, queued = 0, cached = 0;
+    int64_t kv_bytes = 0, kv_min = 0;
+    {
+      std::lock_guard lock(mutex_);
+      st = engine_->stats();
+      active = engine_->active(), queued = engine_->queued(), cached = engine_->cached();
+      const kv::MemoryUse m = engine_->store().memory();
+      kv_bytes = m.buffers + m.snapshots;
+      kv_min = m.minimum;
+    }
+    std::string t;
+    auto metric = [&t](const char *name, const char *type, const char *help, double v) {
+      t += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+           name + " " + std::to_string(v) + "\n";
+    };
+    metric("offgraph_requests_total", "counter", "requests accepted", double(metrics_.requests));
+    metric("offgraph_requests_rejected_total", "counter", "requests refused with 429",
+           double(metrics_.rejected));
+    metric("offgraph_prompt_tokens_total", "counter", "prompt tokens of admitted requests",
+           double(st.prompt_tokens));
+    metric("offgraph_prompt_tokens_computed_total", "counter", "prompt tokens computed",
+           double(st.computed_prompt_tokens));
+    metric("offgraph_prompt_tokens_cached_total", "counter", "prompt tokens reused from the cache",
+           double(st.reused_prompt_tokens));
+    metric("offgraph_generated_tokens_total", "counter", "tokens generated",
+           double(st.generated_tokens));
+    metric("offgraph_steps_total", "counter", "engine steps", double(st.steps));
+    metric("offgraph_snapshot_restores_total", "counter", "ring snapshots restored",
+           double(st.snapshot_restores));
+    metric("offgraph_requests_active", "gauge", "requests being computed", double(active));
+    metric("offgraph_requests_queued", "gauge", "requests waiting", double(queued));
+    metric("offgraph_sequences_cached", "gauge", "finished conversations kept for reuse",
+           double(cached));
+    metric("offgraph_kv_bytes", "gauge", "KV cache bytes held (buffers and snapshots)",
+           double(kv_bytes));
+    metric("offgraph_kv_min_bytes", "gauge", "theoretical minimum KV bytes for the current lengths",
+           double(kv_min));
+    res.set_content(t, "text/plain; version=0.0.4");
+  });
   http.Get("/v1/models", [this, send](const httplib::Request &, httplib::Response &res) {
     send(res, 200,
          {{"object", "list"},
@@ -316,7 +358,16 @@ void Server::routes() {
       std::lock_guard lock(mutex_);
       auto submitted =
           engine_->submit(job.request, [channel](const engine::Event &e) { channel->push(e); });
-      if (!submitted.ok()) return send(res, 400, error_body({400, submitted.message()}));
+      if (!submitted.ok()) {
+        // A full queue is a moment, not a mistake: 429 and when to come back.
+        if (submitted.message().find("queue is full") != std::string::npos) {
+          res.set_header("Retry-After", "1");
+          ++metrics_.rejected;
+          return send(res, 429, error_body({429, submitted.message(), "rate_limit_error"}));
+        }
+        return send(res, 400, error_body({400, submitted.message()}));
+      }
+      ++metrics_.requests;
       id = *submitted;
     }
     wake_.notify_all();

@@ -59,6 +59,9 @@ private:
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};
+  struct {
+    std::atomic<int64_t> requests{0}, rejected{0};
+  } metrics_;
 
   friend struct Handlers;
 };

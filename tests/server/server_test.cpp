@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace offgraph::server {
 namespace {
@@ -164,6 +166,77 @@ TEST(Server, BadRequestsGetClearErrors) {
   EXPECT_EQ(live().post("/v1/chat/completions", {{"messages", json::array()}}).first, 400);
   // The server goes on serving.
   EXPECT_EQ(live().post("/v1/chat/completions", chat(2)).first, 200);
+}
+
+} // namespace
+} // namespace offgraph::server
+
+namespace offgraph::server {
+namespace {
+
+TEST(Server, MetricsCountWhatHappened) {
+  ASSERT_EQ(live().post("/v1/chat/completions", chat(3, "count me")).first, 200);
+  auto m = live().client->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  auto value = [&](const std::string &name) {
+    const size_t at = m->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
+  };
+  EXPECT_GE(value("offgraph_requests_total"), 1);
+  EXPECT_GE(value("offgraph_generated_tokens_total"), 3);
+  EXPECT_GT(value("offgraph_kv_bytes"), 0);
+  EXPECT_EQ(value("offgraph_requests_active"), 0);
+}
+
+} // namespace
+} // namespace offgraph::server
+
+namespace offgraph::server {
+namespace {
+
+// A full queue answers 429 with Retry-After; accepted requests are all served.
+TEST(Server, FullQueueSays429AndServesTheAccepted) {
+  engine::EngineOptions eo;
+  eo.context = 512, eo.max_write = 32, eo.max_active = 1, eo.max_cached = 0, eo.max_queue = 1;
+  eo.types = {GGML_TYPE_F32, GGML_TYPE_F32};
+  auto server =
+      std::move(Server::create(*live().model, eo, {"127.0.0.1", 0, "small-queue"})).value();
+  ASSERT_TRUE(server->start().ok());
+  // Long answers that cannot end early: the end-of-turn tokens are banned.
+  json request = chat(150, "long answer");
+  auto tok = text::Tokenizer::from_gguf(live().path);
+  ASSERT_TRUE(tok.ok());
+  for (int32_t id : (*tok)->end_of_generation_ids())
+    request["logit_bias"][std::to_string(id)] = -1000;
+  std::vector<int> statuses(4, 0);
+  std::vector<std::string> retry(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server->port());
+      c.set_read_timeout(60, 0);
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(30 * i)); // in order: run, queue, refuse
+      auto r = c.Post("/v1/chat/completions", request.dump(), "application/json");
+      if (r) {
+        statuses[size_t(i)] = r->status;
+        retry[size_t(i)] = r->get_header_value("Retry-After");
+      }
+    });
+  for (auto &t : threads) t.join();
+  server->stop();
+  int ok = 0, limited = 0;
+  for (int i = 0; i < 4; ++i) {
+    ok += statuses[size_t(i)] == 200;
+    if (statuses[size_t(i)] == 429) {
+      ++limited;
+      EXPECT_EQ(retry[size_t(i)], "1");
+    }
+  }
+  EXPECT_EQ(ok + limited, 4); // nothing lost: every request answered or refused up front
+  EXPECT_GE(ok, 2);
+  EXPECT_GE(limited, 1);
 }
 
 } // namespace
