@@ -26,6 +26,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
 Result<uint64_t> Engine::submit(Request request, std::function<void(const Event &)> on_event) {
   if (request.prompt.empty()) return Status::error("the prompt is empty");
   if (request.max_tokens < 1) return Status::error("max_tokens must be at least 1");
+  if (request.n < 1 || request.n > 16) return Status::error("n must be between 1 and 16");
   const int64_t need = int64_t(request.prompt.size()) + request.max_tokens;
   if (need > options_.context)
     return Status::error("the prompt has " + std::to_string(request.prompt.size()) +
@@ -124,6 +125,7 @@ void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
   e.finish = reason;
   e.error = error;
   e.cached_tokens = a.reused;
+  e.choice = a.choice;
   if (a.on_event) a.on_event(e);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
   Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
@@ -218,15 +220,20 @@ bool Engine::step() {
   ++stats_.steps;
   auto logits = forward_->run(batch);
   if (!logits.ok()) {
-    // Nothing was committed; the requests of this step end with the reason.
+    // Nothing was committed; the requests of this step end with the reason, the others go on
+    // (a request cancelled meanwhile is finished by the next step, not dropped here).
+    std::vector<Active *> failed;
     for (const Part &p : parts)
-      p.a->cancelled = true, finish(*p.a, FinishReason::Error, logits.message());
-    std::erase_if(active_, [](const auto &a) { return a->cancelled; });
+      failed.push_back(p.a), finish(*p.a, FinishReason::Error, logits.message());
+    std::erase_if(active_, [&](const auto &a) {
+      return std::find(failed.begin(), failed.end(), a.get()) != failed.end();
+    });
     return true;
   }
   const int32_t n_vocab = model_.config().n_vocab;
   size_t row = 0;
-  std::vector<uint64_t> done;
+  std::vector<Active *> done;
+  std::vector<std::unique_ptr<Active>> born;
   for (const Part &p : parts) {
     Active &a = *p.a;
     const bool prefill = a.computed < a.request.prompt.size();
@@ -240,31 +247,63 @@ bool Engine::step() {
       if (auto snap = store_->snapshot(a.seq); snap.ok())
         a.prompt_snapshot = std::move(snap).value();
     }
-    auto token = a.sampler->sample_checked(l, a.tokens);
-    if (!token.ok()) {
-      finish(a, FinishReason::Error, token.message());
-      done.push_back(a.id);
-      continue;
-    }
-    ++a.generated;
-    ++stats_.generated_tokens;
-    const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(),
-                                *token) != a.request.stop_tokens.end();
-    const bool length =
-        a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 > options_.context;
-    Event e{a.id, *token, FinishReason::None, ""};
-    if (a.on_event) a.on_event(e);
-    if (stop || length) {
-      finish(a, stop ? FinishReason::Stop : FinishReason::Length);
-      done.push_back(a.id);
-      continue;
-    }
-    a.tokens.push_back(*token); // fed back in the next step
+    if (prefill && a.request.n > 1) spawn_choices(a, l, born);
+    if (!advance(a, l)) done.push_back(&a);
   }
   std::erase_if(active_, [&](const auto &a) {
-    return std::find(done.begin(), done.end(), a->id) != done.end();
+    return std::find(done.begin(), done.end(), a.get()) != done.end();
   });
+  for (auto &b : born) active_.push_back(std::move(b));
   return true;
+}
+
+bool Engine::advance(Active &a, std::span<const float> logits) {
+  auto token = a.sampler->sample_checked(logits, a.tokens);
+  if (!token.ok()) {
+    finish(a, FinishReason::Error, token.message());
+    return false;
+  }
+  ++a.generated;
+  ++stats_.generated_tokens;
+  const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(), *token) !=
+                    a.request.stop_tokens.end();
+  const bool length =
+      a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 > options_.context;
+  Event e{a.id, *token, FinishReason::None, "", 0, a.choice};
+  if (a.on_event) a.on_event(e);
+  if (stop || length) {
+    finish(a, stop ? FinishReason::Stop : FinishReason::Length);
+    return false;
+  }
+  a.tokens.push_back(*token); // fed back in the next step
+  return true;
+}
+
+void Engine::spawn_choices(Active &a, std::span<const float> logits,
+                           std::vector<std::unique_ptr<Active>> &born) {
+  for (int32_t c = 1; c < a.request.n; ++c) {
+    auto child = std::make_unique<Active>();
+    child->id = a.id;
+    child->choice = c;
+    child->request = a.request;
+    child->request.n = 1;
+    child->on_event = a.on_event;
+    child->tokens = a.request.prompt;
+    child->computed = a.request.prompt.size();
+    sample::SamplingParams sp = a.request.sampling;
+    sp.seed += uint64_t(c);
+    auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
+    auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
+    if (!sampler.ok() || !seq.ok()) {
+      Event e{a.id, -1, FinishReason::Error, !seq.ok() ? seq.message() : sampler.message(), 0, c};
+      if (a.on_event) a.on_event(e);
+      if (seq.ok()) (void)store_->remove_sequence(*seq);
+      continue;
+    }
+    child->sampler = std::move(sampler).value();
+    child->seq = *seq;
+    if (advance(*child, logits)) born.push_back(std::move(child));
+  }
 }
 
 void Engine::run_until_idle() {

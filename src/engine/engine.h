@@ -43,6 +43,9 @@ struct Request {
   sample::SamplingParams sampling;
   int32_t max_tokens = 256;
   std::vector<int32_t> stop_tokens; // end-of-turn ids (never <|eom|>)
+  // Choices: the prompt is computed once and its cache forked into n sequences; choice i samples
+  // with seed + i.
+  int32_t n = 1;
 };
 
 struct Event {
@@ -51,6 +54,7 @@ struct Event {
   FinishReason finish = FinishReason::None; // set on the request's last event
   std::string error;                        // with FinishReason::Error
   int32_t cached_tokens = 0;                // on the last event: prompt tokens reused, not computed
+  int32_t choice = 0;                       // which of the request's n choices
 };
 
 struct EngineStats {
@@ -90,6 +94,7 @@ private:
     int32_t generated = 0;
     bool cancelled = false;
     int32_t reused = 0; // prompt tokens found in the cache
+    int32_t choice = 0;
     std::unique_ptr<kv::Snapshot> prompt_snapshot;
   };
   struct Cached {
@@ -102,6 +107,11 @@ private:
   Engine(const model::Model &model, EngineOptions options) : model_(model), options_(options) {}
   Status admit(Active &a);
   void finish(Active &a, FinishReason reason, const std::string &error = "");
+  // Samples a's next token from `logits` and streams it; false once a is finished.
+  bool advance(Active &a, std::span<const float> logits);
+  // The other n - 1 choices of a request whose prompt was just computed, forked from it.
+  void spawn_choices(Active &a, std::span<const float> logits,
+                     std::vector<std::unique_ptr<Active>> &born);
 
   const model::Model &model_;
   EngineOptions options_;

@@ -250,3 +250,44 @@ TEST(Engine, CallbacksMayCancelAndSubmit) {
 
 } // namespace
 } // namespace offgraph::engine
+
+namespace offgraph::engine {
+namespace {
+
+// n choices: the prompt is computed once and forked; choice 0 is the request itself, choice i
+// samples with seed + i, exactly as a request of its own with that seed would.
+TEST(Engine, ChoicesForkThePromptOnce) {
+  std::mt19937_64 rng(7);
+  const auto prompt = random_tokens(rng, 40);
+  Request r;
+  r.prompt = prompt;
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_k = 0, r.sampling.top_p = 1.0f, r.sampling.min_p = 0.0f;
+  r.sampling.seed = 100;
+  r.max_tokens = 12;
+  r.n = 3;
+  auto e = Engine::create(*fixture().model, options(0));
+  ASSERT_TRUE(e.ok());
+  std::vector<std::vector<int32_t>> got(3);
+  std::vector<int> finished(3, 0);
+  ASSERT_TRUE((*e)->submit(r,
+                           [&](const Event &ev) {
+                             if (ev.token >= 0) got[size_t(ev.choice)].push_back(ev.token);
+                             if (ev.finish != FinishReason::None) ++finished[size_t(ev.choice)];
+                           })
+                  .ok());
+  (*e)->run_until_idle();
+  EXPECT_EQ((*e)->stats().computed_prompt_tokens, 40); // once, not three times
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(finished[size_t(c)], 1);
+    Request one = r;
+    one.n = 1;
+    one.sampling.seed = 100 + uint64_t(c);
+    EXPECT_EQ(got[size_t(c)], alone(one)) << "choice " << c;
+  }
+  EXPECT_NE(got[0], got[1]);
+  EXPECT_TRUE((*e)->store().sequence_ids().empty());
+}
+
+} // namespace
+} // namespace offgraph::engine
