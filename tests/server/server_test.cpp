@@ -241,3 +241,36 @@ TEST(Server, FullQueueSays429AndServesTheAccepted) {
 
 } // namespace
 } // namespace offgraph::server
+
+namespace offgraph::server {
+namespace {
+
+// The agent pattern over HTTP on a sliding-window model: the second turn resends the history
+// (the answer without its reasoning, as the template renders it) plus a new message. The rings
+// have wrapped during the first answer, yet the whole first prompt is reused (restored from the
+// snapshot at its end) and only the new part is computed.
+TEST(Server, SecondTurnReusesTheWholeFirstPrompt) {
+  json first = chat(60, "Plan a trip to Lisbon");
+  auto [s1, r1] = live().post("/v1/chat/completions", first);
+  ASSERT_EQ(s1, 200) << r1.dump();
+  const int p1 = r1["usage"]["prompt_tokens"];
+  json second = first;
+  second["messages"].push_back(
+      {{"role", "assistant"}, {"content", r1["choices"][0]["message"]["content"]}});
+  second["messages"].push_back({{"role", "user"}, {"content", "And for two days in Porto?"}});
+  auto [s2, r2] = live().post("/v1/chat/completions", second);
+  ASSERT_EQ(s2, 200) << r2.dump();
+  const int cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  std::printf(
+      "[ server   ] turn 1: %d prompt tokens, %d generated; turn 2: %d prompt tokens, %d cached\n",
+      p1, r1["usage"]["completion_tokens"].get<int>(), r2["usage"]["prompt_tokens"].get<int>(),
+      cached);
+  EXPECT_GE(cached, p1); // nothing of the first prompt recomputed
+  EXPECT_LT(cached, r2["usage"]["prompt_tokens"].get<int>()); // the new turn was computed
+  auto m = live().client->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("offgraph_snapshot_restores_total"), std::string::npos);
+}
+
+} // namespace
+} // namespace offgraph::server
