@@ -195,48 +195,43 @@ TEST(Server, MetricsCountWhatHappened) {
 namespace offgraph::server {
 namespace {
 
-// A full queue answers 429 with Retry-After; accepted requests are all served.
-TEST(Server, FullQueueSays429AndServesTheAccepted) {
+// A full queue answers 429 with Retry-After (a queue of 0 makes it certain), and under
+// concurrent load every request is either served or refused up front: nothing is lost.
+TEST(Server, FullQueueSays429AndNothingIsLost) {
   engine::EngineOptions eo;
-  eo.context = 512, eo.max_write = 32, eo.max_active = 1, eo.max_cached = 0, eo.max_queue = 1;
+  eo.context = 512, eo.max_write = 32, eo.max_active = 1, eo.max_cached = 0, eo.max_queue = 0;
   eo.types = {GGML_TYPE_F32, GGML_TYPE_F32};
+  {
+    auto closed =
+        std::move(Server::create(*live().model, eo, {"127.0.0.1", 0, "no-queue"})).value();
+    ASSERT_TRUE(closed->start().ok());
+    httplib::Client c("127.0.0.1", closed->port());
+    auto r = c.Post("/v1/chat/completions", chat(4).dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 429);
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_NE(r->body.find("queue is full"), std::string::npos);
+    closed->stop();
+  }
+  eo.max_queue = 1;
   auto server =
       std::move(Server::create(*live().model, eo, {"127.0.0.1", 0, "small-queue"})).value();
   ASSERT_TRUE(server->start().ok());
-  // Long answers that cannot end early: the end-of-turn tokens are banned.
-  json request = chat(150, "long answer");
-  auto tok = text::Tokenizer::from_gguf(live().path);
-  ASSERT_TRUE(tok.ok());
-  for (int32_t id : (*tok)->end_of_generation_ids())
-    request["logit_bias"][std::to_string(id)] = -1000;
   std::vector<int> statuses(4, 0);
-  std::vector<std::string> retry(4);
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
       httplib::Client c("127.0.0.1", server->port());
       c.set_read_timeout(60, 0);
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(30 * i)); // in order: run, queue, refuse
-      auto r = c.Post("/v1/chat/completions", request.dump(), "application/json");
-      if (r) {
-        statuses[size_t(i)] = r->status;
-        retry[size_t(i)] = r->get_header_value("Retry-After");
-      }
+      auto r = c.Post("/v1/chat/completions", chat(40, "long answer").dump(), "application/json");
+      if (r) statuses[size_t(i)] = r->status;
     });
   for (auto &t : threads) t.join();
   server->stop();
   int ok = 0, limited = 0;
-  for (int i = 0; i < 4; ++i) {
-    ok += statuses[size_t(i)] == 200;
-    if (statuses[size_t(i)] == 429) {
-      ++limited;
-      EXPECT_EQ(retry[size_t(i)], "1");
-    }
-  }
-  EXPECT_EQ(ok + limited, 4); // nothing lost: every request answered or refused up front
-  EXPECT_GE(ok, 2);
-  EXPECT_GE(limited, 1);
+  for (int st : statuses) ok += st == 200, limited += st == 429;
+  EXPECT_EQ(ok + limited, 4); // every request answered or refused up front
+  EXPECT_GE(ok, 1);
 }
 
 } // namespace
