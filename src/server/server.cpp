@@ -209,7 +209,15 @@ struct Handlers {
     std::optional<sample::StopMatcher> matcher;
     text::AtemParser atem;
     bool use_atem;
-    std::string content; // completions, or chat without ATEM
+    std::string content;   // completions, or chat without ATEM
+    size_t calls_seen = 0; // tool calls emitted so far: their index and id
+    json call(const text::ToolCall &c) {
+      const size_t i = calls_seen++;
+      return {{"index", i},
+              {"id", "call_" + std::to_string(i)},
+              {"type", "function"},
+              {"function", {{"name", c.name}, {"arguments", c.arguments.dump()}}}};
+    }
     Output(const text::Tokenizer &t, bool atem_, json tools)
         : detok(t, atem_), atem(std::move(tools)), use_atem(atem_) {}
   };
@@ -398,11 +406,7 @@ void Server::routes() {
           if (e.kind == text::AtemEvent::Kind::Reasoning)
             reasoning = reasoning.get<std::string>() + e.text;
           if (e.kind == text::AtemEvent::Kind::Content) content += e.text;
-          if (e.kind == text::AtemEvent::Kind::ToolCall)
-            calls.push_back(
-                {{"id", "call_" + std::to_string(calls.size())},
-                 {"type", "function"},
-                 {"function", {{"name", e.call.name}, {"arguments", e.call.arguments.dump()}}}});
+          if (e.kind == text::AtemEvent::Kind::ToolCall) calls.push_back(out->call(e.call));
         }
       } else {
         content += text;
@@ -450,11 +454,14 @@ void Server::routes() {
       if (!stopped) {
         absorb(out->detok.flush(), reasoning, content, calls);
         if (out->matcher) absorb(out->matcher->finish(), reasoning, content, calls);
-        if (out->use_atem) absorb("", reasoning, content, calls), out->atem.finish();
+        if (out->use_atem) out->atem.finish();
       }
-      if (out->use_atem) {
+      if (out->use_atem) { // the parser's aggregate includes what finish() flushed
         content = out->atem.message().content;
         reasoning = out->atem.message().reasoning_content;
+        calls = json::array();
+        out->calls_seen = 0;
+        for (const auto &c : out->atem.message().tool_calls) calls.push_back(out->call(c));
       }
       const std::string why = stopped ? "stop" : finish_reason(reason, !calls.empty());
       const json usage = usage_of(completion, cached);
@@ -462,7 +469,10 @@ void Server::routes() {
       if (chat) {
         json message = {{"role", "assistant"}, {"content", content}};
         if (!reasoning.get<std::string>().empty()) message["reasoning_content"] = reasoning;
-        if (!calls.empty()) message["tool_calls"] = calls;
+        if (!calls.empty()) {
+          for (json &c : calls) c.erase("index"); // a streaming field
+          message["tool_calls"] = calls;
+        }
         body_out = {{"id", rid},
                     {"object", "chat.completion"},
                     {"created", created},
@@ -520,11 +530,7 @@ void Server::routes() {
         if (!reasoning.get<std::string>().empty())
           ok = ok && emit({{"reasoning_content", reasoning}}, nullptr);
         if (!content.empty()) ok = ok && emit({{"content", content}}, nullptr);
-        for (size_t i = 0; i < calls.size(); ++i) {
-          json c = calls[i];
-          c["index"] = i;
-          ok = ok && emit({{"tool_calls", json::array({c})}}, nullptr);
-        }
+        for (const json &c : calls) ok = ok && emit({{"tool_calls", json::array({c})}}, nullptr);
         if (!ok) cancel();
         return std::pair{ok, hit};
       };
@@ -542,9 +548,14 @@ void Server::routes() {
         flush_deltas(out->detok.flush());
         if (out->matcher) flush_deltas(out->matcher->finish());
         if (out->use_atem) {
-          json calls = json::array();
-          for (const auto &ev : out->atem.finish())
+          // What the parser held back when the stream ended: every kind, not only content.
+          for (const auto &ev : out->atem.finish()) {
             if (ev.kind == text::AtemEvent::Kind::Content) emit({{"content", ev.text}}, nullptr);
+            if (ev.kind == text::AtemEvent::Kind::Reasoning)
+              emit({{"reasoning_content", ev.text}}, nullptr);
+            if (ev.kind == text::AtemEvent::Kind::ToolCall)
+              emit({{"tool_calls", json::array({out->call(ev.call)})}}, nullptr);
+          }
         }
       }
       const bool tools = out->use_atem && !out->atem.message().tool_calls.empty();

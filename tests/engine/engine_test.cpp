@@ -199,12 +199,6 @@ TEST(Engine, StopTokensEndTheRequest) {
   EXPECT_EQ(reason, FinishReason::Stop);
 }
 
-} // namespace
-} // namespace offgraph::engine
-
-namespace offgraph::engine {
-namespace {
-
 // Callbacks may cancel or submit (found by review: the engine iterated its queue while calling
 // them). Every request still ends exactly once and no sequence is left behind.
 TEST(Engine, CallbacksMayCancelAndSubmit) {
@@ -247,12 +241,6 @@ TEST(Engine, CallbacksMayCancelAndSubmit) {
   (*t)->run_until_idle();
   for (int s : first_token_step) EXPECT_LE(s, 8);
 }
-
-} // namespace
-} // namespace offgraph::engine
-
-namespace offgraph::engine {
-namespace {
 
 // n choices: the prompt is computed once and forked; choice 0 is the request itself, choice i
 // samples with seed + i, exactly as a request of its own with that seed would.

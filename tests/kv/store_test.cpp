@@ -269,12 +269,6 @@ TEST(KvStore, StepRefusesShapeMismatchesAndUnknownSequences) {
   EXPECT_NE(out.message().find("expects q"), std::string::npos) << out.message();
 }
 
-} // namespace
-} // namespace offgraph::kv
-
-namespace offgraph::kv {
-namespace {
-
 TEST(KvStore, SnapshotsAreAccountedAndBudgeted) {
   const std::vector<cache::LayerSpec> layers = {layer(8), layer(0)};
   auto store = make_store(make_layout(layers, 0, {256, 4, 16}), {GGML_TYPE_F16, GGML_TYPE_F16});

@@ -2,18 +2,12 @@
 # prompt on the same file (each side with its own tokenizer and detokenizer).
 set(model "${DIR}/run-greedy.gguf")
 file(MAKE_DIRECTORY "${DIR}")
-function(run out_var)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    file(REMOVE "${model}")
-    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-endfunction()
-run(ignored ${OFFGRAPH} synth --preset small --type f32 --seed 21 -o ${model})
+include(${CMAKE_CURRENT_LIST_DIR}/../run_step.cmake)
+set(CLEANUP "${model}")
+run_step(ignored ${OFFGRAPH} synth --preset small --type f32 --seed 21 -o ${model})
 set(prompt "The quick brown fox jumps over the lazy dog. Ünïcödé, 中文, and numbers 12345 follow")
-run(ours ${OFFGRAPH} run -m ${model} -p ${prompt} -n 40 --temp 0 -c 256)
-run(ignored ${PEER} -m ${model} --prompt ${prompt} --chunk 64 --greedy 40 --ctk f16 --ctv f16 -o ${DIR}/greedy.lg
+run_step(ours ${OFFGRAPH} run -m ${model} -p ${prompt} -n 40 --temp 0 -c 256)
+run_step(ignored ${PEER} -m ${model} --prompt ${prompt} --chunk 64 --greedy 40 --ctk f16 --ctv f16 -o ${DIR}/greedy.lg
     --text-out ${DIR}/greedy.txt)
 file(READ ${DIR}/greedy.txt theirs)
 file(REMOVE "${model}" ${DIR}/greedy.lg ${DIR}/greedy.txt)

@@ -168,12 +168,6 @@ TEST(Server, BadRequestsGetClearErrors) {
   EXPECT_EQ(live().post("/v1/chat/completions", chat(2)).first, 200);
 }
 
-} // namespace
-} // namespace offgraph::server
-
-namespace offgraph::server {
-namespace {
-
 TEST(Server, MetricsCountWhatHappened) {
   ASSERT_EQ(live().post("/v1/chat/completions", chat(3, "count me")).first, 200);
   auto m = live().client->Get("/metrics");
@@ -188,12 +182,6 @@ TEST(Server, MetricsCountWhatHappened) {
   EXPECT_GT(value("offgraph_kv_bytes"), 0);
   EXPECT_EQ(value("offgraph_requests_active"), 0);
 }
-
-} // namespace
-} // namespace offgraph::server
-
-namespace offgraph::server {
-namespace {
 
 // A full queue answers 429 with Retry-After (a queue of 0 makes it certain), and under
 // concurrent load every request is either served or refused up front: nothing is lost.
@@ -233,12 +221,6 @@ TEST(Server, FullQueueSays429AndNothingIsLost) {
   EXPECT_EQ(ok + limited, 4); // every request answered or refused up front
   EXPECT_GE(ok, 1);
 }
-
-} // namespace
-} // namespace offgraph::server
-
-namespace offgraph::server {
-namespace {
 
 // The agent pattern over HTTP on a sliding-window model: the second turn resends the history
 // (the answer without its reasoning, as the template renders it) plus a new message. The rings

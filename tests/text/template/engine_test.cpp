@@ -173,12 +173,6 @@ TEST(JinjaEngine, WhitespaceRulesMatchHuggingFace) {
   EXPECT_EQ(render("text\n"), "text"); // keep_trailing_newline=False
 }
 
-} // namespace
-} // namespace offgraph::text
-
-namespace offgraph::text {
-namespace {
-
 // Found by review: hostile contexts and templates must end in an error, not a crash or a hang.
 TEST(JinjaEngine, LimitsAgainstHostileInput) {
   std::string deep;
