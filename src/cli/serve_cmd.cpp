@@ -3,39 +3,68 @@
 #include "kv/storage_types.h"
 #include "server/server.h"
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 
 namespace offgraph::cli {
 
 namespace {
-server::Server *running = nullptr;
-void on_signal(int) {
-  if (running) running->stop();
-}
+// Set by SIGINT/SIGTERM; the main thread sees it and shuts the server down (a signal handler
+// may not take locks or join threads).
+volatile std::sig_atomic_t stop_requested = 0;
+void on_signal(int) { stop_requested = 1; }
 } // namespace
 
 std::function<int()> add_serve(CLI::App &app) {
   struct Opts {
-    std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", name;
+    std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", name, api_key, cors;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
+    int queue = 64, timeout = 600, http_threads = 64, max_tokens = 0;
+    double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
+    bool no_prefix_reuse = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server");
   cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port")->capture_default_str();
-  cmd->add_option("-c,--ctx", o->ctx, "context per sequence")->capture_default_str();
-  cmd->add_option("--parallel", o->parallel, "requests computed together")->capture_default_str();
+  cmd->add_option("--alias", o->name, "model id in responses (default: the file's general.name)");
+  cmd->add_option("--api-key", o->api_key,
+                  "require 'Authorization: Bearer KEY' on every route but /health (also "
+                  "$OFFGRAPH_API_KEY)")
+      ->envname("OFFGRAPH_API_KEY");
+  cmd->add_option("--cors", o->cors, "allow browser requests from this origin ('*': any)");
+  cmd->add_option("-c,--ctx", o->ctx, "context per sequence: prompt + answer")
+      ->capture_default_str();
+  cmd->add_option("--parallel", o->parallel, "sequences computed together")->capture_default_str();
+  cmd->add_option("--queue", o->queue, "requests waiting beyond those; more get 429")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens,
+                  "the most tokens one request may generate (0: the context)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-mib", o->max_body_mib, "largest request body")->capture_default_str();
+  cmd->add_option("--timeout", o->timeout, "seconds to read a request or write a response")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "connections served at once")
+      ->capture_default_str();
   cmd->add_option("--cache-seqs", o->cached, "finished conversations kept for prefix reuse")
       ->capture_default_str();
+  cmd->add_option("--cache-mib", o->cache_budget_mib,
+                  "KV memory the kept conversations may hold (0: no byte limit)")
+      ->capture_default_str();
+  cmd->add_option("--kv-mib", o->kv_budget_mib,
+                  "KV memory in all; requests wait until theirs fits (0: no limit)")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
   cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
-  cmd->add_option("--alias", o->name, "model name in responses");
   return [o]() -> int {
     // ggml's OpenMP workers spin between graph nodes by default; in a server they would starve the
     // HTTP threads on a small machine (a first request took 4 s instead of 0.2 s on 2 cores).
@@ -43,30 +72,57 @@ std::function<int()> add_serve(CLI::App &app) {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph serve: %s\n", m.c_str()), 1;
     };
+    auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
+    if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->max_tokens < 0 ||
+        o->kv_budget_mib < 0 || o->cache_budget_mib < 0)
+      return fail("--max-body-mib and --timeout must be positive; --queue, --max-tokens, "
+                  "--kv-mib and --cache-mib not negative");
+    server::ServerOptions so;
+    so.host = o->host;
+    so.port = o->port;
+    so.model_name = o->name;
+    so.api_key = o->api_key;
+    so.cors_origin = o->cors;
+    so.timeout_seconds = o->timeout;
+    so.http_threads = o->http_threads;
+    so.max_tokens_cap = o->max_tokens;
+    so.max_body_bytes = size_t(o->max_body_mib * 1024 * 1024);
+    auto s = server::Server::create_loading(so);
+    if (!s.ok()) return fail(s.message());
+    // Listening first: /health says 503 while the model loads.
+    if (Status st = (*s)->start(); !st.ok()) return fail(st.message());
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
     auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
-    if (!m.ok()) return fail(m.message());
-    auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
-    if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    if (!m.ok()) return (*s)->stop(), fail(m.message());
     engine::EngineOptions eo;
     eo.context = o->ctx;
     eo.max_write = o->batch;
     eo.step_tokens = std::max(o->batch, 512);
     eo.max_active = o->parallel;
     eo.max_cached = o->cached;
+    eo.max_queue = size_t(o->queue);
+    eo.prefix_reuse = !o->no_prefix_reuse;
+    eo.kv_budget = int64_t(o->kv_budget_mib * 1024 * 1024);
+    eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.types = {*ctk, *ctv};
     eo.threads = o->threads;
-    auto s = server::Server::create(**m, eo, {o->host, o->port, o->name});
-    if (!s.ok()) return fail(s.message());
-    if (Status st = (*s)->start(); !st.ok()) return fail(st.message());
-    std::fprintf(stderr, "offgraph serve: listening on http://%s:%d (model %s)\n", o->host.c_str(),
-                 (*s)->port(), o->model.c_str());
-    running = s->get();
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    (*s)->wait();
+    if (Status st = (*s)->attach(**m, eo); !st.ok()) return (*s)->stop(), fail(st.message());
+    const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
+    std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),
+                 url.c_str());
+    std::fprintf(stderr,
+                 "try:\n  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s "
+                 "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+                 "\"max_tokens\": 64}'\n",
+                 url.c_str(), o->api_key.empty() ? "" : " -H \"Authorization: Bearer $KEY\"");
+    while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::fprintf(stderr, "offgraph serve: stopping (requests in flight end as cancelled)\n");
     (*s)->stop();
+    std::fprintf(stderr, "offgraph serve: stopped\n");
     return 0;
   };
 }

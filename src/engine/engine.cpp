@@ -3,6 +3,7 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace offgraph::engine {
 
@@ -19,6 +20,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
+  e->store_->set_memory_budget(options.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   return e;
 }
@@ -38,7 +40,14 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          " waiting requests)");
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
+  std::optional<sample::Constraint> constraint;
+  if (request.constraint) {
+    auto c = sample::Constraint::create(request.constraint, request.token_texts);
+    if (!c.ok()) return c.status();
+    constraint = std::move(c).value();
+  }
   auto a = std::make_unique<Active>();
+  a->constraint = std::move(constraint);
   a->id = next_id_++;
   a->request = std::move(request);
   a->on_event = std::move(on_event);
@@ -48,11 +57,66 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   return id;
 }
 
-void Engine::cancel(uint64_t id) {
+void Engine::cancel(uint64_t id, int32_t choice) {
+  // A queued request has not forked its choices yet: cancelling one of them cancels it only when
+  // it is the only one.
   for (auto &a : active_)
-    if (a->id == id) a->cancelled = true;
+    if (a->id == id && (choice < 0 || a->choice == choice)) a->cancelled = true;
   for (auto &a : queue_)
-    if (a->id == id) a->cancelled = true;
+    if (a->id == id && (choice < 0 || a->request.n == 1)) a->cancelled = true;
+}
+
+void Engine::cancel_all() {
+  for (auto &a : active_) a->cancelled = true;
+  for (auto &a : queue_) a->cancelled = true;
+}
+
+int64_t Engine::cached_bytes() const {
+  int64_t bytes = 0;
+  for (const Cached &c : cached_)
+    bytes += store_->memory(c.seq).buffers + (c.prompt_snapshot ? c.prompt_snapshot->bytes() : 0);
+  return bytes;
+}
+
+void Engine::evict_lru() {
+  auto lru = std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
+    return x.last_used < y.last_used;
+  });
+  (void)store_->remove_sequence(lru->seq);
+  cached_.erase(lru);
+  ++stats_.cache_evictions;
+}
+
+void Engine::evict_over_budget() {
+  while (!cached_.empty() &&
+         (int32_t(cached_.size()) > options_.max_cached ||
+          (options_.cache_budget > 0 && cached_bytes() > options_.cache_budget)))
+    evict_lru();
+}
+
+int64_t Engine::peak_bytes(const Active &a) const {
+  // Each choice may grow to the full length and keep a prompt-end snapshot (at most the rings).
+  const int32_t length = int32_t(a.request.prompt.size()) + a.request.max_tokens;
+  const int64_t snapshot = store_->layout().has_ring() ? store_->peak_bytes_at_length(0) : 0;
+  return int64_t(a.request.n) * (store_->peak_bytes_at_length(length) + snapshot);
+}
+
+Result<bool> Engine::memory_allows(const Active &a) {
+  if (options_.kv_budget <= 0) return true;
+  const int64_t need = peak_bytes(a);
+  if (need > options_.kv_budget)
+    return Status::error("the request may need " + std::to_string(need) +
+                         " bytes of KV cache (prompt + max_tokens" +
+                         (a.request.n > 1 ? ", times n" : "") + "); the budget is " +
+                         std::to_string(options_.kv_budget));
+  int64_t reserved = 0;
+  for (const auto &b : active_) // a request with n choices forks them when its prompt is done
+    reserved +=
+        b->computed < b->request.prompt.size() ? peak_bytes(*b) : peak_bytes(*b) / b->request.n;
+  // Cached conversations give way, least recently used first (the one this request would reuse
+  // may go too: correctness does not depend on it, only the work saved).
+  while (reserved + need + cached_bytes() > options_.kv_budget && !cached_.empty()) evict_lru();
+  return reserved + need <= options_.kv_budget;
 }
 
 Status Engine::admit(Active &a) {
@@ -70,11 +134,13 @@ Status Engine::admit(Active &a) {
     const cache::Sequence &seq = *store_->sequence(c.seq);
     int32_t reuse = 0;
     bool by_snapshot = false;
+    // A snapshot one past the target (the same prompt again) serves too: restored, then rewound
+    // by the one token whose logits are needed again.
+    const int32_t snap = c.prompt_snapshot ? c.prompt_snapshot->length() : 0;
     if (target > 0 && target >= seq.rewind_floor()) {
       reuse = target;
-    } else if (c.prompt_snapshot && c.prompt_snapshot->length() <= target &&
-               c.prompt_snapshot->length() > 0) {
-      reuse = c.prompt_snapshot->length();
+    } else if (snap > 0 && (snap <= target || (snap == target + 1 && lcp >= size_t(snap)))) {
+      reuse = std::min(snap, target);
       by_snapshot = true;
     }
     if (reuse > best_reuse) best = i, best_reuse = reuse, best_by_snapshot = by_snapshot;
@@ -84,12 +150,15 @@ Status Engine::admit(Active &a) {
     cached_.erase(cached_.begin() + long(best));
     Status s = best_by_snapshot ? store_->restore(c.seq, *c.prompt_snapshot)
                                 : store_->sequence(c.seq)->rewind(best_reuse);
+    if (s.ok() && best_by_snapshot && c.prompt_snapshot->length() > best_reuse)
+      s = store_->sequence(c.seq)->rewind(best_reuse);
     if (s.ok()) {
       a.seq = c.seq;
       a.computed = size_t(best_reuse);
       a.reused = best_reuse;
       stats_.reused_prompt_tokens += best_reuse;
       stats_.snapshot_restores += best_by_snapshot;
+      ++stats_.prefix_hits;
       a.tokens = prompt;
       return ok_status();
     }
@@ -110,39 +179,39 @@ Status Engine::admit(Active &a) {
       if (cached_.empty()) return seq.status();
     }
     if (cached_.empty()) return Status::error("engine: no sequence available");
-    auto lru =
-        std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
-          return x.last_used < y.last_used;
-        });
-    (void)store_->remove_sequence(lru->seq);
-    cached_.erase(lru);
+    evict_lru();
   }
 }
 
-void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
+void Engine::end_events(Active &a, FinishReason reason, const std::string &error) {
   Event e;
   e.request = a.id;
   e.finish = reason;
   e.error = error;
   e.cached_tokens = a.reused;
   e.choice = a.choice;
-  if (a.on_event) a.on_event(e);
+  if (!a.on_event) return;
+  a.on_event(e);
+  // Choices that were never forked end with their request, so that each choice of a request
+  // sees exactly one last event.
+  if (a.choice == 0 && !a.spawned)
+    for (int32_t c = 1; c < a.request.n; ++c) {
+      e.choice = c;
+      a.on_event(e);
+    }
+}
+
+void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
+  end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
   Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
            std::move(a.prompt_snapshot), ++clock_};
-  if (options_.max_cached == 0 || c.tokens.empty()) {
+  if (options_.max_cached == 0 || !options_.prefix_reuse || c.tokens.empty()) {
     (void)store_->remove_sequence(c.seq);
     return;
   }
   cached_.push_back(std::move(c));
-  while (int32_t(cached_.size()) > options_.max_cached) {
-    auto lru =
-        std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
-          return x.last_used < y.last_used;
-        });
-    (void)store_->remove_sequence(lru->seq);
-    cached_.erase(lru);
-  }
+  evict_over_budget();
 }
 
 bool Engine::step() {
@@ -157,10 +226,7 @@ bool Engine::step() {
       ++it;
     }
   }
-  for (auto &a : dropped) {
-    Event e{a->id, -1, FinishReason::Cancelled, "", 0};
-    if (a->on_event) a->on_event(e);
-  }
+  for (auto &a : dropped) end_events(*a, FinishReason::Cancelled);
   for (auto it = active_.begin(); it != active_.end();) {
     if ((*it)->cancelled) {
       finish(**it, FinishReason::Cancelled);
@@ -170,11 +236,23 @@ bool Engine::step() {
     }
   }
   while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
+    // First come, first served: the head waits for memory rather than being overtaken.
+    auto fits = memory_allows(*queue_.front());
+    if (fits.ok() && !*fits) {
+      if (!active_.empty()) {
+        ++stats_.waits_for_memory;
+        break;
+      }
+      fits = Status::error("the KV memory budget cannot hold this request even alone");
+    }
     std::unique_ptr<Active> a = std::move(queue_.front());
     queue_.pop_front();
+    if (!fits.ok()) {
+      end_events(*a, FinishReason::Error, fits.message());
+      continue;
+    }
     if (Status s = admit(*a); !s.ok()) {
-      Event e{a->id, -1, FinishReason::Error, s.message()};
-      if (a->on_event) a->on_event(e);
+      end_events(*a, FinishReason::Error, s.message());
       continue;
     }
     stats_.prompt_tokens += int64_t(a->request.prompt.size());
@@ -218,7 +296,16 @@ bool Engine::step() {
   // A step of prefill chunks alone still asks for one row (unused): the graph needs an output.
   if (batch.logit_rows.empty()) batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
   ++stats_.steps;
+  const auto t0 = std::chrono::steady_clock::now();
   auto logits = forward_->run(batch);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int32_t prefill_tokens = 0;
+  for (const Part &p : parts)
+    if (p.a->computed < p.a->request.prompt.size()) prefill_tokens += p.n;
+  const double share = double(prefill_tokens) / double(batch.tokens.size());
+  stats_.prefill_seconds += seconds * share;
+  stats_.decode_seconds += seconds * (1 - share);
   if (!logits.ok()) {
     // Nothing was committed; the requests of this step end with the reason, the others go on
     // (a request cancelled meanwhile is finished by the next step, not dropped here).
@@ -242,7 +329,8 @@ bool Engine::step() {
     if (!p.wants_logits) continue;
     std::span<const float> l(logits->data() + row * size_t(n_vocab), size_t(n_vocab));
     ++row;
-    if (prefill && store_->layout().has_ring()) {
+    if (prefill && options_.prefix_reuse && options_.max_cached > 0 &&
+        store_->layout().has_ring()) {
       // The prompt's end: the point a later request resending this history will come back to.
       if (auto snap = store_->snapshot(a.seq); snap.ok())
         a.prompt_snapshot = std::move(snap).value();
@@ -258,11 +346,21 @@ bool Engine::step() {
 }
 
 bool Engine::advance(Active &a, std::span<const float> logits) {
+  std::vector<float> masked;
+  if (a.constraint && a.constraint->active()) {
+    masked.assign(logits.begin(), logits.end());
+    if (Status s = a.constraint->mask(masked); !s.ok()) {
+      finish(a, FinishReason::Error, s.message());
+      return false;
+    }
+    logits = masked;
+  }
   auto token = a.sampler->sample_checked(logits, a.tokens);
   if (!token.ok()) {
     finish(a, FinishReason::Error, token.message());
     return false;
   }
+  if (a.constraint) a.constraint->accept(*token);
   ++a.generated;
   ++stats_.generated_tokens;
   const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(), *token) !=
@@ -281,6 +379,7 @@ bool Engine::advance(Active &a, std::span<const float> logits) {
 
 void Engine::spawn_choices(Active &a, std::span<const float> logits,
                            std::vector<std::unique_ptr<Active>> &born) {
+  a.spawned = true;
   for (int32_t c = 1; c < a.request.n; ++c) {
     auto child = std::make_unique<Active>();
     child->id = a.id;
@@ -302,6 +401,9 @@ void Engine::spawn_choices(Active &a, std::span<const float> logits,
     }
     child->sampler = std::move(sampler).value();
     child->seq = *seq;
+    if (a.request.constraint)
+      if (auto k = sample::Constraint::create(a.request.constraint, a.request.token_texts); k.ok())
+        child->constraint = std::move(k).value();
     if (advance(*child, logits)) born.push_back(std::move(child));
   }
 }

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
+#include "sample/constraint.h"
 #include "sample/sampler.h"
 
 #include <cstdint>
@@ -31,7 +32,14 @@ struct EngineOptions {
   int32_t step_tokens = 512; // token budget of one step (decodes first, then prefill chunks)
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
+  bool prefix_reuse = true;  // off: every prompt is computed from scratch (a reference)
   size_t max_queue = 64;     // waiting requests; more are refused
+  // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit. A request is
+  // admitted only when the most it can grow to fits beside what the active ones may grow to;
+  // until then it waits in the queue. Cached conversations make room, least recently used first.
+  int64_t kv_budget = 0;
+  // Bytes the cached conversations may hold together; 0: limited only by max_cached.
+  int64_t cache_budget = 0;
   kv::StorageTypes types;
   int threads = 2;
 };
@@ -46,6 +54,9 @@ struct Request {
   // Choices: the prompt is computed once and its cache forked into n sequences; choice i samples
   // with seed + i.
   int32_t n = 1;
+  // Forced output (tool_choice); each choice gets its own state. Null: free.
+  std::shared_ptr<const sample::ConstraintSpec> constraint;
+  std::shared_ptr<const sample::TokenTexts> token_texts;
 };
 
 struct Event {
@@ -60,6 +71,12 @@ struct Event {
 struct EngineStats {
   int64_t steps = 0, prompt_tokens = 0, computed_prompt_tokens = 0, reused_prompt_tokens = 0,
           generated_tokens = 0, snapshot_restores = 0;
+  int64_t prefix_hits = 0;      // requests that reused at least one cached token
+  int64_t cache_evictions = 0;  // cached conversations dropped (count, bytes, memory)
+  int64_t waits_for_memory = 0; // steps in which the queue's head waited for KV memory
+  // Time of the forward passes, split between prompt and generated tokens by their share of
+  // each step's tokens.
+  double prefill_seconds = 0, decode_seconds = 0;
 };
 
 class Engine {
@@ -69,8 +86,11 @@ public:
   // Queues a request; events go to `on_event` from step(). Refused up front, with the numbers,
   // when prompt + max_tokens cannot fit the context or the queue is full.
   Result<uint64_t> submit(Request request, std::function<void(const Event &)> on_event);
-  // The request ends (FinishReason::Cancelled) at the next step; its sequence is freed then.
-  void cancel(uint64_t id);
+  // The request (or only its choice `choice`) ends with FinishReason::Cancelled at the next step;
+  // its sequence is freed then.
+  void cancel(uint64_t id, int32_t choice = -1);
+  // Every queued and active request (shutdown).
+  void cancel_all();
   // One step. False when there was nothing to do.
   bool step();
   // Steps until every request has finished.
@@ -80,6 +100,9 @@ public:
   size_t active() const { return active_.size(); }
   size_t queued() const { return queue_.size(); }
   size_t cached() const { return cached_.size(); }
+  // Bytes held by the cached conversations (their sequences and prompt snapshots).
+  int64_t cached_bytes() const;
+  const EngineOptions &options() const { return options_; }
   const kv::KvStore &store() const { return *store_; }
 
 private:
@@ -96,6 +119,8 @@ private:
     int32_t reused = 0; // prompt tokens found in the cache
     int32_t choice = 0;
     std::unique_ptr<kv::Snapshot> prompt_snapshot;
+    std::optional<sample::Constraint> constraint;
+    bool spawned = false; // its other choices were forked
   };
   struct Cached {
     kv::SeqId seq;
@@ -106,7 +131,15 @@ private:
 
   Engine(const model::Model &model, EngineOptions options) : model_(model), options_(options) {}
   Status admit(Active &a);
+  // Whether `a` may start now under the memory budget (dropping cached conversations for room);
+  // an error when it could never fit.
+  Result<bool> memory_allows(const Active &a);
+  int64_t peak_bytes(const Active &a) const;
+  void evict_lru();
+  void evict_over_budget();
   void finish(Active &a, FinishReason reason, const std::string &error = "");
+  // The last event of a (and of its choices not forked yet).
+  void end_events(Active &a, FinishReason reason, const std::string &error = "");
   // Samples a's next token from `logits` and streams it; false once a is finished.
   bool advance(Active &a, std::span<const float> logits);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.

@@ -320,6 +320,13 @@ int32_t KvStore::storage_rows(SeqId id, CacheId c) const {
   return k ? int32_t(k->ne[1]) : 0;
 }
 
+int64_t KvStore::peak_bytes_at_length(int32_t length) const {
+  const int32_t initial = flat_initial_rows();
+  const int32_t rows = layout_->grown_rows(initial, std::min(length, layout_->capacity()));
+  const int32_t before = rows > initial ? std::max(initial, rows / 2) : 0;
+  return pool_bytes(true, 0) + pool_bytes(false, rows) + (before ? pool_bytes(false, before) : 0);
+}
+
 int32_t KvStore::flat_initial_rows() const {
   return std::min(layout_->policy().initial_rows, layout_->capacity());
 }

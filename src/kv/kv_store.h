@@ -105,6 +105,10 @@ public:
 
   // Per sequence (snapshots not included), and for the whole store (snapshots included).
   MemoryUse memory(SeqId id) const;
+  // The most one sequence holds on its way to `length` positions: rings in full, flat storage
+  // as grown by doubling, plus the old flat storage that lives on during the last growth's copy.
+  // What admission sets aside for a request.
+  int64_t peak_bytes_at_length(int32_t length) const;
   MemoryUse memory() const;
 
   // Storage of one cache of one sequence, for the graph fragment.

@@ -1,62 +1,116 @@
 #include "server/server.h"
 
-#include "sample/sampler.h"
-#include "sample/stop.h"
-#include "text/atem/atem_parser.h"
-#include "text/chat/chat_prompt.h"
+#include "server/metrics.h"
+#include "server/output.h"
 
 #include <httplib.h>
-#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <deque>
+#include <filesystem>
 
 namespace offgraph::server {
 
-using json = nlohmann::ordered_json;
-
 namespace {
 
-// An API error: OpenAI's shape, with a message that names the problem.
-struct ApiError {
-  int status;
-  std::string message;
-  std::string type = "invalid_request_error";
-};
-
-json error_body(const ApiError &e) {
-  return {{"error", {{"message", e.message}, {"type", e.type}, {"code", e.status}}}};
+// The socket of a request's connection, so that a handler waiting for the engine can see that
+// its client went away (cpp-httplib 0.11 does not tell). Found by the connection's addresses among
+// the process's descriptors; the connection stays open while its handler runs, so the descriptor
+// cannot be reused meanwhile. -1 when not found.
+int connection_socket(int local_port, const std::string &remote_addr, int remote_port) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent *entry = readdir(dir)) {
+    char *end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr *>(&peer), &pl) != 0 ||
+        getsockname(int(fd), reinterpret_cast<sockaddr *>(&local), &ll) != 0)
+      continue;
+    auto port_of = [](const sockaddr_storage &a) {
+      return a.ss_family == AF_INET    ? ntohs(reinterpret_cast<const sockaddr_in &>(a).sin_port)
+             : a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6 &>(a).sin6_port)
+                                       : 0;
+    };
+    char text[INET6_ADDRSTRLEN] = {};
+    if (peer.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in &>(peer).sin_addr, text, sizeof text);
+    else if (peer.ss_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 &>(peer).sin6_addr, text,
+                sizeof text);
+    if (port_of(local) == local_port && port_of(peer) == remote_port && remote_addr == text) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
 }
 
-// Events of one request, from the engine thread to its HTTP handler.
-struct Channel {
-  std::mutex m;
-  std::condition_variable cv;
-  std::deque<engine::Event> events;
-  bool done = false;
+// True once the peer closed its end (orderly or not). Pipelined bytes waiting to be read mean
+// the client is still there.
+bool peer_closed(int sock) {
+  if (sock < 0) return false;
+  pollfd p{sock, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+  if (p.revents & POLLIN) {
+    char c;
+    return recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+  return false;
+}
+
+// Compares without an early exit, so the time taken does not tell how much of a key was right.
+bool constant_time_equal(const std::string &a, const std::string &b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+// Events of one request (all its choices), from the engine thread to its HTTP handler.
+class Channel {
+public:
+  explicit Channel(int32_t choices) : choices_(choices) {}
   void push(const engine::Event &e) {
     {
-      std::lock_guard lock(m);
-      events.push_back(e);
-      if (e.finish != engine::FinishReason::None) done = true;
+      std::lock_guard lock(m_);
+      events_.push_back(e);
+      if (e.finish != engine::FinishReason::None) ++finished_;
     }
-    cv.notify_one();
+    cv_.notify_one();
   }
-  // Waits for the next event; false once the request finished and everything was taken.
-  bool pop(engine::Event &out) {
-    std::unique_lock lock(m);
-    cv.wait(lock, [&] { return !events.empty() || done; });
-    if (events.empty()) return false;
-    out = events.front();
-    events.pop_front();
-    return true;
+  enum class Pop { Event, Timeout, Done };
+  Pop pop(engine::Event &out, std::chrono::milliseconds wait) {
+    std::unique_lock lock(m_);
+    if (!cv_.wait_for(lock, wait, [&] { return !events_.empty() || finished_ >= choices_; }))
+      return Pop::Timeout;
+    if (events_.empty()) return Pop::Done;
+    out = events_.front();
+    events_.pop_front();
+    return Pop::Event;
   }
-};
 
-std::string finish_reason(engine::FinishReason r, bool tool_calls) {
-  if (tool_calls) return "tool_calls";
-  return r == engine::FinishReason::Length ? "length" : "stop";
-}
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<engine::Event> events_;
+  int32_t choices_, finished_ = 0;
+};
 
 int64_t now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -64,191 +118,393 @@ int64_t now_seconds() {
       .count();
 }
 
-// Reads an optional number of a given kind, with a clear error for the wrong type or range.
-template <class T>
-std::optional<ApiError> read_number(const json &body, const char *key, T &out, double lo,
-                                    double hi) {
-  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-  if (!body[key].is_number()) return ApiError{400, std::string("'") + key + "' must be a number"};
-  const double v = body[key].get<double>();
-  if (!(v >= lo && v <= hi))
-    return ApiError{400, std::string("'") + key + "' must be between " + std::to_string(lo) +
-                             " and " + std::to_string(hi)};
-  out = static_cast<T>(v);
-  return std::nullopt;
+std::string dump(const json &j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send(httplib::Response &res, int status, const json &body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
 }
+
+constexpr auto kPoll = std::chrono::milliseconds(200);
 
 } // namespace
 
-// What a handler needs to turn a request into engine work and the events back into a response.
-struct Handlers {
-  explicit Handlers(Server &server) : s(server) {}
+// The route handlers; a friend of Server.
+struct Routes {
   Server &s;
 
-  struct Job {
-    engine::Request request;
-    bool chat = true;
-    bool stream = false;
-    std::vector<std::string> stop_strings;
-    json tools = json::array();
+  bool loading(httplib::Response &res) {
+    if (s.ready_) return false;
+    send(res, 503,
+         error_body({503, "the model is still loading", "", "model_loading", "unavailable_error"}));
+    return true;
+  }
+
+  void fail(httplib::Response &res, const ApiError &e) {
+    (e.status >= 500 ? s.counters_.server_errors : s.counters_.client_errors)++;
+    send(res, e.status, error_body(e));
+  }
+
+  std::optional<json> body_of(const httplib::Request &req, httplib::Response &res) {
+    json body;
+    if (auto e = parse_body(req.body, body)) {
+      fail(res, *e);
+      return std::nullopt;
+    }
+    return body;
+  }
+
+  void cancel(uint64_t id, int32_t choice = -1) {
+    std::lock_guard lock(s.mutex_);
+    s.engine_->cancel(id, choice);
+    s.wake_.notify_all();
+  }
+
+  // Everything a completion handler shares between its streaming and non-streaming forms.
+  struct Call {
+    Job job;
+    uint64_t id = 0;
+    std::shared_ptr<Channel> channel;
+    std::vector<std::unique_ptr<ChoiceOutput>> outs;
+    std::vector<engine::FinishReason> reasons;
+    std::string error;
+    int cached = 0;
+    std::string rid;
+    int64_t created = 0;
+    bool finished(int32_t c) const { return reasons[size_t(c)] != engine::FinishReason::None; }
   };
 
-  // Sampling and limits shared by both routes.
-  std::optional<ApiError> parse_common(const json &body, Job &job) {
-    sample::SamplingParams p = sample::defaults_for(s.model_->config().arch_name);
-    int32_t max_tokens = 256;
-    if (auto e = read_number(body, "max_tokens", max_tokens, 1, 1 << 20)) return e;
-    if (auto e = read_number(body, "max_completion_tokens", max_tokens, 1, 1 << 20)) return e;
-    if (auto e = read_number(body, "temperature", p.temperature, 0, 2)) return e;
-    if (auto e = read_number(body, "top_p", p.top_p, 0, 1)) return e;
-    if (auto e = read_number(body, "top_k", p.top_k, 0, 1 << 20)) return e;
-    if (auto e = read_number(body, "min_p", p.min_p, 0, 1)) return e;
-    if (auto e = read_number(body, "presence_penalty", p.presence_penalty, -2, 2)) return e;
-    if (auto e = read_number(body, "frequency_penalty", p.frequency_penalty, -2, 2)) return e;
-    if (auto e = read_number(body, "repetition_penalty", p.repetition_penalty, 0.01, 10)) return e;
-    double seed = -1;
-    if (auto e = read_number(body, "seed", seed, -9.2e18, 9.2e18)) return e;
-    p.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
-    if (body.contains("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1))
-      return ApiError{400, "'n' other than 1 is not supported yet"};
-    if (body.contains("stop") && !body["stop"].is_null()) {
-      const json &st = body["stop"];
-      if (st.is_string())
-        job.stop_strings.push_back(st.get<std::string>());
-      else if (st.is_array()) {
-        for (const auto &x : st) {
-          if (!x.is_string()) return ApiError{400, "'stop' must be a string or a list of strings"};
-          job.stop_strings.push_back(x.get<std::string>());
-        }
-      } else
-        return ApiError{400, "'stop' must be a string or a list of strings"};
-      if (job.stop_strings.size() > 16) return ApiError{400, "at most 16 stop strings"};
+  std::string finish_reason(const Call &call, int32_t c) {
+    const ChoiceOutput &o = *call.outs[size_t(c)];
+    if (o.stopped()) return "stop";
+    if (!o.tool_calls().empty()) return "tool_calls";
+    return call.reasons[size_t(c)] == engine::FinishReason::Length ? "length" : "stop";
+  }
+
+  json usage(const Call &call) {
+    int completion = 0;
+    for (const auto &o : call.outs) completion += o->completion_tokens();
+    const size_t prompt = call.job.request.prompt.size();
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + size_t(completion)},
+            {"prompt_tokens_details", {{"cached_tokens", call.cached}}}};
+  }
+
+  // Applies one engine event to the call's outputs; returns the delta for streaming.
+  ChoiceOutput::Delta apply(Call &call, const engine::Event &e) {
+    ChoiceOutput::Delta d;
+    if (e.choice < 0 || e.choice >= call.job.request.n) return d;
+    ChoiceOutput &o = *call.outs[size_t(e.choice)];
+    if (e.token >= 0 && !o.stopped()) {
+      d = o.feed(e.token);
+      if (o.stopped()) cancel(call.id, e.choice); // a stop string: the choice is done
     }
-    if (body.contains("logit_bias") && body["logit_bias"].is_object())
-      for (auto it = body["logit_bias"].begin(); it != body["logit_bias"].end(); ++it) {
-        int32_t id = -1;
-        try {
-          id = std::stoi(it.key());
-        } catch (...) {
-          return ApiError{400, "'logit_bias' keys must be token ids"};
+    if (e.finish != engine::FinishReason::None) {
+      call.reasons[size_t(e.choice)] = e.finish;
+      call.cached = std::max(call.cached, e.cached_tokens);
+      if (e.finish == engine::FinishReason::Error && call.error.empty()) call.error = e.error;
+      ChoiceOutput::Delta tail = o.finish();
+      d.reasoning += tail.reasoning;
+      d.content += tail.content;
+      for (auto &c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
+    }
+    return d;
+  }
+
+  void completion(const httplib::Request &req, httplib::Response &res, bool chat) {
+    if (loading(res)) return;
+    auto body = body_of(req, res);
+    if (!body) return;
+    auto call = std::make_shared<Call>();
+    {
+      std::lock_guard lock(s.text_mutex_);
+      if (auto e = parse_request(*body, chat, s.facts_, call->job)) return fail(res, *e);
+    }
+    const int32_t n = call->job.request.n;
+    call->channel = std::make_shared<Channel>(n);
+    for (int32_t c = 0; c < n; ++c)
+      call->outs.push_back(std::make_unique<ChoiceOutput>(*s.tokenizer_, chat && s.facts_.atem,
+                                                          call->job.tools, call->job.stop_strings,
+                                                          call->job.request.stop_tokens));
+    call->reasons.assign(size_t(n), engine::FinishReason::None);
+    {
+      std::lock_guard lock(s.mutex_);
+      auto channel = call->channel;
+      auto submitted = s.engine_->submit(call->job.request,
+                                         [channel](const engine::Event &e) { channel->push(e); });
+      if (!submitted.ok()) {
+        // A full queue is a moment, not a mistake: 429 and when to come back.
+        if (submitted.message().find("queue is full") != std::string::npos) {
+          res.set_header("Retry-After", "1");
+          ++s.counters_.rejected;
+          return send(res, 429,
+                      error_body({429, submitted.message(), "", "rate_limit_exceeded",
+                                  "rate_limit_error"}));
         }
-        if (!it.value().is_number()) return ApiError{400, "'logit_bias' values must be numbers"};
-        p.logit_bias[id] = it.value().get<float>();
+        return fail(res, {400, submitted.message(), "", ""});
       }
-    if (Status v = sample::validate(p, s.model_->config().n_vocab); !v.ok())
-      return ApiError{400, v.message()};
-    job.stream = body.value("stream", false);
-    job.request.sampling = p;
-    job.request.max_tokens = max_tokens;
-    job.request.stop_tokens = s.tokenizer_->end_of_generation_ids();
-    return std::nullopt;
+      ++s.counters_.requests;
+      call->id = *submitted;
+    }
+    s.wake_.notify_all();
+    call->rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id);
+    call->created = now_seconds();
+    if (call->job.stream)
+      stream(req, res, call, chat);
+    else
+      whole(req, res, call, chat);
   }
 
-  std::optional<ApiError> parse_chat(const json &body, Job &job) {
-    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-      return ApiError{400, "'messages' must be a non-empty list"};
-    if (!s.template_) return ApiError{400, "the model has no chat template; use /v1/completions"};
-    json messages = json::array();
-    for (const auto &m : body["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return ApiError{400, "each message needs a 'role' string"};
-      json msg = m;
-      if (msg["role"] == "developer") msg["role"] = "system"; // the template knows system only
-      // OpenAI clients send tool-call arguments as a JSON string; templates want a mapping.
-      if (msg.contains("tool_calls") && msg["tool_calls"].is_array())
-        for (auto &tc : msg["tool_calls"])
-          if (tc.contains("function") && tc["function"].contains("arguments") &&
-              tc["function"]["arguments"].is_string()) {
-            json parsed =
-                json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
-            if (parsed.is_discarded())
-              return ApiError{400, "a tool call's 'arguments' is not valid JSON"};
-            tc["function"]["arguments"] = parsed;
-          }
-      messages.push_back(msg);
+  // Non-streaming: wait for every choice, then answer once. A client that goes away meanwhile
+  // cancels its request.
+  void whole(const httplib::Request &req, httplib::Response &res, const std::shared_ptr<Call> &call,
+             bool chat) {
+    const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
+    engine::Event e;
+    bool gone = false;
+    for (;;) {
+      const auto r = call->channel->pop(e, kPoll);
+      if (r == Channel::Pop::Done) break;
+      if (r == Channel::Pop::Timeout) {
+        if (!gone && (peer_closed(sock) || s.stopping_)) {
+          gone = true;
+          ++s.counters_.disconnects;
+          cancel(call->id);
+        }
+        continue;
+      }
+      apply(*call, e);
     }
-    json ctx;
-    ctx["messages"] = messages;
-    ctx["add_generation_prompt"] = true;
-    const std::string effort = body.value("reasoning_effort", std::string("high"));
-    if (effort != "low" && effort != "medium" && effort != "high" && effort != "xhigh" &&
-        effort != "minimal" && effort != "none")
-      return ApiError{400, "'reasoning_effort' must be low, medium, high or xhigh"};
-    ctx["reasoning_strength"] =
-        (effort == "minimal" || effort == "none") ? "low" : effort; // no "off" exists
-    if (body.contains("tools") && body["tools"].is_array() &&
-        body.value("tool_choice", json("auto")) != "none") {
-      ctx["tools"] = body["tools"];
-      job.tools = body["tools"];
+    if (gone) return fail(res, {499, "the client closed the connection", "", "client_closed"});
+    bool all_failed = true;
+    for (auto r : call->reasons) all_failed = all_failed && r == engine::FinishReason::Error;
+    if (all_failed) return fail(res, {500, call->error, "", "engine_error", "server_error"});
+    json choices = json::array();
+    for (int32_t c = 0; c < call->job.request.n; ++c) {
+      const ChoiceOutput &o = *call->outs[size_t(c)];
+      json choice = {{"index", c}};
+      if (chat) {
+        json message = {{"role", "assistant"}, {"content", o.content()}};
+        if (!o.reasoning().empty()) message["reasoning_content"] = o.reasoning();
+        if (!o.tool_calls().empty()) message["tool_calls"] = o.tool_calls();
+        choice["message"] = message;
+      } else {
+        choice["text"] = o.content();
+      }
+      choice["logprobs"] = nullptr;
+      choice["finish_reason"] = finish_reason(*call, c);
+      choices.push_back(choice);
     }
-    ctx["bos_token"] =
-        s.tokenizer_->bos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->bos()) : "";
-    ctx["eos_token"] =
-        s.tokenizer_->eos() >= 0 ? s.tokenizer_->token_piece(s.tokenizer_->eos()) : "";
-    std::lock_guard lock(text_mutex);
-    auto tokens = text::tokenize_chat(*s.tokenizer_, *s.template_, ctx);
-    if (!tokens.ok()) return ApiError{400, tokens.message()};
-    job.request.prompt = std::move(tokens).value();
-    return std::nullopt;
+    ++s.counters_.completed;
+    send(res, 200,
+         {{"id", call->rid},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", call->created},
+          {"model", s.options_.model_name},
+          {"choices", choices},
+          {"usage", usage(*call)}});
   }
 
-  std::optional<ApiError> parse_completion(const json &body, Job &job) {
-    if (!body.contains("prompt") || !body["prompt"].is_string())
-      return ApiError{400, "'prompt' must be a string"};
-    std::lock_guard lock(text_mutex);
-    job.request.prompt = s.tokenizer_->encode(body["prompt"].get<std::string>(),
-                                              s.tokenizer_->add_bos_default(), false);
-    job.chat = false;
-    return std::nullopt;
+  // Streaming: server-sent events, one chunk per delta and choice, then [DONE].
+  void stream(const httplib::Request &req, httplib::Response &res,
+              const std::shared_ptr<Call> &call, bool chat) {
+    res.set_header("Cache-Control", "no-cache");
+    const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
+    res.set_chunked_content_provider("text/event-stream", [this, call, chat,
+                                                           sock](size_t, httplib::DataSink &sink) {
+      auto write = [&](const json &j) {
+        const std::string line = "data: " + dump(j) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      auto chunk = [&](int32_t c, const json &delta, const json &finish) {
+        json choice = {{"index", c}};
+        if (chat)
+          choice["delta"] = delta;
+        else
+          choice["text"] = delta.value("content", "");
+        choice["logprobs"] = nullptr;
+        choice["finish_reason"] = finish;
+        return write({{"id", call->rid},
+                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", call->created},
+                      {"model", s.options_.model_name},
+                      {"choices", json::array({choice})}});
+      };
+      auto gone = [&] {
+        ++s.counters_.disconnects;
+        cancel(
+            call->id); // the channel outlives this handler: the engine's last events are harmless
+        return false;
+      };
+      if (chat)
+        for (int32_t c = 0; c < call->job.request.n; ++c)
+          if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
+      engine::Event e;
+      for (;;) {
+        const auto r = call->channel->pop(e, kPoll);
+        if (r == Channel::Pop::Done) break;
+        if (r == Channel::Pop::Timeout) {
+          if (peer_closed(sock) || s.stopping_) return gone();
+          continue;
+        }
+        ChoiceOutput::Delta d = apply(*call, e);
+        bool ok = true;
+        if (!d.reasoning.empty())
+          ok = ok && chunk(e.choice, {{"reasoning_content", d.reasoning}}, nullptr);
+        if (!d.content.empty()) ok = ok && chunk(e.choice, {{"content", d.content}}, nullptr);
+        for (const json &c : d.tool_calls)
+          ok = ok && chunk(e.choice, {{"tool_calls", json::array({c})}}, nullptr);
+        if (ok && e.finish == engine::FinishReason::Error)
+          ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
+        else if (ok && e.finish != engine::FinishReason::None)
+          ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
+        if (!ok) return gone();
+      }
+      if (call->job.include_usage)
+        write({{"id", call->rid},
+               {"object", chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", call->created},
+               {"model", s.options_.model_name},
+               {"choices", json::array()},
+               {"usage", usage(*call)}});
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      sink.done();
+      ++s.counters_.completed;
+      return true;
+    });
   }
 
-  // Output assembly for one request: detokenize, apply stop strings, parse ATEM (chat).
-  struct Output {
-    text::Detokenizer detok;
-    std::optional<sample::StopSet> stops;
-    std::optional<sample::StopMatcher> matcher;
-    text::AtemParser atem;
-    bool use_atem;
-    std::string content;   // completions, or chat without ATEM
-    size_t calls_seen = 0; // tool calls emitted so far: their index and id
-    json call(const text::ToolCall &c) {
-      const size_t i = calls_seen++;
-      return {{"index", i},
-              {"id", "call_" + std::to_string(i)},
-              {"type", "function"},
-              {"function", {{"name", c.name}, {"arguments", c.arguments.dump()}}}};
+  void tokenize(const httplib::Request &req, httplib::Response &res) {
+    if (loading(res)) return;
+    auto body = body_of(req, res);
+    if (!body) return;
+    if (!body->contains("content") || !(*body)["content"].is_string())
+      return fail(res, {400, "'content' must be a string", "content", "invalid_type"});
+    bool add_special = false, parse_special = true, with_pieces = false;
+    for (auto [key, out] : {std::pair<const char *, bool *>{"add_special", &add_special},
+                            {"parse_special", &parse_special},
+                            {"with_pieces", &with_pieces}})
+      if (body->contains(key) && !(*body)[key].is_null()) {
+        if (!(*body)[key].is_boolean())
+          return fail(
+              res, {400, std::string("'") + key + "' must be true or false", key, "invalid_type"});
+        *out = (*body)[key].get<bool>();
+      }
+    json tokens = json::array();
+    {
+      std::lock_guard lock(s.text_mutex_);
+      const auto ids =
+          s.tokenizer_->encode((*body)["content"].get<std::string>(),
+                               add_special && s.tokenizer_->add_bos_default(), parse_special);
+      for (int32_t id : ids)
+        if (with_pieces)
+          tokens.push_back({{"id", id}, {"piece", s.tokenizer_->decode({id})}});
+        else
+          tokens.push_back(id);
     }
-    Output(const text::Tokenizer &t, bool atem_, json tools)
-        : detok(t, atem_), atem(std::move(tools)), use_atem(atem_) {}
-  };
+    send(res, 200, {{"tokens", tokens}});
+  }
 
-  std::mutex text_mutex;
+  void detokenize(const httplib::Request &req, httplib::Response &res) {
+    if (loading(res)) return;
+    auto body = body_of(req, res);
+    if (!body) return;
+    if (!body->contains("tokens") || !(*body)["tokens"].is_array())
+      return fail(res, {400, "'tokens' must be a list of token ids", "tokens", "invalid_type"});
+    std::vector<int32_t> ids;
+    for (const auto &t : (*body)["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= s.facts_.n_vocab)
+        return fail(res, {400,
+                          "'tokens' holds " + t.dump() + ", not a token id below " +
+                              std::to_string(s.facts_.n_vocab),
+                          "tokens", "invalid_value"});
+      ids.push_back(t.get<int32_t>());
+    }
+    std::string text;
+    {
+      std::lock_guard lock(s.text_mutex_);
+      text = s.tokenizer_->decode(ids);
+    }
+    send(res, 200, {{"content", text}});
+  }
+
+  void apply_template(const httplib::Request &req, httplib::Response &res) {
+    if (loading(res)) return;
+    auto body = body_of(req, res);
+    if (!body) return;
+    std::string prompt;
+    {
+      std::lock_guard lock(s.text_mutex_);
+      if (auto e = render_chat_prompt(*body, s.facts_, prompt)) return fail(res, *e);
+    }
+    send(res, 200, {{"prompt", prompt}});
+  }
 };
+
+Result<std::unique_ptr<Server>> Server::create_loading(ServerOptions options) {
+  std::unique_ptr<Server> s(new Server());
+  s->options_ = std::move(options);
+  if (s->options_.http_threads < 1) return Status::error("server: http_threads must be >= 1");
+  auto http = std::make_unique<httplib::Server>();
+  const int threads = s->options_.http_threads;
+  http->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  s->http_ = std::move(http);
+  s->routes();
+  return s;
+}
 
 Result<std::unique_ptr<Server>> Server::create(const model::Model &model,
                                                engine::EngineOptions engine_options,
                                                ServerOptions options) {
-  std::unique_ptr<Server> s(new Server());
-  s->model_ = &model;
-  s->options_ = options;
-  if (s->options_.model_name.empty())
-    s->options_.model_name = model.config().name.empty() ? "offgraph" : model.config().name;
+  auto s = create_loading(std::move(options));
+  if (!s.ok()) return s.status();
+  if (Status a = (*s)->attach(model, engine_options); !a.ok()) return a;
+  return s;
+}
+
+Status Server::attach(const model::Model &model, engine::EngineOptions engine_options) {
+  if (ready_) return Status::error("server: a model is already attached");
   auto tok = text::Tokenizer::from_gguf(model.file().path());
   if (!tok.ok()) return tok.status();
-  s->tokenizer_ = std::move(tok).value();
+  std::optional<text::Template> chat_template;
+  bool atem = false;
   if (auto t = model.file().str("tokenizer.chat_template"); t.ok()) {
     auto parsed = text::Template::parse(*t);
     if (!parsed.ok()) return Status::error("the model's chat template: " + parsed.message());
-    s->template_ = std::move(parsed).value();
-    s->atem_ = t->find("<atem:function_calls>") != std::string::npos &&
-               t->find("<|eom|>") != std::string::npos;
+    chat_template = std::move(parsed).value();
+    atem = t->find("<atem:function_calls>") != std::string::npos &&
+           t->find("<|eom|>") != std::string::npos;
   }
   auto e = engine::Engine::create(model, engine_options);
   if (!e.ok()) return e.status();
-  s->engine_ = std::move(e).value();
-  s->http_ = std::make_unique<httplib::Server>();
-  s->routes();
-  return s;
+
+  std::lock_guard lock(mutex_);
+  model_ = &model;
+  tokenizer_ = std::move(tok).value();
+  template_ = std::move(chat_template);
+  engine_ = std::move(e).value();
+  if (options_.model_name.empty())
+    options_.model_name = model.config().name.empty() ? "offgraph" : model.config().name;
+  facts_.tokenizer = tokenizer_.get();
+  facts_.chat_template = template_ ? &*template_ : nullptr;
+  facts_.atem = atem;
+  facts_.arch = model.config().arch_name;
+  facts_.n_vocab = model.config().n_vocab;
+  facts_.context = engine_options.context;
+  facts_.max_tokens_cap = options_.max_tokens_cap > 0
+                              ? std::min(options_.max_tokens_cap, engine_options.context)
+                              : engine_options.context;
+  facts_.model_names = {options_.model_name};
+  const std::filesystem::path file(model.file().path());
+  for (const std::string &n : {file.filename().string(), file.stem().string(), model.config().name})
+    if (!n.empty()) facts_.model_names.push_back(n);
+  for (const std::string &n : options_.model_aliases) facts_.model_names.push_back(n);
+  if (atem) facts_.token_texts = token_texts_of(*tokenizer_);
+  ready_ = true;
+  wake_.notify_all();
+  return ok_status();
 }
 
 Server::~Server() { stop(); }
@@ -256,10 +512,16 @@ Server::~Server() { stop(); }
 void Server::engine_loop() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    if (engine_->active() == 0 && engine_->queued() == 0) {
+    if (!engine_ || (engine_->active() == 0 && engine_->queued() == 0)) {
       wake_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
     }
+    engine_->step();
+  }
+  // Shutting down: everything still accepted ends as cancelled (one step frees it all), so no
+  // handler waits forever.
+  if (engine_) {
+    engine_->cancel_all();
     engine_->step();
   }
 }
@@ -278,310 +540,129 @@ Status Server::start() {
 
 void Server::stop() {
   if (stopping_.exchange(true)) return;
-  if (http_) http_->stop();
   wake_.notify_all();
-  if (http_thread_.joinable()) http_thread_.join();
   if (engine_thread_.joinable()) engine_thread_.join();
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
 }
 
 void Server::wait() {
   if (http_thread_.joinable()) http_thread_.join();
 }
 
+std::string Server::metrics_text() {
+  MetricsInput in;
+  {
+    std::lock_guard lock(mutex_);
+    in.ready = ready_;
+    if (engine_) {
+      in.engine = engine_->stats();
+      in.active = engine_->active();
+      in.queued = engine_->queued();
+      in.cached = engine_->cached();
+      in.cached_bytes = engine_->cached_bytes();
+      in.kv = kv_metrics(engine_->store());
+      in.kv_budget = engine_->options().kv_budget;
+    }
+  }
+  return render_metrics(in, counters_);
+}
+
 void Server::routes() {
-  auto handlers = std::make_shared<Handlers>(*this);
+  auto r = std::make_shared<Routes>(Routes{*this});
   httplib::Server &http = *http_;
   http.set_payload_max_length(options_.max_body_bytes);
-  auto send = [](httplib::Response &res, int status, const json &body) {
-    res.status = status;
-    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-  };
+  http.set_read_timeout(options_.timeout_seconds, 0);
+  http.set_write_timeout(options_.timeout_seconds, 0);
 
-  http.Get("/health", [send](const httplib::Request &, httplib::Response &res) {
+  // Auth first (every route but /health and CORS preflights), then CORS headers on every answer.
+  http.set_pre_routing_handler([this](const httplib::Request &req, httplib::Response &res) {
+    if (!options_.cors_origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", options_.cors_origin);
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    }
+    if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    const std::string given = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : "";
+    if (constant_time_equal(given, options_.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    ++counters_.unauthorized;
+    res.set_header("WWW-Authenticate", "Bearer");
+    send(res, 401,
+         error_body({401,
+                     auth.empty() ? "an API key is required: Authorization: Bearer <key>"
+                                  : "the API key is not valid",
+                     "", "invalid_api_key"}));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  if (!options_.cors_origin.empty())
+    http.Options(".*", [](const httplib::Request &, httplib::Response &res) { res.status = 204; });
+
+  http.Get("/health", [this](const httplib::Request &, httplib::Response &res) {
+    if (!ready_) return send(res, 503, {{"status", "loading model"}});
     send(res, 200, {{"status", "ok"}});
   });
   http.Get("/metrics", [this](const httplib::Request &, httplib::Response &res) {
-    // Prometheus text format.
-    engine::EngineStats st;
-    size_t active = 0, queued = 0, cached = 0;
-    int64_t kv_bytes = 0, kv_min = 0;
-    {
-      std::lock_guard lock(mutex_);
-      st = engine_->stats();
-      active = engine_->active(), queued = engine_->queued(), cached = engine_->cached();
-      const kv::MemoryUse m = engine_->store().memory();
-      kv_bytes = m.buffers + m.snapshots;
-      kv_min = m.minimum;
-    }
-    std::string t;
-    auto metric = [&t](const char *name, const char *type, const char *help, double v) {
-      t += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-           name + " " + std::to_string(v) + "\n";
-    };
-    metric("offgraph_requests_total", "counter", "requests accepted", double(metrics_.requests));
-    metric("offgraph_requests_rejected_total", "counter", "requests refused with 429",
-           double(metrics_.rejected));
-    metric("offgraph_prompt_tokens_total", "counter", "prompt tokens of admitted requests",
-           double(st.prompt_tokens));
-    metric("offgraph_prompt_tokens_computed_total", "counter", "prompt tokens computed",
-           double(st.computed_prompt_tokens));
-    metric("offgraph_prompt_tokens_cached_total", "counter", "prompt tokens reused from the cache",
-           double(st.reused_prompt_tokens));
-    metric("offgraph_generated_tokens_total", "counter", "tokens generated",
-           double(st.generated_tokens));
-    metric("offgraph_steps_total", "counter", "engine steps", double(st.steps));
-    metric("offgraph_snapshot_restores_total", "counter", "ring snapshots restored",
-           double(st.snapshot_restores));
-    metric("offgraph_requests_active", "gauge", "requests being computed", double(active));
-    metric("offgraph_requests_queued", "gauge", "requests waiting", double(queued));
-    metric("offgraph_sequences_cached", "gauge", "finished conversations kept for reuse",
-           double(cached));
-    metric("offgraph_kv_bytes", "gauge", "KV cache bytes held (buffers and snapshots)",
-           double(kv_bytes));
-    metric("offgraph_kv_min_bytes", "gauge", "theoretical minimum KV bytes for the current lengths",
-           double(kv_min));
-    res.set_content(t, "text/plain; version=0.0.4");
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
-  http.Get("/v1/models", [this, send](const httplib::Request &, httplib::Response &res) {
+  http.Get("/v1/models", [this, r](const httplib::Request &, httplib::Response &res) {
+    if (r->loading(res)) return;
     send(res, 200,
          {{"object", "list"},
           {"data", json::array({{{"id", options_.model_name},
                                  {"object", "model"},
                                  {"owned_by", "offgraph"},
-                                 {"created", now_seconds()}}})}});
+                                 {"created", now_seconds()},
+                                 {"meta",
+                                  {{"n_ctx", facts_.context},
+                                   {"n_vocab", facts_.n_vocab},
+                                   {"architecture", facts_.arch}}}}})}});
+  });
+  http.Post("/v1/chat/completions", [r](const httplib::Request &req, httplib::Response &res) {
+    r->completion(req, res, true);
+  });
+  http.Post("/v1/completions", [r](const httplib::Request &req, httplib::Response &res) {
+    r->completion(req, res, false);
+  });
+  http.Post("/tokenize",
+            [r](const httplib::Request &req, httplib::Response &res) { r->tokenize(req, res); });
+  http.Post("/detokenize",
+            [r](const httplib::Request &req, httplib::Response &res) { r->detokenize(req, res); });
+  http.Post("/apply-template", [r](const httplib::Request &req, httplib::Response &res) {
+    r->apply_template(req, res);
   });
 
-  auto serve = [this, handlers, send](const httplib::Request &req, httplib::Response &res,
-                                      bool chat) {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object())
-      return send(res, 400, error_body({400, "the request body is not a JSON object"}));
-    Handlers::Job job;
-    if (auto e = handlers->parse_common(body, job)) return send(res, e->status, error_body(*e));
-    if (auto e = chat ? handlers->parse_chat(body, job) : handlers->parse_completion(body, job))
-      return send(res, e->status, error_body(*e));
-    auto channel = std::make_shared<Channel>();
-    uint64_t id = 0;
-    {
-      std::lock_guard lock(mutex_);
-      auto submitted =
-          engine_->submit(job.request, [channel](const engine::Event &e) { channel->push(e); });
-      if (!submitted.ok()) {
-        // A full queue is a moment, not a mistake: 429 and when to come back.
-        if (submitted.message().find("queue is full") != std::string::npos) {
-          res.set_header("Retry-After", "1");
-          ++metrics_.rejected;
-          return send(res, 429, error_body({429, submitted.message(), "rate_limit_error"}));
-        }
-        return send(res, 400, error_body({400, submitted.message()}));
-      }
-      ++metrics_.requests;
-      id = *submitted;
-    }
-    wake_.notify_all();
-    const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
-    const int64_t created = now_seconds();
-    const size_t prompt_tokens = job.request.prompt.size();
-    auto out = std::make_shared<Handlers::Output>(*tokenizer_, chat && atem_, job.tools);
-    if (!job.stop_strings.empty()) {
-      auto set = sample::StopSet::create({}, job.stop_strings);
-      if (set.ok()) {
-        out->stops = std::move(set).value();
-        out->matcher.emplace(*out->stops);
-      }
-    }
-    // Turns new text into deltas: (reasoning, content, tool calls). Returns true once a stop string
-    // matched.
-    auto absorb = [out](const std::string &piece, json &reasoning, std::string &content,
-                        json &calls) {
-      std::string text = piece;
-      bool stopped = false;
-      if (out->matcher) {
-        auto u = out->matcher->push(piece);
-        text = u.emit;
-        stopped = u.stop_string.has_value();
-      }
-      if (out->use_atem) {
-        for (const auto &e : out->atem.feed(text)) {
-          if (e.kind == text::AtemEvent::Kind::Reasoning)
-            reasoning = reasoning.get<std::string>() + e.text;
-          if (e.kind == text::AtemEvent::Kind::Content) content += e.text;
-          if (e.kind == text::AtemEvent::Kind::ToolCall) calls.push_back(out->call(e.call));
-        }
-      } else {
-        content += text;
-      }
-      return stopped;
-    };
-    auto cancel = [this, id] {
-      std::lock_guard lock(mutex_);
-      engine_->cancel(id);
-      wake_.notify_all();
-    };
-    // A generated token's text; an end-of-turn token is text only where the ATEM parser wants it.
-    auto piece_of = [out, stops = job.request.stop_tokens](int32_t token) {
-      std::string piece = out->detok.feed(token);
-      if (!out->use_atem && std::find(stops.begin(), stops.end(), token) != stops.end())
-        piece.clear();
-      return piece;
-    };
-    auto usage_of = [prompt_tokens](int completion, int cached) {
-      return json{{"prompt_tokens", prompt_tokens},
-                  {"completion_tokens", completion},
-                  {"total_tokens", prompt_tokens + size_t(completion)},
-                  {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-    };
-
-    if (!job.stream) {
-      json reasoning = "", calls = json::array();
-      std::string content;
-      engine::Event e;
-      engine::FinishReason reason = engine::FinishReason::None;
-      int completion = 0, cached = 0;
-      std::string error;
-      bool stopped = false;
-      while (channel->pop(e)) {
-        if (e.token >= 0 && !stopped) {
-          ++completion;
-          const std::string piece = piece_of(e.token);
-          if (absorb(piece, reasoning, content, calls)) stopped = true, cancel();
-        }
-        if (e.finish != engine::FinishReason::None)
-          reason = e.finish, cached = e.cached_tokens, error = e.error;
-      }
-      if (reason == engine::FinishReason::Error)
-        return send(res, 500, error_body({500, error, "server_error"}));
-      if (!stopped) {
-        absorb(out->detok.flush(), reasoning, content, calls);
-        if (out->matcher) absorb(out->matcher->finish(), reasoning, content, calls);
-        if (out->use_atem) out->atem.finish();
-      }
-      if (out->use_atem) { // the parser's aggregate includes what finish() flushed
-        content = out->atem.message().content;
-        reasoning = out->atem.message().reasoning_content;
-        calls = json::array();
-        out->calls_seen = 0;
-        for (const auto &c : out->atem.message().tool_calls) calls.push_back(out->call(c));
-      }
-      const std::string why = stopped ? "stop" : finish_reason(reason, !calls.empty());
-      const json usage = usage_of(completion, cached);
-      json body_out;
-      if (chat) {
-        json message = {{"role", "assistant"}, {"content", content}};
-        if (!reasoning.get<std::string>().empty()) message["reasoning_content"] = reasoning;
-        if (!calls.empty()) {
-          for (json &c : calls) c.erase("index"); // a streaming field
-          message["tool_calls"] = calls;
-        }
-        body_out = {{"id", rid},
-                    {"object", "chat.completion"},
-                    {"created", created},
-                    {"model", options_.model_name},
-                    {"choices",
-                     json::array({{{"index", 0}, {"message", message}, {"finish_reason", why}}})},
-                    {"usage", usage}};
-      } else {
-        body_out = {
-            {"id", rid},
-            {"object", "text_completion"},
-            {"created", created},
-            {"model", options_.model_name},
-            {"choices", json::array({{{"index", 0}, {"text", content}, {"finish_reason", why}}})},
-            {"usage", usage}};
-      }
-      return send(res, 200, body_out);
-    }
-
-    // Streaming: server-sent events, one chunk per delta, then [DONE]. A client that goes away
-    // cancels its request.
-    res.set_chunked_content_provider("text/event-stream", [=, this](size_t,
-                                                                    httplib::DataSink &sink) {
-      auto emit = [&](const json &delta, const json &finish) {
-        json chunk;
-        if (chat)
-          chunk = {{"id", rid},
-                   {"object", "chat.completion.chunk"},
-                   {"created", created},
-                   {"model", options_.model_name},
-                   {"choices",
-                    json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}};
-        else
-          chunk = {{"id", rid},
-                   {"object", "text_completion"},
-                   {"created", created},
-                   {"model", options_.model_name},
-                   {"choices", json::array({{{"index", 0},
-                                             {"text", delta.value("content", "")},
-                                             {"finish_reason", finish}}})}};
-        const std::string line =
-            "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-        return sink.write(line.data(), line.size());
-      };
-      if (chat && !emit({{"role", "assistant"}}, nullptr)) return cancel(), false;
-      engine::Event e;
-      engine::FinishReason reason = engine::FinishReason::None;
-      bool stopped = false;
-      int completion = 0, cached = 0;
-      auto flush_deltas = [&](const std::string &piece) {
-        json reasoning = "", calls = json::array();
-        std::string content;
-        const bool hit = absorb(piece, reasoning, content, calls);
-        bool ok = true;
-        if (!reasoning.get<std::string>().empty())
-          ok = ok && emit({{"reasoning_content", reasoning}}, nullptr);
-        if (!content.empty()) ok = ok && emit({{"content", content}}, nullptr);
-        for (const json &c : calls) ok = ok && emit({{"tool_calls", json::array({c})}}, nullptr);
-        if (!ok) cancel();
-        return std::pair{ok, hit};
-      };
-      while (channel->pop(e)) {
-        if (e.token >= 0 && !stopped) {
-          ++completion;
-          const std::string piece = piece_of(e.token);
-          auto [ok, hit] = flush_deltas(piece);
-          if (!ok) return false;
-          if (hit) stopped = true, cancel();
-        }
-        if (e.finish != engine::FinishReason::None) reason = e.finish, cached = e.cached_tokens;
-      }
-      if (!stopped) {
-        flush_deltas(out->detok.flush());
-        if (out->matcher) flush_deltas(out->matcher->finish());
-        if (out->use_atem) {
-          // What the parser held back when the stream ended: every kind, not only content.
-          for (const auto &ev : out->atem.finish()) {
-            if (ev.kind == text::AtemEvent::Kind::Content) emit({{"content", ev.text}}, nullptr);
-            if (ev.kind == text::AtemEvent::Kind::Reasoning)
-              emit({{"reasoning_content", ev.text}}, nullptr);
-            if (ev.kind == text::AtemEvent::Kind::ToolCall)
-              emit({{"tool_calls", json::array({out->call(ev.call)})}}, nullptr);
-          }
-        }
-      }
-      const bool tools = out->use_atem && !out->atem.message().tool_calls.empty();
-      emit(json::object(), stopped ? "stop" : finish_reason(reason, tools));
-      const json usage = usage_of(completion, cached);
-      const std::string tail = "data: " +
-                               json{{"id", rid},
-                                    {"object", "chat.completion.chunk"},
-                                    {"choices", json::array()},
-                                    {"usage", usage}}
-                                   .dump() +
-                               "\n\ndata: [DONE]\n\n";
-      sink.write(tail.data(), tail.size());
-      sink.done();
-      return true;
-    });
-  };
-  http.Post("/v1/chat/completions", [serve](const httplib::Request &req, httplib::Response &res) {
-    serve(req, res, true);
-  });
-  http.Post("/v1/completions", [serve](const httplib::Request &req, httplib::Response &res) {
-    serve(req, res, false);
-  });
+  // httplib's own refusals (no route, body too large, ...) get a JSON body that says why.
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request &req, httplib::Response &res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e{res.status, "HTTP " + std::to_string(res.status), "", ""};
+        if (res.status == 404)
+          e = {404, "no route " + req.method + " " + req.path, "", "not_found"};
+        if (res.status == 413)
+          e = {413,
+               "the request body is larger than the limit of " +
+                   std::to_string(options_.max_body_bytes) + " bytes",
+               "", "body_too_large"};
+        if (res.status == 405) e = {405, req.method + " is not allowed on " + req.path, "", ""};
+        (e.status >= 500 ? counters_.server_errors : counters_.client_errors)++;
+        res.set_content(dump(error_body(e)), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   http.set_exception_handler(
-      [send](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
-        send(res, 500, error_body({500, "internal error", "server_error"}));
+      [this](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception &x) {
+          what += std::string(": ") + x.what();
+        } catch (...) {
+        }
+        ++counters_.server_errors;
+        send(res, 500, error_body({500, what, "", "internal_error", "server_error"}));
       });
 }
 

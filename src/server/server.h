@@ -4,6 +4,8 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "server/api.h"
+#include "server/metrics.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -25,12 +27,22 @@ struct ServerOptions {
   int port = 8080; // 0: any free port (see port())
   std::string model_name;
   size_t max_body_bytes = size_t(8) << 20;
+  std::string api_key;        // non-empty: every route but /health wants "Bearer <key>"
+  std::string cors_origin;    // non-empty: CORS headers for this origin ("*" for any)
+  int timeout_seconds = 600;  // reading a request, writing a response
+  int32_t max_tokens_cap = 0; // the most one request may ask for; 0: the context
+  int http_threads = 64;      // connections served at once (idle keep-alive ones included)
+  std::vector<std::string> model_aliases; // more ids requests may name (the file name, ...)
 };
 
 class Server {
 public:
+  // A server for a loaded model.
   static Result<std::unique_ptr<Server>>
   create(const model::Model &model, engine::EngineOptions engine_options, ServerOptions options);
+  // A server that answers /health with 503 (and every other route with 503) until attach().
+  static Result<std::unique_ptr<Server>> create_loading(ServerOptions options);
+  Status attach(const model::Model &model, engine::EngineOptions engine_options);
   ~Server();
 
   // Binds and serves in background threads; returns once listening.
@@ -39,6 +51,10 @@ public:
   void stop();
   // Blocks until stop() (for `offgraph serve`).
   void wait();
+  bool ready() const { return ready_; }
+
+  // Prometheus text of every metric (what GET /metrics returns).
+  std::string metrics_text();
 
 private:
   Server() = default;
@@ -50,20 +66,21 @@ private:
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::optional<text::Template> template_;
-  bool atem_ = false;
+  ModelFacts facts_;
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_, engine_thread_;
   int port_ = 0;
+  std::atomic<bool> ready_{false};
 
   // The engine is single-threaded: handlers hand it work under this lock and wake it.
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};
-  struct {
-    std::atomic<int64_t> requests{0}, rejected{0};
-  } metrics_;
+  // Templates and the tokenizer are used by one handler at a time.
+  std::mutex text_mutex_;
+  HttpCounters counters_;
 
-  friend struct Handlers;
+  friend struct Routes;
 };
 
 } // namespace offgraph::server

@@ -1,0 +1,403 @@
+#include "server/api.h"
+
+#include "sample/sampler.h"
+#include "text/chat/chat_prompt.h"
+#include "text/tokenizer/unicode.h"
+
+#include <cmath>
+#include <random>
+
+namespace offgraph::server {
+
+json error_body(const ApiError &e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+namespace {
+
+ApiError bad(const std::string &param, const std::string &message,
+             const std::string &code = "invalid_value") {
+  return ApiError{400, message, param, code};
+}
+
+// An optional number within [lo, hi]; integers refuse fractions.
+template <class T>
+std::optional<ApiError> read_number(const json &body, const char *key, T &out, double lo,
+                                    double hi) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  const json &v = body[key];
+  if (!v.is_number())
+    return bad(key, std::string("'") + key + "' must be a number, not " + v.type_name(),
+               "invalid_type");
+  const double d = v.get<double>();
+  if constexpr (std::is_integral_v<T>)
+    if (!v.is_number_integer() && d != std::floor(d))
+      return bad(key, std::string("'") + key + "' must be an integer", "invalid_type");
+  if (!(d >= lo && d <= hi)) {
+    auto num = [](double x) {
+      std::string s = std::to_string(x);
+      s.erase(s.find_last_not_of('0') + 1);
+      if (!s.empty() && s.back() == '.') s.pop_back();
+      return s;
+    };
+    return bad(key, std::string("'") + key + "' must be between " + num(lo) + " and " + num(hi) +
+                        ", not " + v.dump());
+  }
+  out = static_cast<T>(d);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const json &body, const char *key, bool &out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_boolean())
+    return bad(key, std::string("'") + key + "' must be true or false", "invalid_type");
+  out = body[key].get<bool>();
+  return std::nullopt;
+}
+
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 1024;
+constexpr size_t kMaxLogitBias = 1024;
+
+// Sampling fields and limits shared by both routes.
+std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts, Job &job,
+                                       int32_t &max_tokens) {
+  sample::SamplingParams p = sample::defaults_for(facts.arch);
+  max_tokens = 0; // 0: until the context is full (up to the cap)
+  if (auto e = read_number(body, "max_tokens", max_tokens, 1, facts.max_tokens_cap)) return e;
+  if (auto e = read_number(body, "max_completion_tokens", max_tokens, 1, facts.max_tokens_cap))
+    return e;
+  if (auto e = read_number(body, "temperature", p.temperature, 0, 2)) return e;
+  if (auto e = read_number(body, "top_p", p.top_p, 0, 1)) return e;
+  if (auto e = read_number(body, "top_k", p.top_k, 0, facts.n_vocab)) return e;
+  if (auto e = read_number(body, "min_p", p.min_p, 0, 1)) return e;
+  if (auto e = read_number(body, "presence_penalty", p.presence_penalty, -2, 2)) return e;
+  if (auto e = read_number(body, "frequency_penalty", p.frequency_penalty, -2, 2)) return e;
+  if (auto e = read_number(body, "repetition_penalty", p.repetition_penalty, 0.01, 10)) return e;
+  int64_t seed = -1;
+  if (auto e = read_number(body, "seed", seed, -9.2e18, 9.2e18)) return e;
+  p.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
+  if (auto e = read_number(body, "n", job.request.n, 1, 16)) return e;
+  if (auto e = read_bool(body, "stream", job.stream)) return e;
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json &so = body["stream_options"];
+    if (!so.is_object()) return bad("stream_options", "'stream_options' must be an object");
+    if (auto e = read_bool(so, "include_usage", job.include_usage)) return e;
+  }
+  if (auto e = read_bool(body, "logprobs", job.logprobs)) return e;
+  if (job.logprobs) return bad("logprobs", "'logprobs' is not supported", "unsupported");
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json &st = body["stop"];
+    std::vector<std::string> list;
+    if (st.is_string())
+      list.push_back(st.get<std::string>());
+    else if (st.is_array())
+      for (const auto &x : st) {
+        if (!x.is_string())
+          return bad("stop", "'stop' must be a string or a list of strings", "invalid_type");
+        list.push_back(x.get<std::string>());
+      }
+    else
+      return bad("stop", "'stop' must be a string or a list of strings", "invalid_type");
+    if (list.size() > kMaxStopStrings)
+      return bad("stop", "at most " + std::to_string(kMaxStopStrings) + " stop strings, not " +
+                             std::to_string(list.size()));
+    for (const std::string &x : list) {
+      if (x.empty()) return bad("stop", "a stop string is empty");
+      if (x.size() > kMaxStopBytes)
+        return bad("stop",
+                   "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
+      if (!text::is_valid_utf8(x)) return bad("stop", "a stop string is not valid UTF-8");
+    }
+    job.stop_strings = std::move(list);
+  }
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const json &lb = body["logit_bias"];
+    if (!lb.is_object())
+      return bad("logit_bias", "'logit_bias' must map token ids to numbers", "invalid_type");
+    if (lb.size() > kMaxLogitBias)
+      return bad("logit_bias", "at most " + std::to_string(kMaxLogitBias) + " logit_bias entries");
+    for (auto it = lb.begin(); it != lb.end(); ++it) {
+      const std::string &k = it.key();
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(k, &used);
+      } catch (...) {
+      }
+      if (used != k.size() || id < 0 || id >= facts.n_vocab)
+        return bad("logit_bias", "'logit_bias' key '" + k + "' is not a token id below " +
+                                     std::to_string(facts.n_vocab));
+      if (!it.value().is_number() || !(std::abs(it.value().get<double>()) <= 100))
+        return bad("logit_bias", "'logit_bias' values must be numbers between -100 and 100");
+      p.logit_bias[int32_t(id)] = it.value().get<float>();
+    }
+  }
+  if (Status v = sample::validate(p, facts.n_vocab); !v.ok()) return bad("", v.message());
+  job.request.sampling = p;
+  job.request.stop_tokens = facts.tokenizer->end_of_generation_ids();
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_model(const json &body, const ModelFacts &facts) {
+  if (!body.contains("model") || body["model"].is_null()) return std::nullopt;
+  if (!body["model"].is_string()) return bad("model", "'model' must be a string", "invalid_type");
+  const std::string name = body["model"].get<std::string>();
+  for (const std::string &n : facts.model_names)
+    if (n == name) return std::nullopt;
+  std::string known;
+  for (const std::string &n : facts.model_names) known += (known.empty() ? "'" : ", '") + n + "'";
+  return ApiError{404, "the model '" + name + "' does not exist; this server serves " + known,
+                  "model", "model_not_found"};
+}
+
+// messages, tools and reasoning effort into the template's context.
+std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, json &ctx,
+                                     json &tools_out, std::string &tool_choice,
+                                     std::string &named_tool) {
+  if (!facts.chat_template)
+    return bad("messages", "the model has no chat template; use /v1/completions", "no_template");
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    return bad("messages", "'messages' must be a non-empty list");
+  json messages = json::array();
+  size_t i = 0;
+  for (const auto &m : body["messages"]) {
+    const std::string where = "messages[" + std::to_string(i++) + "]";
+    if (!m.is_object()) return bad(where, where + " must be an object", "invalid_type");
+    if (!m.contains("role") || !m["role"].is_string())
+      return bad(where + ".role", where + " needs a 'role' string");
+    json msg = m;
+    std::string role = msg["role"];
+    if (role == "developer") role = msg["role"] = "system"; // the template knows system only
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return bad(where + ".role", where + " has role '" + role +
+                                      "'; expected system, developer, user, assistant or tool");
+    if (msg.contains("content") && !msg["content"].is_null()) {
+      const json &c = msg["content"];
+      if (c.is_array()) {
+        for (const auto &part : c)
+          if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+            return bad(where + ".content", where + ".content parts need a 'type'");
+      } else if (!c.is_string()) {
+        return bad(where + ".content", where + ".content must be a string or a list of parts",
+                   "invalid_type");
+      }
+    }
+    // OpenAI clients send tool-call arguments as a JSON string; templates want a mapping.
+    if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
+      if (!msg["tool_calls"].is_array())
+        return bad(where + ".tool_calls", where + ".tool_calls must be a list", "invalid_type");
+      for (auto &tc : msg["tool_calls"]) {
+        if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object() ||
+            !tc["function"].contains("name") || !tc["function"]["name"].is_string())
+          return bad(where + ".tool_calls", "a tool call needs a 'function' with a 'name'");
+        json &args = tc["function"]["arguments"];
+        if (args.is_string()) {
+          json parsed = json::parse(args.get<std::string>(), nullptr, false);
+          if (parsed.is_discarded() || !parsed.is_object())
+            return bad(where + ".tool_calls", "a tool call's 'arguments' is not a JSON object");
+          args = parsed;
+        } else if (args.is_null()) {
+          args = json::object();
+        }
+      }
+    }
+    messages.push_back(std::move(msg));
+  }
+  ctx["messages"] = messages;
+  ctx["add_generation_prompt"] = true;
+  json effort = body.contains("reasoning_effort") ? body["reasoning_effort"] : json("high");
+  if (effort.is_null()) effort = "high";
+  const std::string e = effort.is_string() ? effort.get<std::string>() : "";
+  if (e != "low" && e != "medium" && e != "high" && e != "xhigh" && e != "minimal" && e != "none")
+    return bad("reasoning_effort",
+               "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
+  ctx["reasoning_strength"] = (e == "minimal" || e == "none") ? "low" : e; // no "off" exists
+
+  tool_choice = "auto";
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    const json &tools = body["tools"];
+    if (!tools.is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
+    for (const auto &t : tools)
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
+        return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", "
+                            "\"parameters\"}}");
+    tools_out = tools;
+  }
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const json &tc = body["tool_choice"];
+    if (tc.is_string()) {
+      tool_choice = tc.get<std::string>();
+      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
+        return bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      tool_choice = "named";
+      named_tool = tc["function"]["name"];
+    } else {
+      return bad("tool_choice", "'tool_choice' must be auto, none, required or "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (tool_choice != "auto" && tool_choice != "none" && tools_out.empty())
+      return bad("tool_choice", "'tool_choice' " + tool_choice + " needs 'tools'");
+    if (tool_choice == "named") {
+      bool found = false;
+      for (const auto &t : tools_out) found = found || t["function"]["name"] == named_tool;
+      if (!found)
+        return bad("tool_choice",
+                   "'tool_choice' names '" + named_tool + "', which is not among the tools");
+    }
+  }
+  if (!tools_out.empty() && tool_choice != "none") ctx["tools"] = tools_out;
+  if (tool_choice == "none") tools_out = json::array();
+  const text::Tokenizer &t = *facts.tokenizer;
+  ctx["bos_token"] = t.bos() >= 0 ? t.token_piece(t.bos()) : "";
+  ctx["eos_token"] = t.eos() >= 0 ? t.token_piece(t.eos()) : "";
+  return std::nullopt;
+}
+
+// tool_choice required or named, for ATEM templates: the generation prompt ends with a bare
+// "<|start|>assistant" and the model writes its recipient. The constraint makes that recipient
+// a tool (or the named one) and opens the call block, at the start and after every further
+// assistant header; reasoning first is not offered (the call comes at once).
+std::optional<ApiError> tool_constraint(const ModelFacts &facts, const json &tools,
+                                        const std::string &named, engine::Request &r) {
+  if (!facts.atem)
+    return bad("tool_choice",
+               "'tool_choice' required or a function needs a model whose chat "
+               "template has a known tool-call format",
+               "unsupported");
+  const auto message = facts.tokenizer->find_token("<|message|>");
+  if (!message || !facts.token_texts)
+    return bad("tool_choice", "the vocabulary has no <|message|> token", "unsupported");
+  auto spec = std::make_shared<sample::ConstraintSpec>();
+  for (const auto &t : tools) {
+    const std::string name = t["function"]["name"];
+    if (!named.empty() && name != named) continue;
+    spec->alternatives.push_back(
+        {sample::Segment::of_text(" to=" + name), sample::Segment::of_control(*message),
+         sample::Segment::of_text("<atem:function_calls>\n<atem:invoke name=\"" + name + "\">\n")});
+  }
+  spec->trigger = "<|start|>assistant";
+  r.constraint = std::move(spec);
+  r.token_texts = facts.token_texts;
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &facts,
+                                           std::string &prompt) {
+  if (!body.is_object()) return bad("", "the request body is not a JSON object");
+  json ctx, tools;
+  std::string tool_choice, named;
+  if (auto e = chat_context(body, facts, ctx, tools, tool_choice, named)) return e;
+  auto r = facts.chat_template->render(ctx);
+  if (!r.ok()) return bad("messages", "the chat template failed: " + r.message(), "template_error");
+  prompt = std::move(r).value();
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFacts &facts,
+                                      Job &job) {
+  if (!body.is_object()) return bad("", "the request body is not a JSON object", "invalid_json");
+  if (auto e = check_model(body, facts)) return e;
+  int32_t max_tokens = 0;
+  if (auto e = parse_sampling(body, facts, job, max_tokens)) return e;
+  job.chat = chat;
+  if (chat) {
+    json ctx;
+    std::string tool_choice, named;
+    if (auto e = chat_context(body, facts, ctx, job.tools, tool_choice, named)) return e;
+    auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
+    if (!tokens.ok())
+      return bad("messages", "the chat template failed: " + tokens.message(), "template_error");
+    job.request.prompt = std::move(tokens).value();
+    if (tool_choice == "required" || tool_choice == "named")
+      if (auto e = tool_constraint(facts, job.tools, named, job.request)) return e;
+  } else {
+    if (!body.contains("prompt") || !body["prompt"].is_string())
+      return bad("prompt", "'prompt' must be a string");
+    const std::string prompt = body["prompt"].get<std::string>();
+    if (!text::is_valid_utf8(prompt)) return bad("prompt", "'prompt' is not valid UTF-8");
+    job.request.prompt = facts.tokenizer->encode(prompt, facts.tokenizer->add_bos_default(), false);
+    if (job.request.prompt.empty()) return bad("prompt", "'prompt' is empty");
+  }
+  const int64_t prompt = int64_t(job.request.prompt.size());
+  if (prompt >= facts.context)
+    return ApiError{400,
+                    "the prompt has " + std::to_string(prompt) + " tokens; the context holds " +
+                        std::to_string(facts.context) + " in all, prompt and answer",
+                    chat ? "messages" : "prompt", "context_length_exceeded"};
+  if (max_tokens == 0)
+    max_tokens = int32_t(std::min<int64_t>(facts.max_tokens_cap, facts.context - prompt));
+  else if (prompt + max_tokens > facts.context)
+    return ApiError{400,
+                    "the prompt has " + std::to_string(prompt) +
+                        " tokens and max_tokens asks for " + std::to_string(max_tokens) +
+                        " more, " + std::to_string(prompt + max_tokens) +
+                        " in all; the context holds " + std::to_string(facts.context),
+                    "max_tokens", "context_length_exceeded"};
+  job.request.max_tokens = max_tokens;
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_body(std::string_view text, json &out, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        return ApiError{
+            400, "the request body nests deeper than " + std::to_string(max_depth) + " levels", "",
+            "invalid_json"};
+    }
+    if (c == ']' || c == '}') --depth;
+  }
+  out = json::parse(text, nullptr, false);
+  if (out.is_discarded()) {
+    // Say where, without echoing the body.
+    try {
+      const json again = json::parse(text);
+      (void)again;
+    } catch (const json::parse_error &e) {
+      return ApiError{400, "the request body is not valid JSON: " + std::string(e.what()), "",
+                      "invalid_json"};
+    }
+    return ApiError{400, "the request body is not valid JSON", "", "invalid_json"};
+  }
+  if (!out.is_object())
+    return ApiError{400, "the request body is not a JSON object", "", "invalid_json"};
+  return std::nullopt;
+}
+
+std::shared_ptr<const sample::TokenTexts> token_texts_of(const text::Tokenizer &tokenizer) {
+  auto t = std::make_shared<sample::TokenTexts>();
+  const int32_t n = tokenizer.n_vocab();
+  t->bytes.resize(size_t(n));
+  t->control.resize(size_t(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const bool control = tokenizer.is_control(i);
+    t->control[size_t(i)] = control;
+    t->bytes[size_t(i)] = control ? tokenizer.token_piece(i) : tokenizer.decode({i});
+  }
+  return t;
+}
+
+} // namespace offgraph::server

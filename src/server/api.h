@@ -1,0 +1,73 @@
+// The OpenAI request surface: JSON bodies in, engine requests out, with errors in OpenAI's shape
+// that name the field at fault. Pure functions of the body and the loaded model's facts, so that
+// they can be tested and fuzzed without a server.
+#pragma once
+
+#include "engine/engine.h"
+#include "sample/constraint.h"
+#include "text/template/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace offgraph::server {
+
+using json = nlohmann::ordered_json;
+
+// An API error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param; // the request field at fault, if one is
+  std::string code;  // a machine-readable reason, if one applies
+  std::string type = "invalid_request_error";
+};
+json error_body(const ApiError &e);
+
+// What request parsing needs to know of the served model.
+struct ModelFacts {
+  const text::Tokenizer *tokenizer = nullptr;
+  const text::Template *chat_template = nullptr; // null: the model has none
+  bool atem = false;                             // the template speaks Muse Glimmer's ATEM format
+  std::string arch;
+  int32_t n_vocab = 0;
+  int32_t context = 0;                                   // per sequence
+  int32_t max_tokens_cap = 0;                            // the most tokens one request may ask for
+  std::vector<std::string> model_names;                  // ids a request may name
+  std::shared_ptr<const sample::TokenTexts> token_texts; // for tool_choice constraints
+};
+
+// One HTTP request turned into engine work and the instructions to assemble its answer.
+struct Job {
+  engine::Request request;
+  bool chat = true;
+  bool stream = false;
+  bool include_usage = false; // stream_options.include_usage
+  std::vector<std::string> stop_strings;
+  json tools = json::array();
+  bool logprobs = false;
+};
+
+// Parses /v1/chat/completions (chat) or /v1/completions bodies. The chat template is rendered
+// here; callers serialize calls that share a tokenizer or template if those are not thread-safe.
+std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFacts &facts,
+                                      Job &job);
+
+// The exact prompt text the model would see for a chat body (messages, tools, reasoning_effort),
+// as /apply-template returns it.
+std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &facts,
+                                           std::string &prompt);
+
+// Parses a request body, refusing (instead of recursing into) nesting deeper than `max_depth`:
+// a body of a million '[' must not exhaust the stack.
+std::optional<ApiError> parse_body(std::string_view text, json &out, int max_depth = 64);
+
+// What each token id writes, for constraints: bytes of ordinary tokens, the text of control ones.
+std::shared_ptr<const sample::TokenTexts> token_texts_of(const text::Tokenizer &tokenizer);
+
+} // namespace offgraph::server

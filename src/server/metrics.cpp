@@ -1,0 +1,130 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace offgraph::server {
+
+KvMetrics kv_metrics(const kv::KvStore &store) {
+  KvMetrics m;
+  const kv::MemoryUse use = store.memory();
+  m.flat = use.flat, m.ring = use.ring, m.snapshots = use.snapshots, m.k = use.k, m.v = use.v;
+  m.held = use.held, m.minimum = use.minimum, m.buffers = use.buffers;
+  m.k_type = kv::storage_type_name(store.types().k);
+  m.v_type = kv::storage_type_name(store.types().v);
+  const cache::Layout &layout = store.layout();
+  for (cache::CacheId c = 0; c < layout.n_caches(); ++c)
+    if (layout.cache(c).ring())
+      m.ring_rows_design =
+          std::max(m.ring_rows_design, layout.cache(c).window() + layout.max_write() - 1);
+  const auto ids = store.sequence_ids();
+  m.sequences = int32_t(ids.size());
+  for (kv::SeqId id : ids)
+    for (cache::CacheId c = 0; c < layout.n_caches(); ++c)
+      if (layout.cache(c).ring() && store.k_storage(id, c))
+        m.ring_rows_max = std::max(m.ring_rows_max, store.storage_rows(id, c));
+  return m;
+}
+
+namespace {
+
+class Writer {
+public:
+  void family(const char *name, const char *type, const char *help) {
+    text_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const char *name, double v, const std::string &labels = "") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    text_ += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " + buf + "\n";
+  }
+  void one(const char *name, const char *type, const char *help, double v) {
+    family(name, type, help);
+    sample(name, v);
+  }
+  std::string take() { return std::move(text_); }
+
+private:
+  std::string text_;
+};
+
+} // namespace
+
+std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
+  Writer w;
+  const engine::EngineStats &e = in.engine;
+  w.one("offgraph_ready", "gauge", "1 once the model is loaded", in.ready);
+  w.one("offgraph_requests_total", "counter", "completion requests accepted",
+        double(http.requests));
+  w.one("offgraph_requests_completed_total", "counter", "completion requests answered in full",
+        double(http.completed));
+  w.one("offgraph_requests_rejected_total", "counter", "requests refused with 429 (queue full)",
+        double(http.rejected));
+  w.one("offgraph_requests_client_errors_total", "counter", "requests refused with a 4xx status",
+        double(http.client_errors));
+  w.one("offgraph_requests_server_errors_total", "counter", "requests answered with a 5xx status",
+        double(http.server_errors));
+  w.one("offgraph_requests_unauthorized_total", "counter", "requests without a valid API key",
+        double(http.unauthorized));
+  w.one("offgraph_client_disconnects_total", "counter",
+        "requests cancelled because their client went away", double(http.disconnects));
+  w.one("offgraph_prompt_tokens_total", "counter", "prompt tokens of admitted requests (in)",
+        double(e.prompt_tokens));
+  w.one("offgraph_prompt_tokens_computed_total", "counter", "prompt tokens computed",
+        double(e.computed_prompt_tokens));
+  w.one("offgraph_prompt_tokens_cached_total", "counter",
+        "prompt tokens reused from cached conversations (computation saved)",
+        double(e.reused_prompt_tokens));
+  w.one("offgraph_prefix_cache_hits_total", "counter",
+        "requests that reused a cached conversation's prefix", double(e.prefix_hits));
+  w.one("offgraph_snapshot_restores_total", "counter", "ring snapshots restored for prefix reuse",
+        double(e.snapshot_restores));
+  w.one("offgraph_cache_evictions_total", "counter",
+        "cached conversations dropped for room (count, bytes or memory)",
+        double(e.cache_evictions));
+  w.one("offgraph_generated_tokens_total", "counter", "tokens generated (out)",
+        double(e.generated_tokens));
+  w.one("offgraph_steps_total", "counter", "engine steps", double(e.steps));
+  w.one("offgraph_prefill_seconds_total", "counter", "forward time spent on prompt tokens",
+        e.prefill_seconds);
+  w.one("offgraph_decode_seconds_total", "counter", "forward time spent on generated tokens",
+        e.decode_seconds);
+  w.one("offgraph_prefill_tokens_per_second", "gauge", "prompt tokens computed per second",
+        e.prefill_seconds > 0 ? double(e.computed_prompt_tokens) / e.prefill_seconds : 0);
+  w.one("offgraph_decode_tokens_per_second", "gauge", "tokens generated per second",
+        e.decode_seconds > 0 ? double(e.generated_tokens) / e.decode_seconds : 0);
+  w.one("offgraph_queue_depth", "gauge", "requests waiting for a place", double(in.queued));
+  w.one("offgraph_waits_for_memory_total", "counter",
+        "steps in which the next request waited for KV memory", double(e.waits_for_memory));
+  w.one("offgraph_sequences_active", "gauge", "sequences being computed (choices included)",
+        double(in.active));
+  w.one("offgraph_sequences_cached", "gauge", "finished conversations kept for prefix reuse",
+        double(in.cached));
+  w.one("offgraph_sequences_held", "gauge", "sequences holding KV storage",
+        double(in.kv.sequences));
+  w.one("offgraph_cached_conversation_bytes", "gauge",
+        "KV bytes held by cached conversations and their snapshots", double(in.cached_bytes));
+
+  w.family("offgraph_kv_bytes", "gauge", "KV bytes held, by cache kind (snapshots apart)");
+  w.sample("offgraph_kv_bytes", double(in.kv.flat), "kind=\"flat\"");
+  w.sample("offgraph_kv_bytes", double(in.kv.ring), "kind=\"ring\"");
+  w.sample("offgraph_kv_bytes", double(in.kv.snapshots), "kind=\"snapshot\"");
+  w.family("offgraph_kv_tensor_bytes", "gauge", "KV bytes held, by tensor and storage type");
+  w.sample("offgraph_kv_tensor_bytes", double(in.kv.k),
+           "tensor=\"k\",dtype=\"" + in.kv.k_type + "\"");
+  w.sample("offgraph_kv_tensor_bytes", double(in.kv.v),
+           "tensor=\"v\",dtype=\"" + in.kv.v_type + "\"");
+  w.one("offgraph_kv_buffer_bytes", "gauge", "KV backend buffers, alignment included",
+        double(in.kv.buffers));
+  w.one("offgraph_kv_min_bytes", "gauge",
+        "the theoretical minimum of KV bytes for the lengths held", double(in.kv.minimum));
+  w.one("offgraph_kv_budget_bytes", "gauge", "the KV memory budget (0: none)",
+        double(in.kv_budget));
+  w.one("offgraph_kv_ring_rows", "gauge", "rows of the largest ring any sequence holds",
+        double(in.kv.ring_rows_max));
+  w.one("offgraph_kv_ring_rows_design", "gauge",
+        "window + max_write - 1: the ring size sliding layers need",
+        double(in.kv.ring_rows_design));
+  return w.take();
+}
+
+} // namespace offgraph::server

@@ -1,0 +1,38 @@
+// GET /metrics: Prometheus text of what the server and engine did and hold.
+#pragma once
+
+#include "engine/engine.h"
+#include "kv/kv_store.h"
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace offgraph::server {
+
+// Counters kept by the HTTP side (the engine keeps its own).
+struct HttpCounters {
+  std::atomic<int64_t> requests{0}, rejected{0}, client_errors{0}, server_errors{0},
+      unauthorized{0}, disconnects{0}, completed{0};
+};
+
+// What the KV store holds, by kind and tensor, and how large its rings are.
+struct KvMetrics {
+  int64_t flat = 0, ring = 0, snapshots = 0, k = 0, v = 0, held = 0, minimum = 0, buffers = 0;
+  std::string k_type, v_type;
+  int32_t sequences = 0;
+  int32_t ring_rows_max = 0;    // the largest ring any sequence holds
+  int32_t ring_rows_design = 0; // window + max_write - 1 of the widest sliding layer
+};
+KvMetrics kv_metrics(const kv::KvStore &store);
+
+struct MetricsInput {
+  bool ready = false;
+  engine::EngineStats engine;
+  size_t active = 0, queued = 0, cached = 0;
+  int64_t cached_bytes = 0, kv_budget = 0;
+  KvMetrics kv;
+};
+std::string render_metrics(const MetricsInput &in, const HttpCounters &http);
+
+} // namespace offgraph::server
