@@ -4,6 +4,7 @@
 #include "ggml.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <unistd.h>
 
 namespace offgraph::cli {
@@ -16,6 +17,21 @@ void progress_bar(const char *what, uint64_t done, uint64_t total) {
                "########################################", width - filled, "",
                int(100.0 * double(done) / double(total)));
   if (done >= total) std::fprintf(stderr, "\n");
+}
+
+Result<std::string> default_model() {
+  namespace fs = std::filesystem;
+  const fs::path built = OFFGRAPH_DEFAULT_MODEL;
+  std::error_code ec;
+  if (fs::is_regular_file(built, ec)) return built.string();
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path near =
+        exe.parent_path().parent_path().parent_path() / "models" / built.filename();
+    if (fs::is_regular_file(near, ec)) return near.string();
+  }
+  return Status::error("no model given (-m FILE) and the default model " + built.string() +
+                       " is missing");
 }
 
 } // namespace offgraph::cli
@@ -34,6 +50,7 @@ int main(int argc, char **argv) {
   auto run = offgraph::cli::add_run(app);
   auto chat = offgraph::cli::add_chat(app);
   auto serve = offgraph::cli::add_serve(app);
+  auto perplexity = offgraph::cli::add_perplexity(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -51,6 +68,7 @@ int main(int argc, char **argv) {
   if (app.got_subcommand("run")) return run();
   if (app.got_subcommand("chat")) return chat();
   if (app.got_subcommand("serve")) return serve();
+  if (app.got_subcommand("perplexity")) return perplexity();
   std::printf("%s", app.help().c_str());
   return 0;
 }
