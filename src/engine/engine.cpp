@@ -35,9 +35,6 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          " tokens and asks for up to " + std::to_string(request.max_tokens) +
                          " more, " + std::to_string(need) + " in all; the context holds " +
                          std::to_string(options_.context));
-  if (queue_.size() >= options_.max_queue)
-    return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
-                         " waiting requests)");
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
   std::optional<sample::Constraint> constraint;
@@ -48,33 +45,76 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   }
   auto a = std::make_unique<Active>();
   a->constraint = std::move(constraint);
-  a->id = next_id_++;
   a->request = std::move(request);
   a->on_event = std::move(on_event);
   a->sampler = std::move(sampler).value();
+  std::lock_guard lock(inbox_mutex_);
+  if (waiting_ >= options_.max_queue)
+    return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
+                         " waiting requests)");
+  a->id = next_id_++;
   const uint64_t id = a->id;
-  queue_.push_back(std::move(a));
+  inbox_.push_back(std::move(a));
+  ++waiting_;
   return id;
 }
 
 void Engine::cancel(uint64_t id, int32_t choice) {
-  // A queued request has not forked its choices yet: cancelling one of them cancels it only when
-  // it is the only one.
-  for (auto &a : active_)
-    if (a->id == id && (choice < 0 || a->choice == choice)) a->cancelled = true;
-  for (auto &a : queue_)
-    if (a->id == id && (choice < 0 || a->request.n == 1)) a->cancelled = true;
+  std::lock_guard lock(inbox_mutex_);
+  cancels_.push_back({id, choice});
 }
 
 void Engine::cancel_all() {
-  for (auto &a : active_) a->cancelled = true;
-  for (auto &a : queue_) a->cancelled = true;
+  std::lock_guard lock(inbox_mutex_);
+  cancel_all_ = true;
+}
+
+void Engine::take_inbox() {
+  std::lock_guard lock(inbox_mutex_);
+  for (auto &a : inbox_) queue_.push_back(std::move(a));
+  inbox_.clear();
+  for (const auto &[id, choice] : cancels_) {
+    // A queued request has not forked its choices yet: cancelling one of them cancels it only
+    // when it is the only one.
+    for (auto &a : active_)
+      if (a->id == id && (choice < 0 || a->choice == choice)) a->cancelled = true;
+    for (auto &a : queue_)
+      if (a->id == id && (choice < 0 || a->request.n == 1)) a->cancelled = true;
+  }
+  cancels_.clear();
+  if (cancel_all_) {
+    for (auto &a : active_) a->cancelled = true;
+    for (auto &a : queue_) a->cancelled = true;
+    cancel_all_ = false;
+  }
+}
+
+void Engine::publish() {
+  Load l;
+  l.active = active_.size();
+  l.queued = waiting_;
+  l.cached = cached_.size();
+  l.cached_bytes = cached_bytes();
+  std::lock_guard lock(published_mutex_);
+  published_ = l;
+  published_stats_ = stats_;
+}
+
+Engine::Load Engine::load() const {
+  std::lock_guard lock(published_mutex_);
+  return published_;
+}
+
+EngineStats Engine::published_stats() const {
+  std::lock_guard lock(published_mutex_);
+  return published_stats_;
 }
 
 int64_t Engine::cached_bytes() const {
   int64_t bytes = 0;
   for (const Cached &c : cached_)
-    bytes += store_->memory(c.seq).buffers + (c.prompt_snapshot ? c.prompt_snapshot->bytes() : 0);
+    bytes += store_->memory(c.seq).buffers + (c.prompt_snapshot ? c.prompt_snapshot->bytes() : 0) +
+             int64_t(c.prompt_logits.size() * sizeof(float));
   return bytes;
 }
 
@@ -134,13 +174,15 @@ Status Engine::admit(Active &a) {
     const cache::Sequence &seq = *store_->sequence(c.seq);
     int32_t reuse = 0;
     bool by_snapshot = false;
-    // A snapshot one past the target (the same prompt again) serves too: restored, then rewound
-    // by the one token whose logits are needed again.
     const int32_t snap = c.prompt_snapshot ? c.prompt_snapshot->length() : 0;
-    if (target > 0 && target >= seq.rewind_floor()) {
+    if (snap > 0 && size_t(snap) == prompt.size() && lcp == prompt.size() &&
+        !c.prompt_logits.empty()) {
+      reuse = snap; // the same prompt again: its snapshot and logits serve it whole
+      by_snapshot = true;
+    } else if (target > 0 && target >= seq.rewind_floor()) {
       reuse = target;
-    } else if (snap > 0 && (snap <= target || (snap == target + 1 && lcp >= size_t(snap)))) {
-      reuse = std::min(snap, target);
+    } else if (snap > 0 && snap <= target) {
+      reuse = snap;
       by_snapshot = true;
     }
     if (reuse > best_reuse) best = i, best_reuse = reuse, best_by_snapshot = by_snapshot;
@@ -150,9 +192,14 @@ Status Engine::admit(Active &a) {
     cached_.erase(cached_.begin() + long(best));
     Status s = best_by_snapshot ? store_->restore(c.seq, *c.prompt_snapshot)
                                 : store_->sequence(c.seq)->rewind(best_reuse);
-    if (s.ok() && best_by_snapshot && c.prompt_snapshot->length() > best_reuse)
-      s = store_->sequence(c.seq)->rewind(best_reuse);
     if (s.ok()) {
+      if (size_t(best_reuse) == prompt.size()) {
+        // Nothing to compute: the first token is sampled from the stored logits, and the
+        // snapshot stays with the conversation for the next time.
+        a.prompt_logits = std::move(c.prompt_logits);
+        a.prompt_snapshot = std::move(c.prompt_snapshot);
+        a.logits_ready = true;
+      }
       a.seq = c.seq;
       a.computed = size_t(best_reuse);
       a.reused = best_reuse;
@@ -205,7 +252,7 @@ void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
   Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
-           std::move(a.prompt_snapshot), ++clock_};
+           std::move(a.prompt_snapshot), ++clock_, std::move(a.prompt_logits)};
   if (options_.max_cached == 0 || !options_.prefix_reuse || c.tokens.empty()) {
     (void)store_->remove_sequence(c.seq);
     return;
@@ -215,6 +262,13 @@ void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
 }
 
 bool Engine::step() {
+  const bool worked = step_inner();
+  publish();
+  return worked;
+}
+
+bool Engine::step_inner() {
+  take_inbox();
   // Cancelled requests leave first; queued ones join while there is room. Callbacks run after
   // the containers are updated: they may submit or cancel.
   std::vector<std::unique_ptr<Active>> dropped;
@@ -222,6 +276,7 @@ bool Engine::step() {
     if ((*it)->cancelled) {
       dropped.push_back(std::move(*it));
       it = queue_.erase(it);
+      --waiting_;
     } else {
       ++it;
     }
@@ -247,6 +302,7 @@ bool Engine::step() {
     }
     std::unique_ptr<Active> a = std::move(queue_.front());
     queue_.pop_front();
+    --waiting_;
     if (!fits.ok()) {
       end_events(*a, FinishReason::Error, fits.message());
       continue;
@@ -258,7 +314,25 @@ bool Engine::step() {
     stats_.prompt_tokens += int64_t(a->request.prompt.size());
     active_.push_back(std::move(a));
   }
-  if (active_.empty()) return false;
+  // Requests whose whole prompt came back with its logits take their first token now.
+  bool sampled = false;
+  {
+    std::vector<Active *> done;
+    std::vector<std::unique_ptr<Active>> born;
+    for (auto &a : active_) {
+      if (!a->logits_ready) continue;
+      a->logits_ready = false;
+      sampled = true;
+      const std::vector<float> logits = a->prompt_logits;
+      if (a->request.n > 1) spawn_choices(*a, logits, born);
+      if (!advance(*a, logits)) done.push_back(a.get());
+    }
+    std::erase_if(active_, [&](const auto &a) {
+      return std::find(done.begin(), done.end(), a.get()) != done.end();
+    });
+    for (auto &b : born) active_.push_back(std::move(b));
+  }
+  if (active_.empty()) return sampled;
 
   // The batch: each request's next decode token or prefill chunk, in turn, under the budget.
   struct Part {
@@ -332,8 +406,10 @@ bool Engine::step() {
     if (prefill && options_.prefix_reuse && options_.max_cached > 0 &&
         store_->layout().has_ring()) {
       // The prompt's end: the point a later request resending this history will come back to.
-      if (auto snap = store_->snapshot(a.seq); snap.ok())
+      if (auto snap = store_->snapshot(a.seq); snap.ok()) {
         a.prompt_snapshot = std::move(snap).value();
+        a.prompt_logits.assign(l.begin(), l.end()); // serves the same prompt again, whole
+      }
     }
     if (prefill && a.request.n > 1) spawn_choices(a, l, born);
     if (!advance(a, l)) done.push_back(&a);

@@ -16,11 +16,13 @@
 #include "sample/constraint.h"
 #include "sample/sampler.h"
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -83,6 +85,10 @@ class Engine {
 public:
   static Result<std::unique_ptr<Engine>> create(const model::Model &model, EngineOptions options);
 
+  // Threads: submit(), cancel(), cancel_all(), queued(), load() and published_stats() may be
+  // called from any thread, at any time (also from event callbacks); everything else belongs to
+  // the thread that calls step(). Requests and cancellations take effect at the next step.
+
   // Queues a request; events go to `on_event` from step(). Refused up front, with the numbers,
   // when prompt + max_tokens cannot fit the context or the queue is full.
   Result<uint64_t> submit(Request request, std::function<void(const Event &)> on_event);
@@ -98,7 +104,15 @@ public:
 
   const EngineStats &stats() const { return stats_; }
   size_t active() const { return active_.size(); }
-  size_t queued() const { return queue_.size(); }
+  // Requests submitted and not yet started (or refused).
+  size_t queued() const { return waiting_; }
+  // As of the end of the last step, for other threads.
+  struct Load {
+    size_t active = 0, queued = 0, cached = 0;
+    int64_t cached_bytes = 0;
+  };
+  Load load() const;
+  EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
   // Bytes held by the cached conversations (their sequences and prompt snapshots).
   int64_t cached_bytes() const;
@@ -121,15 +135,24 @@ private:
     std::unique_ptr<kv::Snapshot> prompt_snapshot;
     std::optional<sample::Constraint> constraint;
     bool spawned = false; // its other choices were forked
+    // The logits at the prompt's end, kept with its snapshot; logits_ready: the whole prompt was
+    // restored and the first token is sampled from these without a forward pass.
+    std::vector<float> prompt_logits;
+    bool logits_ready = false;
   };
   struct Cached {
     kv::SeqId seq;
     std::vector<int32_t> tokens;                   // exactly what the sequence holds
     std::unique_ptr<kv::Snapshot> prompt_snapshot; // at the end of its prompt, if any
     uint64_t last_used;
+    std::vector<float> prompt_logits; // with the snapshot
   };
 
   Engine(const model::Model &model, EngineOptions options) : model_(model), options_(options) {}
+  bool step_inner();
+  // Moves submitted requests into the queue and applies cancellations.
+  void take_inbox();
+  void publish();
   Status admit(Active &a);
   // Whether `a` may start now under the memory budget (dropping cached conversations for room);
   // an error when it could never fit.
@@ -155,6 +178,16 @@ private:
   std::vector<Cached> cached_;
   uint64_t next_id_ = 1, clock_ = 0;
   EngineStats stats_;
+
+  // What other threads hand in (under inbox_mutex_) and read (under published_mutex_).
+  std::mutex inbox_mutex_;
+  std::deque<std::unique_ptr<Active>> inbox_;
+  std::vector<std::pair<uint64_t, int32_t>> cancels_;
+  bool cancel_all_ = false;
+  std::atomic<size_t> waiting_{0}; // inbox_ + queue_
+  mutable std::mutex published_mutex_;
+  Load published_;
+  EngineStats published_stats_;
 };
 
 } // namespace offgraph::engine

@@ -34,7 +34,11 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
     auto span = step.add_span({s.seq, s.position, s.n_tokens});
     if (!span.ok()) return span.status();
   }
-  const size_t n_nodes = size_t(64 + c.n_layer * (40 + 8 * batch.spans.size()));
+  // Tensor objects (views included) the graph may create: about 40 per layer for the
+  // projections and MLP, and per attention span up to ~20 (query view, storage views for both
+  // ring orders, set_rows indices, mask view, attention, reshapes). Counted generously: running
+  // out aborts inside ggml, and metadata costs ~0.4 KB per object.
+  const size_t n_nodes = size_t(64 + c.n_layer * (48 + 24 * batch.spans.size()));
   ggml_init_params params = {
       n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));

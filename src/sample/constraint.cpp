@@ -12,18 +12,12 @@ Result<Constraint> Constraint::create(std::shared_ptr<const ConstraintSpec> spec
                                       std::shared_ptr<const TokenTexts> texts) {
   if (!spec || !texts) return Status::error("constraint: no specification or vocabulary");
   if (spec->alternatives.empty()) return Status::error("constraint: no alternatives");
-  if (texts->bytes.size() != texts->control.size())
-    return Status::error("constraint: token texts and control flags differ in length");
-  for (const Alternative &alt : spec->alternatives) {
+  for (const auto &alt : spec->alternatives) {
     if (alt.empty()) return Status::error("constraint: an empty alternative");
-    for (const Segment &s : alt) {
-      if (s.control >= 0 &&
-          (size_t(s.control) >= texts->control.size() || !texts->control[size_t(s.control)]))
-        return Status::error("constraint: token " + std::to_string(s.control) +
-                             " is not a control token of this vocabulary");
-      if (s.control < 0 && s.text.empty())
-        return Status::error("constraint: an empty text segment");
-    }
+    for (int32_t t : alt)
+      if (t < 0 || size_t(t) >= texts->bytes.size())
+        return Status::error("constraint: token " + std::to_string(t) +
+                             " is outside the vocabulary");
   }
   Constraint c(std::move(spec), std::move(texts));
   c.start();
@@ -32,62 +26,36 @@ Result<Constraint> Constraint::create(std::shared_ptr<const ConstraintSpec> spec
 
 void Constraint::start() {
   live_.clear();
-  for (size_t a = 0; a < spec_->alternatives.size(); ++a) live_.push_back({a, 0, 0});
-}
-
-bool Constraint::at_end(const Place &p) const { return p.seg == spec_->alternatives[p.alt].size(); }
-
-bool Constraint::step(const Place &p, int32_t token, Place &out) const {
-  const Alternative &alt = spec_->alternatives[p.alt];
-  if (at_end(p) || token < 0 || size_t(token) >= texts_->bytes.size()) return false;
-  const Segment &seg = alt[p.seg];
-  if (texts_->control[size_t(token)]) {
-    if (seg.control != token) return false;
-    out = {p.alt, p.seg + 1, 0};
-    return true;
-  }
-  // Ordinary text stays inside one text segment: it may finish it, never run past it.
-  const std::string &b = texts_->bytes[size_t(token)];
-  if (seg.control >= 0 || b.empty() || b.size() > seg.text.size() - p.off ||
-      seg.text.compare(p.off, b.size(), b) != 0)
-    return false;
-  out = p;
-  out.off += b.size();
-  if (out.off == seg.text.size()) ++out.seg, out.off = 0;
-  return true;
+  for (size_t a = 0; a < spec_->alternatives.size(); ++a) live_.push_back({a, 0});
 }
 
 Status Constraint::mask(std::span<float> logits) const {
   if (!active()) return ok_status();
-  bool any = false;
-  Place next;
-  for (size_t t = 0; t < logits.size(); ++t) {
-    bool allowed = false;
-    for (const Place &p : live_)
-      if (step(p, int32_t(t), next)) {
-        allowed = true;
-        break;
-      }
-    if (allowed)
-      any = true;
-    else
-      logits[t] = -std::numeric_limits<float>::infinity();
+  std::vector<char> allowed(logits.size(), 0);
+  for (const Place &p : live_) {
+    const int32_t t = spec_->alternatives[p.alt][p.pos];
+    if (size_t(t) >= logits.size())
+      return Status::error("constraint: token " + std::to_string(t) + " is outside the logits");
+    allowed[size_t(t)] = 1;
   }
-  if (!any) return Status::error("constraint: no token of the vocabulary continues the output");
+  for (size_t t = 0; t < logits.size(); ++t)
+    if (!allowed[t]) logits[t] = -std::numeric_limits<float>::infinity();
   return ok_status();
 }
 
 void Constraint::accept(int32_t token) {
   if (active()) {
     std::vector<Place> moved;
-    Place next;
     bool finished = false;
-    for (const Place &p : live_)
-      if (step(p, token, next)) {
-        if (at_end(next)) finished = true;
-        moved.push_back(next);
-      }
-    // Done once one alternative is spelled out (or, defensively, when none can go on).
+    for (const Place &p : live_) {
+      const auto &alt = spec_->alternatives[p.alt];
+      if (alt[p.pos] != token) continue;
+      if (p.pos + 1 == alt.size())
+        finished = true;
+      else
+        moved.push_back({p.alt, p.pos + 1});
+    }
+    // Done once one alternative is written out (or, defensively, when none can go on).
     live_ = finished ? std::vector<Place>{} : std::move(moved);
     tail_.clear();
     return;

@@ -228,7 +228,14 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
           !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
         return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", "
                             "\"parameters\"}}");
+    // OpenAI makes a function's description and parameters optional; templates print them.
     tools_out = tools;
+    for (auto &t : tools_out) {
+      json &fn = t["function"];
+      if (!fn.contains("description") || fn["description"].is_null()) fn["description"] = "";
+      if (!fn.contains("parameters") || fn["parameters"].is_null())
+        fn["parameters"] = {{"type", "object"}, {"properties", json::object()}};
+    }
   }
   if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
     const json &tc = body["tool_choice"];
@@ -273,16 +280,16 @@ std::optional<ApiError> tool_constraint(const ModelFacts &facts, const json &too
                "'tool_choice' required or a function needs a model whose chat "
                "template has a known tool-call format",
                "unsupported");
-  const auto message = facts.tokenizer->find_token("<|message|>");
-  if (!message || !facts.token_texts)
-    return bad("tool_choice", "the vocabulary has no <|message|> token", "unsupported");
+  if (!facts.token_texts) return bad("tool_choice", "no token texts", "unsupported");
+  // Tokenized with specials on, so that <|message|> is the control token of Muse Glimmer's
+  // vocabulary (and plain text in one without it, such as the test models' Llama 3 vocabulary).
   auto spec = std::make_shared<sample::ConstraintSpec>();
   for (const auto &t : tools) {
     const std::string name = t["function"]["name"];
     if (!named.empty() && name != named) continue;
-    spec->alternatives.push_back(
-        {sample::Segment::of_text(" to=" + name), sample::Segment::of_control(*message),
-         sample::Segment::of_text("<atem:function_calls>\n<atem:invoke name=\"" + name + "\">\n")});
+    spec->alternatives.push_back(facts.tokenizer->encode(
+        " to=" + name + "<|message|><atem:function_calls>\n<atem:invoke name=\"" + name + "\">\n",
+        false, true));
   }
   spec->trigger = "<|start|>assistant";
   r.constraint = std::move(spec);
@@ -391,12 +398,9 @@ std::shared_ptr<const sample::TokenTexts> token_texts_of(const text::Tokenizer &
   auto t = std::make_shared<sample::TokenTexts>();
   const int32_t n = tokenizer.n_vocab();
   t->bytes.resize(size_t(n));
-  t->control.resize(size_t(n));
-  for (int32_t i = 0; i < n; ++i) {
-    const bool control = tokenizer.is_control(i);
-    t->control[size_t(i)] = control;
-    t->bytes[size_t(i)] = control ? tokenizer.token_piece(i) : tokenizer.decode({i});
-  }
+  for (int32_t i = 0; i < n; ++i)
+    t->bytes[size_t(i)] =
+        tokenizer.is_control(i) ? tokenizer.token_piece(i) : tokenizer.decode({i});
   return t;
 }
 

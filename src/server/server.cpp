@@ -127,6 +127,20 @@ void send(httplib::Response &res, int status, const json &body) {
 
 constexpr auto kPoll = std::chrono::milliseconds(200);
 
+// True every kPoll: how often a waiting handler looks at its connection.
+class Deadline {
+public:
+  bool due() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) return false;
+    next_ = now + kPoll;
+    return true;
+  }
+
+private:
+  std::chrono::steady_clock::time_point next_ = std::chrono::steady_clock::now() + kPoll;
+};
+
 } // namespace
 
 // The route handlers; a friend of Server.
@@ -155,9 +169,8 @@ struct Routes {
   }
 
   void cancel(uint64_t id, int32_t choice = -1) {
-    std::lock_guard lock(s.mutex_);
     s.engine_->cancel(id, choice);
-    s.wake_.notify_all();
+    s.wake_engine();
   }
 
   // Everything a completion handler shares between its streaming and non-streaming forms.
@@ -228,8 +241,10 @@ struct Routes {
                                                           call->job.tools, call->job.stop_strings,
                                                           call->job.request.stop_tokens));
     call->reasons.assign(size_t(n), engine::FinishReason::None);
+    if (s.stopping_)
+      return fail(res,
+                  {503, "the server is shutting down", "", "shutting_down", "unavailable_error"});
     {
-      std::lock_guard lock(s.mutex_);
       auto channel = call->channel;
       auto submitted = s.engine_->submit(call->job.request,
                                          [channel](const engine::Event &e) { channel->push(e); });
@@ -247,7 +262,7 @@ struct Routes {
       ++s.counters_.requests;
       call->id = *submitted;
     }
-    s.wake_.notify_all();
+    s.wake_engine();
     call->rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id);
     call->created = now_seconds();
     if (call->job.stream)
@@ -263,18 +278,16 @@ struct Routes {
     const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
     engine::Event e;
     bool gone = false;
+    Deadline check;
     for (;;) {
       const auto r = call->channel->pop(e, kPoll);
       if (r == Channel::Pop::Done) break;
-      if (r == Channel::Pop::Timeout) {
-        if (!gone && (peer_closed(sock) || s.stopping_)) {
-          gone = true;
-          ++s.counters_.disconnects;
-          cancel(call->id);
-        }
-        continue;
+      if (!gone && check.due() && (peer_closed(sock) || s.stopping_)) {
+        gone = true;
+        if (!s.stopping_) ++s.counters_.disconnects;
+        cancel(call->id);
       }
-      apply(*call, e);
+      if (r == Channel::Pop::Event) apply(*call, e);
     }
     if (gone) return fail(res, {499, "the client closed the connection", "", "client_closed"});
     bool all_failed = true;
@@ -311,69 +324,71 @@ struct Routes {
               const std::shared_ptr<Call> &call, bool chat) {
     res.set_header("Cache-Control", "no-cache");
     const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
-    res.set_chunked_content_provider("text/event-stream", [this, call, chat,
-                                                           sock](size_t, httplib::DataSink &sink) {
-      auto write = [&](const json &j) {
-        const std::string line = "data: " + dump(j) + "\n\n";
-        return sink.write(line.data(), line.size());
-      };
-      auto chunk = [&](int32_t c, const json &delta, const json &finish) {
-        json choice = {{"index", c}};
-        if (chat)
-          choice["delta"] = delta;
-        else
-          choice["text"] = delta.value("content", "");
-        choice["logprobs"] = nullptr;
-        choice["finish_reason"] = finish;
-        return write({{"id", call->rid},
-                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                      {"created", call->created},
-                      {"model", s.options_.model_name},
-                      {"choices", json::array({choice})}});
-      };
-      auto gone = [&] {
-        ++s.counters_.disconnects;
-        cancel(
-            call->id); // the channel outlives this handler: the engine's last events are harmless
-        return false;
-      };
-      if (chat)
-        for (int32_t c = 0; c < call->job.request.n; ++c)
-          if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
-      engine::Event e;
-      for (;;) {
-        const auto r = call->channel->pop(e, kPoll);
-        if (r == Channel::Pop::Done) break;
-        if (r == Channel::Pop::Timeout) {
-          if (peer_closed(sock) || s.stopping_) return gone();
-          continue;
-        }
-        ChoiceOutput::Delta d = apply(*call, e);
-        bool ok = true;
-        if (!d.reasoning.empty())
-          ok = ok && chunk(e.choice, {{"reasoning_content", d.reasoning}}, nullptr);
-        if (!d.content.empty()) ok = ok && chunk(e.choice, {{"content", d.content}}, nullptr);
-        for (const json &c : d.tool_calls)
-          ok = ok && chunk(e.choice, {{"tool_calls", json::array({c})}}, nullptr);
-        if (ok && e.finish == engine::FinishReason::Error)
-          ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
-        else if (ok && e.finish != engine::FinishReason::None)
-          ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
-        if (!ok) return gone();
-      }
-      if (call->job.include_usage)
-        write({{"id", call->rid},
-               {"object", chat ? "chat.completion.chunk" : "text_completion"},
-               {"created", call->created},
-               {"model", s.options_.model_name},
-               {"choices", json::array()},
-               {"usage", usage(*call)}});
-      const std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
-      sink.done();
-      ++s.counters_.completed;
-      return true;
-    });
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, call, chat, sock](size_t, httplib::DataSink &sink) {
+          auto write = [&](const json &j) {
+            const std::string line = "data: " + dump(j) + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          auto chunk = [&](int32_t c, const json &delta, const json &finish) {
+            json choice = {{"index", c}};
+            if (chat)
+              choice["delta"] = delta;
+            else
+              choice["text"] = delta.value("content", "");
+            choice["logprobs"] = nullptr;
+            choice["finish_reason"] = finish;
+            return write({{"id", call->rid},
+                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", call->created},
+                          {"model", s.options_.model_name},
+                          {"choices", json::array({choice})}});
+          };
+          // The client went away (or the server is stopping): cancel; the channel outlives this
+          // handler, so the engine's last events are harmless.
+          auto gone = [&] {
+            if (!s.stopping_) ++s.counters_.disconnects;
+            cancel(call->id);
+            return false;
+          };
+          if (chat)
+            for (int32_t c = 0; c < call->job.request.n; ++c)
+              if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
+          engine::Event e;
+          Deadline check;
+          for (;;) {
+            const auto r = call->channel->pop(e, kPoll);
+            if (r == Channel::Pop::Done) break;
+            // A write to a closed connection can succeed for a while (kernel buffers), so the
+            // connection is looked at on its own.
+            if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
+            if (r == Channel::Pop::Timeout) continue;
+            ChoiceOutput::Delta d = apply(*call, e);
+            bool ok = true;
+            if (!d.reasoning.empty())
+              ok = ok && chunk(e.choice, {{"reasoning_content", d.reasoning}}, nullptr);
+            if (!d.content.empty()) ok = ok && chunk(e.choice, {{"content", d.content}}, nullptr);
+            for (const json &c : d.tool_calls)
+              ok = ok && chunk(e.choice, {{"tool_calls", json::array({c})}}, nullptr);
+            if (ok && e.finish == engine::FinishReason::Error)
+              ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
+            else if (ok && e.finish != engine::FinishReason::None)
+              ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
+            if (!ok) return gone();
+          }
+          if (call->job.include_usage)
+            write({{"id", call->rid},
+                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", call->created},
+                   {"model", s.options_.model_name},
+                   {"choices", json::array()},
+                   {"usage", usage(*call)}});
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          sink.done();
+          ++s.counters_.completed;
+          return true;
+        });
   }
 
   void tokenize(const httplib::Request &req, httplib::Response &res) {
@@ -502,6 +517,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
     if (!n.empty()) facts_.model_names.push_back(n);
   for (const std::string &n : options_.model_aliases) facts_.model_names.push_back(n);
   if (atem) facts_.token_texts = token_texts_of(*tokenizer_);
+  published_kv_ = kv_metrics(engine_->store());
   ready_ = true;
   wake_.notify_all();
   return ok_status();
@@ -509,20 +525,30 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
 
 Server::~Server() { stop(); }
 
+void Server::wake_engine() {
+  { std::lock_guard lock(mutex_); } // the loop is either before its check or waiting
+  wake_.notify_all();
+}
+
+// The step loop runs without holding mutex_: handlers submit and cancel through the engine's
+// inbox, and /metrics reads what the loop publishes after each step, so nothing waits for a
+// long prefill step but the requests in it.
 void Server::engine_loop() {
-  std::unique_lock lock(mutex_);
-  while (!stopping_) {
-    if (!engine_ || (engine_->active() == 0 && engine_->queued() == 0)) {
-      wake_.wait_for(lock, std::chrono::milliseconds(100));
-      continue;
+  while (!engine_done_) {
+    engine::Engine *e = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      e = engine_.get();
+      if (!e || (e->active() == 0 && e->queued() == 0)) {
+        wake_.wait_for(lock, std::chrono::milliseconds(100));
+        continue;
+      }
     }
-    engine_->step();
-  }
-  // Shutting down: everything still accepted ends as cancelled (one step frees it all), so no
-  // handler waits forever.
-  if (engine_) {
-    engine_->cancel_all();
-    engine_->step();
+    if (stopping_) e->cancel_all(); // shutting down: accepted work ends as cancelled
+    e->step();
+    KvMetrics kv = kv_metrics(e->store());
+    std::lock_guard lock(published_mutex_);
+    published_kv_ = std::move(kv);
   }
 }
 
@@ -539,11 +565,15 @@ Status Server::start() {
 }
 
 void Server::stop() {
+  // New requests get 503; waiting handlers cancel theirs, which the still-running engine loop
+  // finishes, so that the HTTP threads can end; then the loop ends.
   if (stopping_.exchange(true)) return;
-  wake_.notify_all();
-  if (engine_thread_.joinable()) engine_thread_.join();
+  wake_engine();
   if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
+  engine_done_ = true;
+  wake_engine();
+  if (engine_thread_.joinable()) engine_thread_.join();
 }
 
 void Server::wait() {
@@ -552,18 +582,17 @@ void Server::wait() {
 
 std::string Server::metrics_text() {
   MetricsInput in;
-  {
-    std::lock_guard lock(mutex_);
-    in.ready = ready_;
-    if (engine_) {
-      in.engine = engine_->stats();
-      in.active = engine_->active();
-      in.queued = engine_->queued();
-      in.cached = engine_->cached();
-      in.cached_bytes = engine_->cached_bytes();
-      in.kv = kv_metrics(engine_->store());
-      in.kv_budget = engine_->options().kv_budget;
-    }
+  in.ready = ready_;
+  if (in.ready) {
+    const engine::Engine::Load load = engine_->load();
+    in.engine = engine_->published_stats();
+    in.active = load.active;
+    in.queued = engine_->queued();
+    in.cached = load.cached;
+    in.cached_bytes = load.cached_bytes;
+    in.kv_budget = engine_->options().kv_budget;
+    std::lock_guard lock(published_mutex_);
+    in.kv = published_kv_;
   }
   return render_metrics(in, counters_);
 }

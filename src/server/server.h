@@ -72,10 +72,14 @@ private:
   int port_ = 0;
   std::atomic<bool> ready_{false};
 
-  // The engine is single-threaded: handlers hand it work under this lock and wake it.
+  // The engine loop sleeps on wake_ (under mutex_) when idle; handlers hand work to the engine's
+  // thread-safe inbox and wake it.
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::atomic<bool> stopping_{false};
+  void wake_engine();
+  std::atomic<bool> stopping_{false}, engine_done_{false};
+  std::mutex published_mutex_;
+  KvMetrics published_kv_; // as of the last step
   // Templates and the tokenizer are used by one handler at a time.
   std::mutex text_mutex_;
   HttpCounters counters_;

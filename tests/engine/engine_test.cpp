@@ -139,6 +139,110 @@ TEST(Engine, ContinuationWithinTheRingSlackRewinds) {
   EXPECT_EQ(second, alone(greedy(longer, 6)));
 }
 
+// The same prompt again after the rings wrapped (a regenerate): the snapshot taken at its end is
+// restored and the logits kept with it give the first token; nothing is recomputed.
+TEST(Engine, IdenticalPromptUsesItsOwnSnapshot) {
+  std::mt19937_64 rng(11);
+  auto e = Engine::create(*fixture().model, options(2));
+  ASSERT_TRUE(e.ok());
+  const Request r = greedy(random_tokens(rng, 50), 30); // the answer wraps the 23-row rings
+  const auto first = run(**e, {r})[0];
+  const int64_t before = (*e)->stats().computed_prompt_tokens;
+  int32_t cached = -1;
+  std::vector<int32_t> again;
+  auto id = (*e)->submit(r, [&](const Event &ev) {
+    if (ev.token >= 0) again.push_back(ev.token);
+    if (ev.finish != FinishReason::None) cached = ev.cached_tokens;
+  });
+  ASSERT_TRUE(id.ok());
+  (*e)->run_until_idle();
+  EXPECT_EQ((*e)->stats().computed_prompt_tokens - before, 0); // its logits were kept too
+  EXPECT_EQ(cached, 50);
+  EXPECT_EQ((*e)->stats().snapshot_restores, 1);
+  EXPECT_EQ(again, first);            // and the answer is the same
+  EXPECT_EQ(run(**e, {r})[0], first); // a third time as well
+}
+
+// A memory budget for cached conversations: they are dropped, least recently used first, once
+// their bytes pass it; the answers do not change.
+TEST(Engine, CachedConversationsStayUnderTheirByteBudget) {
+  std::mt19937_64 rng(12);
+  EngineOptions o = options(8);
+  auto probe = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(probe.ok());
+  run(**probe, {greedy(random_tokens(rng, 40), 4)});
+  const int64_t one = (*probe)->cached_bytes(); // what one cached conversation holds
+  ASSERT_GT(one, 0);
+  o.cache_budget = one * 5 / 2; // room for two
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  std::vector<Request> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(greedy(random_tokens(rng, 40), 4));
+  for (const Request &r : reqs) {
+    EXPECT_EQ(run(**e, {r})[0], alone(r));
+    EXPECT_LE((*e)->cached_bytes(), o.cache_budget);
+  }
+  EXPECT_EQ((*e)->cached(), 2u);
+  EXPECT_EQ((*e)->stats().cache_evictions, 3);
+}
+
+// A KV budget that holds one request at a time: the second waits in the queue (nothing refused,
+// nothing lost) and both answer as alone; one that can never fit is refused with the numbers.
+TEST(Engine, RequestsWaitForKvMemory) {
+  std::mt19937_64 rng(13);
+  EngineOptions o = options(0);
+  auto probe = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(probe.ok());
+  const Request a = greedy(random_tokens(rng, 60), 40), b = greedy(random_tokens(rng, 60), 40);
+  const int64_t peak =
+      (*probe)->store().peak_bytes_at_length(100) + (*probe)->store().peak_bytes_at_length(0);
+  o.kv_budget = peak + peak / 2; // one fits, two do not (nor one with two choices)
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  const auto both = run(**e, {a, b});
+  EXPECT_EQ(both[0], alone(a));
+  EXPECT_EQ(both[1], alone(b));
+  EXPECT_GT((*e)->stats().waits_for_memory, 0);
+  EXPECT_LE((*e)->store().memory().buffers, o.kv_budget);
+  std::string error;
+  Request two = greedy(random_tokens(rng, 60), 40);
+  two.n = 2;
+  ASSERT_TRUE((*e)->submit(two,
+                           [&](const Event &ev) {
+                             if (ev.finish == FinishReason::Error) error = ev.error;
+                           })
+                  .ok());
+  (*e)->run_until_idle();
+  EXPECT_NE(error.find("the budget is " + std::to_string(o.kv_budget)), std::string::npos) << error;
+}
+
+// Forced output: a constraint makes the model write one of the given token sequences whatever
+// its logits say, and again after each trigger; in between it writes freely.
+TEST(Engine, ConstraintForcesOneOfTheSequences) {
+  std::mt19937_64 rng(14);
+  auto e = Engine::create(*fixture().model, options(0));
+  ASSERT_TRUE(e.ok());
+  auto texts = std::make_shared<sample::TokenTexts>();
+  for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
+  auto spec = std::make_shared<sample::ConstraintSpec>();
+  spec->alternatives = {{7, 8, 9}, {7, 10}};
+  spec->trigger = "<3>";
+  for (uint64_t seed = 0; seed < 6; ++seed) {
+    Request r = greedy(random_tokens(rng, 12), 40);
+    r.sampling.temperature = 1.0, r.sampling.seed = seed;
+    r.sampling.logit_bias[3] = 4; // makes the trigger likely
+    r.constraint = spec, r.token_texts = texts;
+    const auto out = run(**e, {r})[0];
+    ASSERT_GE(out.size(), 2u);
+    EXPECT_EQ(out[0], 7);
+    EXPECT_TRUE((out[1] == 8 && out[2] == 9) || out[1] == 10);
+    for (size_t i = 0; i + 1 < out.size(); ++i)
+      if (out[i] == 3 && i > 2) {
+        EXPECT_EQ(out[i + 1], 7) << "after the trigger at " << i;
+      }
+  }
+}
+
 TEST(Engine, CancelEndsTheRequestWithinOneStep) {
   std::mt19937_64 rng(4);
   auto e = Engine::create(*fixture().model, options(0));
