@@ -11,6 +11,7 @@ all: build
 deps:
 	@mkdir -p $(BUILD_DIR) && scripts/deps.sh > $(BUILD_DIR)/ggml-dir
 	@scripts/peer.sh > $(BUILD_DIR)/peer-dir
+	@scripts/npm-client.sh > $(BUILD_DIR)/npm-dir
 
 configure: deps
 	@gen=; command -v ninja >/dev/null && [ ! -f $(BUILD_DIR)/Makefile ] && gen="-G Ninja"; \

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the official `openai` npm package, pinned, into a cache outside the checkout (for the
+# server's real-client test) and prints the directory that holds its node_modules. Runs npm only
+# the first time; afterwards it only prints the directory.
+set -euo pipefail
+VERSION=6.49.0
+CACHE=${OFFGRAPH_CACHE:-$HOME/.cache/offgraph}
+DIR=$CACHE/npm-openai-$VERSION
+if [ -f "$DIR/.installed" ]; then echo "$DIR"; exit 0; fi
+if ! command -v npm >/dev/null; then
+  echo "npm-client: installing Node.js and npm (Debian packages)" >&2
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get install -y -qq nodejs npm >&2
+fi
+mkdir -p "$CACHE"
+tmp=$(mktemp -d "$CACHE/npm-openai.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+echo "npm-client: npm install openai@$VERSION" >&2
+(cd "$tmp" && npm init -y >/dev/null && npm install --no-audit --no-fund --ignore-scripts \
+  --loglevel=error "openai@$VERSION" >&2)
+node -e "require('$tmp/node_modules/openai')" || { echo "npm-client: openai does not load" >&2; exit 1; }
+rm -rf "$DIR"
+mv "$tmp" "$DIR"
+trap - EXIT
+touch "$DIR/.installed"
+echo "$DIR"
