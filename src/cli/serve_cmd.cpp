@@ -24,7 +24,8 @@ std::function<int()> add_serve(CLI::App &app) {
   struct Opts {
     std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", name, api_key, cors;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
-    int queue = 64, timeout = 600, http_threads = 64, max_tokens = 0;
+    int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
+        max_tokens = 0;
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
     bool no_prefix_reuse = false;
   };
@@ -48,7 +49,11 @@ std::function<int()> add_serve(CLI::App &app) {
                   "the most tokens one request may generate (0: the context)")
       ->capture_default_str();
   cmd->add_option("--max-body-mib", o->max_body_mib, "largest request body")->capture_default_str();
-  cmd->add_option("--timeout", o->timeout, "seconds to read a request or write a response")
+  cmd->add_option("--timeout", o->timeout, "seconds to write a response")->capture_default_str();
+  cmd->add_option("--read-timeout", o->read_timeout, "seconds to read a request")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", o->idle_timeout,
+                  "seconds a keep-alive connection may wait for its next request")
       ->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "connections served at once")
       ->capture_default_str();
@@ -74,9 +79,9 @@ std::function<int()> add_serve(CLI::App &app) {
     };
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
-    if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->max_tokens < 0 ||
-        o->kv_budget_mib < 0 || o->cache_budget_mib < 0)
-      return fail("--max-body-mib and --timeout must be positive; --queue, --max-tokens, "
+    if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->read_timeout < 1 ||
+        o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 || o->cache_budget_mib < 0)
+      return fail("--max-body-mib and the timeouts must be positive; --queue, --max-tokens, "
                   "--kv-mib and --cache-mib not negative");
     server::ServerOptions so;
     so.host = o->host;
@@ -85,6 +90,8 @@ std::function<int()> add_serve(CLI::App &app) {
     so.api_key = o->api_key;
     so.cors_origin = o->cors;
     so.timeout_seconds = o->timeout;
+    so.read_timeout_seconds = o->read_timeout;
+    so.idle_seconds = o->idle_timeout;
     so.http_threads = o->http_threads;
     so.max_tokens_cap = o->max_tokens;
     so.max_body_bytes = size_t(o->max_body_mib * 1024 * 1024);

@@ -601,7 +601,10 @@ void Server::routes() {
   auto r = std::make_shared<Routes>(Routes{*this});
   httplib::Server &http = *http_;
   http.set_payload_max_length(options_.max_body_bytes);
-  http.set_read_timeout(options_.timeout_seconds, 0);
+  // Connections hold a handler thread each (cpp-httplib's model): idle and slow ones are cut
+  // short so that they cannot starve the rest.
+  http.set_read_timeout(options_.read_timeout_seconds, 0);
+  http.set_keep_alive_timeout(options_.idle_seconds);
   http.set_write_timeout(options_.timeout_seconds, 0);
 
   // Auth first (every route but /health and CORS preflights), then CORS headers on every answer.

@@ -27,11 +27,13 @@ struct ServerOptions {
   int port = 8080; // 0: any free port (see port())
   std::string model_name;
   size_t max_body_bytes = size_t(8) << 20;
-  std::string api_key;        // non-empty: every route but /health wants "Bearer <key>"
-  std::string cors_origin;    // non-empty: CORS headers for this origin ("*" for any)
-  int timeout_seconds = 600;  // reading a request, writing a response
-  int32_t max_tokens_cap = 0; // the most one request may ask for; 0: the context
-  int http_threads = 64;      // connections served at once (idle keep-alive ones included)
+  std::string api_key;           // non-empty: every route but /health wants "Bearer <key>"
+  std::string cors_origin;       // non-empty: CORS headers for this origin ("*" for any)
+  int timeout_seconds = 600;     // writing a response (a slow reader of a long stream)
+  int read_timeout_seconds = 30; // reading a request: a client that trickles it loses the line
+  int idle_seconds = 5;          // a keep-alive connection with no new request is closed
+  int32_t max_tokens_cap = 0;    // the most one request may ask for; 0: the context
+  int http_threads = 64;         // connections served at once (idle keep-alive ones included)
   std::vector<std::string> model_aliases; // more ids requests may name (the file name, ...)
 };
 
