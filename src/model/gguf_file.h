@@ -1,7 +1,8 @@
-// GgufFile: a GGUF file opened for reading. Checks the container before trusting it (magic,
-// version, that ggml's parser accepts it, that every tensor's data lies inside the file), maps the
-// data read-only (weights are never copied), and offers typed metadata lookups whose errors name
-// the key, the expected type and the type found.
+// GgufFile: a GGUF file opened for reading. Checks the container before trusting it (our own walk
+// of the header, metadata and tensor table, check_gguf_layout, before ggml's parser sees a byte;
+// then that every tensor's data lies inside the file), maps the data read-only (weights are never
+// copied), and offers typed metadata lookups whose errors name the key, the expected type and the
+// type found.
 #pragma once
 
 #include "base/status.h"
@@ -18,6 +19,31 @@
 #include <vector>
 
 namespace offgraph::model {
+
+// What check_gguf_layout learned about a well-formed container.
+struct GgufLayout {
+  uint32_t version = 0;
+  uint64_t n_kv = 0, n_tensors = 0;
+  uint64_t alignment = 32;
+  uint64_t data_offset = 0; // where the tensor data starts (aligned)
+  uint64_t data_size = 0;   // bytes of tensor data the table describes, padding included
+};
+
+// Limits on what a GGUF file may claim. Real models stay far below them (Muse Glimmer 30B: ~730
+// tensors, ~40 keys, a 202K-token vocabulary); with them, parsing a hostile file allocates at most
+// a few times the size of its metadata, never what its counts claim.
+inline constexpr uint64_t kGgufMaxKeys = uint64_t(1) << 16;
+inline constexpr uint64_t kGgufMaxTensors = uint64_t(1) << 16;
+inline constexpr uint64_t kGgufMaxArrayElements = uint64_t(1) << 22;
+inline constexpr uint64_t kGgufMaxKeyLength = 65535; // the GGUF specification's limit
+
+// Walks a GGUF container held in memory (at least everything before the tensor data): magic,
+// version, counts, every key, type, string and array, and every tensor's name, shape, type and
+// offset, each bounded by the bytes that are there and by the limits above, with the rules ggml's
+// parser applies (no duplicate keys or tensor names, general.alignment a u32 power of two, tensors
+// stored in table order, each aligned). Errors name the item at fault and its byte offset. Tensor
+// data past the end is not an error here (metadata-only files); GgufFile::map_weights refuses it.
+Result<GgufLayout> check_gguf_layout(const uint8_t *data, size_t size);
 
 // Called with (bytes done, bytes total) while a large file is read in.
 using Progress = std::function<void(uint64_t, uint64_t)>;
