@@ -188,15 +188,19 @@ bool AtemParser::parameter_is_string(const std::string &tool, const std::string 
 void AtemParser::emit_body_text(std::vector<AtemEvent> &out, std::string_view text) {
   if (text.empty()) return;
   body_at_boundary_ = text.back() == ' ' || text.back() == '\n';
+  // Deltas of one message within one feed() are joined; those of two messages are not, so that
+  // text either side of a marker never reads as that marker in one delta.
+  const bool join = !new_message_;
+  new_message_ = false;
   if (recipient_ == "self") {
     message_.reasoning_content += text;
-    if (!out.empty() && out.back().kind == AtemEvent::Kind::Reasoning)
+    if (join && !out.empty() && out.back().kind == AtemEvent::Kind::Reasoning)
       out.back().text += text;
     else
       out.push_back({AtemEvent::Kind::Reasoning, std::string(text), {}});
   } else if (recipient_ == "user" || recipient_.empty()) {
     message_.content += text;
-    if (!out.empty() && out.back().kind == AtemEvent::Kind::Content)
+    if (join && !out.empty() && out.back().kind == AtemEvent::Kind::Content)
       out.back().text += text;
     else
       out.push_back({AtemEvent::Kind::Content, std::string(text), {}});
@@ -219,6 +223,7 @@ void AtemParser::end_body(std::vector<AtemEvent> &out) {
   tool_body_.clear();
   recipient_.clear();
   body_at_boundary_ = true;
+  new_message_ = true;
 }
 
 void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
@@ -234,7 +239,11 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
         std::tie(at, m) = first_marker(pending_, at + kStart.size());
       // A model that ignores the protocol still has its text shown: a "header" far longer than
       // any recipient is an answer to the user, and so is a non-header left when the stream ends.
-      const bool too_long = (at == std::string::npos ? pending_.size() : at) > kMaxHeader;
+      // Measured without a marker's held-back beginning, so that where the stream was cut does not
+      // decide (a header cut inside its closing marker is as long as the same header whole).
+      const size_t header_len =
+          at != std::string::npos ? at : pending_.size() - (final ? 0 : held_suffix(pending_));
+      const bool too_long = header_len > kMaxHeader;
       if (at == std::string::npos && !too_long) {
         if (final && !looks_like_header(pending_)) {
           recipient_ = "user";

@@ -68,6 +68,7 @@ private:
   std::string recipient_;        // of the current message
   std::string tool_body_;        // the current tool message's body
   bool body_at_boundary_ = true; // the body text emitted so far ends at a word boundary
+  bool new_message_ = true;      // no body text emitted since the last message ended
   AtemMessage message_;
 };
 
