@@ -339,7 +339,7 @@ private:
     return Flow::Normal;
   }
 
-  const RenderSettings &settings_;
+  [[maybe_unused]] const RenderSettings &settings_; // not read today
   int depth_ = 0;
   int64_t iterations_ = 0;
 };
