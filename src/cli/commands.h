@@ -17,6 +17,7 @@ std::function<int()> add_run(CLI::App &app);
 std::function<int()> add_chat(CLI::App &app);
 std::function<int()> add_serve(CLI::App &app);
 std::function<int()> add_perplexity(CLI::App &app);
+std::function<int()> add_bench(CLI::App &app);
 
 // A progress bar on stderr for long work; quiet when stderr is not a terminal unless forced.
 void progress_bar(const char *what, uint64_t done, uint64_t total);

@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
   auto chat = offgraph::cli::add_chat(app);
   auto serve = offgraph::cli::add_serve(app);
   auto perplexity = offgraph::cli::add_perplexity(app);
+  auto bench = offgraph::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -69,6 +70,7 @@ int main(int argc, char **argv) {
   if (app.got_subcommand("chat")) return chat();
   if (app.got_subcommand("serve")) return serve();
   if (app.got_subcommand("perplexity")) return perplexity();
+  if (app.got_subcommand("bench")) return bench();
   std::printf("%s", app.help().c_str());
   return 0;
 }

@@ -1,0 +1,243 @@
+// `offgraph bench`: prefill and decode speed measured as llama-bench measures them, on the real
+// model path (model::Forward over a kv::KvStore, as the engine runs it), so the two can be
+// compared on the same file. For each depth d, one sequence is first filled with d random tokens
+// (untimed, in max_write chunks) and snapshotted; then for each rep the sequence is restored to
+// d and either p prompt tokens are computed (chunks of max_write, logits of the last row only:
+// test "pp") or n single-token decode steps are run (test "tg"). Before the reps, a warmup runs
+// one prompt and one decode step, as llama-bench's does. Flat storage is reserved for the whole
+// run before timing (llama.cpp allocates its cache up front). One JSON object per line per test.
+//
+// `--kv-at L,...` instead reports the K/V bytes one sequence holds at each context length L
+// (storage grown to L, rings in full) without computing anything: the store's own accounting.
+#include "commands.h"
+
+#include "kv/storage_types.h"
+#include "model/forward.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <sys/resource.h>
+
+namespace offgraph::cli {
+
+namespace {
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;
+}
+
+Result<std::vector<int32_t>> parse_ints(const std::string &s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      out.push_back(std::stoi(item));
+    } catch (...) {
+      return Status::error("'" + item + "' is not an integer");
+    }
+  }
+  return out;
+}
+
+std::string json_escape(const std::string &s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+} // namespace
+
+std::function<int()> add_bench(CLI::App &app) {
+  struct Opts {
+    std::string model, prompts = "512", gens = "128", depths = "0", kv_at, ctk = "f16", ctv = "f16";
+    int32_t reps = 5, threads = 2, batch = 512;
+    uint64_t seed = 1;
+    bool no_warmup = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App *cmd = app.add_subcommand(
+      "bench", "prefill/decode tokens/s at context depths, as llama-bench (JSON lines)");
+  cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
+  cmd->add_option("-p,--n-prompt", o->prompts, "prompt lengths (comma-separated; 0: none)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", o->gens, "decode lengths (comma-separated; 0: none)")
+      ->capture_default_str();
+  cmd->add_option("-d,--n-depth", o->depths, "context depths (comma-separated)")
+      ->capture_default_str();
+  cmd->add_option("-r,--repetitions", o->reps, "timed repetitions per test")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
+  cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
+  cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the random tokens")->capture_default_str();
+  cmd->add_flag("--no-warmup", o->no_warmup, "skip the warmup run");
+  cmd->add_option("--kv-at", o->kv_at,
+                  "only report the K/V bytes held at these context lengths (comma-separated)");
+  return [o]() -> int {
+    auto fail = [](const std::string &m) {
+      return std::fprintf(stderr, "offgraph bench: %s\n", m.c_str()), 1;
+    };
+    auto prompts = parse_ints(o->prompts), gens = parse_ints(o->gens),
+         depths = parse_ints(o->depths), kv_at = parse_ints(o->kv_at);
+    for (auto *r : {&prompts, &gens, &depths, &kv_at})
+      if (!r->ok()) return fail(r->message());
+    if (o->reps < 1 || o->threads < 1 || o->batch < 1)
+      return fail("-r, -t and -b must be at least 1");
+    auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
+    if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    auto m = model::Model::load(o->model);
+    if (!m.ok()) return fail(m.message());
+    const model::Model &model = **m;
+    const model::ModelConfig &c = model.config();
+    const std::string wtype = ggml_type_name(model.weights().layers.at(0).ffn_up->type);
+    const std::string head = "{\"engine\":\"offgraph\",\"model\":\"" + json_escape(o->model) +
+                             "\",\"type\":\"" + wtype +
+                             "\",\"n_params\":" + std::to_string(model.n_params()) +
+                             ",\"threads\":" + std::to_string(o->threads) + ",\"ctk\":\"" + o->ctk +
+                             "\",\"ctv\":\"" + o->ctv + "\"";
+
+    if (!kv_at->empty()) {
+      for (int32_t len : *kv_at) {
+        if (len < 1) return fail("--kv-at lengths must be positive");
+        auto layout = model::make_layout(model, {len, std::min(o->batch, len), 256});
+        if (!layout.ok()) return fail(layout.message());
+        auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+        if (!store.ok()) return fail(store.message());
+        const kv::SeqId seq = *(*store)->create_sequence();
+        if (Status st = (*store)->reserve(seq, len); !st.ok()) return fail(st.message());
+        // The accounting at length `len`: storage as grown to hold it; minimum at that length.
+        const kv::MemoryUse mu = (*store)->memory(seq);
+        const auto &lay = (*store)->layout();
+        int64_t minimum = 0;
+        for (cache::CacheId id = 0; id < lay.n_caches(); ++id)
+          minimum += lay.min_rows(id, len) * int64_t(kv::k_row_bytes(lay, id, {*ctk, *ctv}) +
+                                                     kv::v_row_bytes(lay, id, {*ctk, *ctv}));
+        std::printf("%s,\"test\":\"kv\",\"context\":%d,\"kv_held\":%lld,\"kv_min\":%lld,"
+                    "\"kv_buffers\":%lld,\"kv_ring\":%lld,\"kv_flat\":%lld,\"peak_rss\":%lld}\n",
+                    head.c_str(), len, (long long)mu.held, (long long)minimum,
+                    (long long)mu.buffers, (long long)mu.ring, (long long)mu.flat,
+                    (long long)peak_rss_bytes());
+        std::fflush(stdout);
+      }
+      return 0;
+    }
+
+    std::mt19937 rng(uint32_t(o->seed));
+    auto random_tokens = [&](int32_t n) {
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (auto &x : t) x = std::uniform_int_distribution<int32_t>(0, c.n_vocab - 1)(rng);
+      return t;
+    };
+    using clock = std::chrono::steady_clock;
+    for (int32_t d : *depths) {
+      if (d < 0) return fail("depths must be >= 0");
+      // One store and sequence per depth, sized for its longest test (llama-bench sizes each
+      // context as depth + prompt + gen).
+      int32_t longest = 1;
+      for (int32_t p : *prompts) longest = std::max(longest, p);
+      for (int32_t n : *gens) longest = std::max(longest, n);
+      const int32_t capacity = d + longest;
+      auto layout = model::make_layout(model, {capacity, std::min(o->batch, capacity), 256});
+      if (!layout.ok()) return fail(layout.message());
+      auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+      if (!store.ok()) return fail(store.message());
+      kv::KvStore &kv = **store;
+      const kv::SeqId seq = *kv.create_sequence();
+      model::Forward fwd(model, kv, o->threads);
+      // Computes `tokens` at the sequence's end in max_write chunks, logits of the last row.
+      auto prefill = [&](const std::vector<int32_t> &tokens) -> Status {
+        for (size_t at = 0; at < tokens.size();) {
+          const int32_t n = int32_t(std::min<size_t>(size_t(o->batch), tokens.size() - at));
+          model::Batch b;
+          b.tokens.assign(tokens.begin() + long(at), tokens.begin() + long(at) + n);
+          b.spans.push_back({seq, kv.sequence(seq)->length(), n});
+          b.logit_rows = {n - 1};
+          auto logits = fwd.run(b);
+          if (!logits.ok()) return logits.status();
+          at += size_t(n);
+        }
+        return ok_status();
+      };
+      auto decode = [&](int32_t n) -> Status {
+        int32_t token = random_tokens(1)[0];
+        for (int32_t i = 0; i < n; ++i) {
+          model::Batch b;
+          b.tokens = {token};
+          b.spans.push_back({seq, kv.sequence(seq)->length(), 1});
+          b.logit_rows = {0};
+          auto logits = fwd.run(b);
+          if (!logits.ok()) return logits.status();
+          token = int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin());
+        }
+        return ok_status();
+      };
+      if (Status st = kv.reserve(seq, capacity); !st.ok()) return fail(st.message());
+      if (!o->no_warmup) {
+        const int32_t wp = prompts->empty() ? 0 : std::min((*prompts)[0], capacity - 1);
+        if (wp > 0)
+          if (Status st = prefill(random_tokens(wp)); !st.ok()) return fail(st.message());
+        if (Status st = decode(1); !st.ok()) return fail(st.message());
+        kv.sequence(seq)->clear();
+      }
+      const auto fill_start = clock::now();
+      if (d > 0)
+        if (Status st = prefill(random_tokens(d)); !st.ok()) return fail(st.message());
+      const double fill_s = std::chrono::duration<double>(clock::now() - fill_start).count();
+      auto snap = kv.snapshot(seq);
+      if (!snap.ok()) return fail(snap.message());
+      std::fprintf(stderr, "offgraph bench: depth %d filled in %.1f s\n", d, fill_s);
+      struct Test {
+        const char *name;
+        int32_t n;
+      };
+      std::vector<Test> tests;
+      for (int32_t p : *prompts)
+        if (p > 0) tests.push_back({"pp", p});
+      for (int32_t n : *gens)
+        if (n > 0) tests.push_back({"tg", n});
+      for (const Test &t : tests) {
+        std::vector<double> ts;
+        for (int32_t r = 0; r < o->reps; ++r) {
+          if (Status st = kv.restore(seq, **snap); !st.ok()) return fail(st.message());
+          const auto start = clock::now();
+          Status st = t.name[0] == 'p' ? prefill(random_tokens(t.n)) : decode(t.n);
+          const double s = std::chrono::duration<double>(clock::now() - start).count();
+          if (!st.ok()) return fail(st.message());
+          ts.push_back(double(t.n) / s);
+          std::fprintf(stderr, "offgraph bench: %s%d @ d%d rep %d/%d: %.2f t/s\n", t.name, t.n, d,
+                       r + 1, o->reps, ts.back());
+        }
+        const kv::MemoryUse mu = kv.memory(seq);
+        std::string list;
+        double sum = 0;
+        for (double x : ts) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%s%.3f", list.empty() ? "" : ",", x);
+          list += buf;
+          sum += x;
+        }
+        std::printf("%s,\"test\":\"%s\",\"n\":%d,\"depth\":%d,\"batch\":%d,\"ts\":[%s],"
+                    "\"avg_ts\":%.3f,\"depth_fill_s\":%.3f,\"kv_held\":%lld,\"kv_min\":%lld,"
+                    "\"kv_buffers\":%lld,\"peak_rss\":%lld}\n",
+                    head.c_str(), t.name, t.n, d, o->batch, list.c_str(), sum / double(ts.size()),
+                    fill_s, (long long)mu.held, (long long)mu.minimum, (long long)mu.buffers,
+                    (long long)peak_rss_bytes());
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  };
+}
+
+} // namespace offgraph::cli
