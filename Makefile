@@ -45,7 +45,6 @@ bench-kv: build
 
 clean:
 	rm -rf $(BUILD_DIR)
-	rm -rf $(BUILD_DIR)
 
 # offgraph against the pinned llama.cpp (issue 7): builds what it needs in build-bench/, writes
 # docs/benchmarks.md and docs/plots/ (about 30 min; BENCH_ARGS=--quick for a 5-minute check).
