@@ -1,0 +1,32 @@
+# `offgraph perplexity` on the trained default model over the start of its held-out text: the
+# perplexity lies in the band docs/quality.md documents; full caches on every layer give exactly
+# the figure of rings read in logical order, and within 0.1% that of rings read in physical
+# order (whose summation order differs once they wrap).
+include(${CMAKE_CURRENT_LIST_DIR}/../run_step.cmake)
+set(CLEANUP "")
+set(args perplexity -m ${MODEL} -f ${TEXT} -c 256 -b 64 --chunks 8 -t 2)
+run_step(physical ${OFFGRAPH} ${args})
+run_step(logical ${OFFGRAPH} ${args} --ring-order logical)
+run_step(full ${OFFGRAPH} ${args} --full-cache)
+message(STATUS "rings, physical order: ${physical}rings, logical order: ${logical}full caches: ${full}")
+foreach(run physical logical full)
+  string(REGEX MATCH "PPL = ([0-9.]+) \\+/- ([0-9.]+)" m "${${run}}")
+  if(NOT m)
+    message(FATAL_ERROR "no perplexity in the output of the ${run} run: ${${run}}")
+  endif()
+  set(ppl_${run} ${CMAKE_MATCH_1})
+endforeach()
+if(ppl_physical LESS ${LOW} OR ppl_physical GREATER ${HIGH})
+  message(FATAL_ERROR "perplexity ${ppl_physical} is outside the documented band ${LOW} .. ${HIGH}")
+endif()
+if(NOT ppl_logical STREQUAL ppl_full)
+  message(FATAL_ERROR "rings in logical order give ${ppl_logical}, full caches ${ppl_full}")
+endif()
+# |physical - full| <= 0.1% of full, in units of the printed last digit.
+string(REPLACE "." "" p "${ppl_physical}")
+string(REPLACE "." "" f "${ppl_full}")
+math(EXPR d "${p} - ${f}")
+math(EXPR limit "${f} / 1000")
+if(d GREATER limit OR d LESS -${limit})
+  message(FATAL_ERROR "rings in physical order give ${ppl_physical}, full caches ${ppl_full}")
+endif()
