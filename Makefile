@@ -25,16 +25,12 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-# The main job: the server. Until a trained default model ships (issue 9), it serves a small
-# generated Muse Glimmer model (random weights, the real vocabulary and chat template).
-DEFAULT_MODEL ?= $(BUILD_DIR)/models/default.gguf
+# The main job: the server, with the small Muse Glimmer model trained on the King James Bible
+# that ships in models/ (tools/train recreates it).
+DEFAULT_MODEL ?= models/muse-glimmer-kjv.gguf
 PORT ?= 8080
 
-$(DEFAULT_MODEL): | build
-	@mkdir -p $(dir $@)
-	$(BUILD_DIR)/bin/offgraph synth --preset small --seed 1 -o $@
-
-run: build $(DEFAULT_MODEL)
+run: build
 	$(BUILD_DIR)/bin/offgraph serve -m $(DEFAULT_MODEL) --port $(PORT)
 
 # Decode-attention benchmark at Muse Glimmer shapes; writes docs/kv-attention.md.
