@@ -34,7 +34,7 @@ struct CommonOpts {
 };
 
 void add_common(CLI::App *cmd, CommonOpts &o) {
-  cmd->add_option("-m,--model", o.model, "the GGUF model")->required();
+  cmd->add_option("-m,--model", o.model, "the GGUF model (default: the shipped model)");
   cmd->add_option("-n,--n-predict", o.n_predict, "most tokens to generate")->capture_default_str();
   cmd->add_option("--temp", o.temp, "temperature (0: greedy); default: the model's recommendation");
   cmd->add_option("--top-k", o.top_k, "top-k (0 disables)");
@@ -67,8 +67,13 @@ struct Loaded {
   bool atem = false; // the template speaks ATEM (Muse Glimmer): parse reasoning and tool calls
 };
 
-Result<Loaded> load(const CommonOpts &o, bool need_template) {
+Result<Loaded> load(CommonOpts o, bool need_template) {
   Loaded l;
+  if (o.model.empty()) {
+    auto path = default_model();
+    if (!path.ok()) return path.status();
+    o.model = *path;
+  }
   auto m = model::Model::load(o.model, [](uint64_t d, uint64_t t) {
     if (t > (256u << 20)) progress_bar("loading", d, t);
   });

@@ -31,7 +31,7 @@ std::function<int()> add_serve(CLI::App &app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server");
-  cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
+  cmd->add_option("-m,--model", o->model, "the GGUF model (default: the shipped model)");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port")->capture_default_str();
   cmd->add_option("--alias", o->name, "model id in responses (default: the file's general.name)");
@@ -77,6 +77,11 @@ std::function<int()> add_serve(CLI::App &app) {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph serve: %s\n", m.c_str()), 1;
     };
+    if (o->model.empty()) {
+      auto path = default_model();
+      if (!path.ok()) return fail(path.message());
+      o->model = *path;
+    }
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->read_timeout < 1 ||
