@@ -35,14 +35,16 @@ template="$src/models/templates/muse-glimmer.jinja"
 [ -f "$template" ] || { echo "[train] no chat template at $template" >&2; exit 1; }
 
 mkdir -p "$(dirname "$out")"
+report=${TMPDIR:-/tmp}/$(basename "$out" .gguf)-train.json
 start=$SECONDS
 # Two threads; OpenBLAS for torch's f32 matrix products whatever libblas.so.3 points to; threads
 # that sleep while waiting, so a busy machine is not made busier.
 LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
   /usr/bin/python3 "$here/train.py" --out "$out" --heldout "$heldout" --template "$template" \
-  --report "$here/last-run.json" "$@"
-echo "[train] done in $((SECONDS - start)) s: $out" >&2
+  --report "$report" "$@"
+echo "[train] done in $((SECONDS - start)) s: $out; figures in $report" >&2
+cat "$report" >&2
 
 # The same logits from the file (through offgraph) as from the PyTorch definition.
 for bin in "$root/build/bin/offgraph" "$root"/build-*/bin/offgraph; do
