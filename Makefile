@@ -3,8 +3,13 @@
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+# The clang tree of the libFuzzer targets, the sanitizer tree (docs/reliability.md).
+FUZZ_DIR ?= $(BUILD_DIR)-fuzz
+ASAN_DIR ?= $(BUILD_DIR)-asan
+FUZZ_SECONDS ?= 20
+FUZZ_TIME ?= 600
 
-.PHONY: all deps configure build test run clean bench-kv
+.PHONY: all deps configure build test run clean bench-kv fuzz-configure fuzz-build fuzz-long test-asan
 
 all: build
 
@@ -22,8 +27,42 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# Every test of the main tree, then each fuzz target for FUZZ_SECONDS (label `fuzz` in both trees).
+test: build fuzz-build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# The libFuzzer targets: our code built by clang with -fsanitize=fuzzer-no-link,address,undefined
+# against the same cached ggml; only the targets and the libraries they need are built.
+fuzz-configure: deps
+	@mkdir -p $(FUZZ_DIR); gen=; command -v ninja >/dev/null && [ ! -f $(FUZZ_DIR)/Makefile ] && gen="-G Ninja"; \
+	launcher=; command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"; \
+	cmake -S . -B $(FUZZ_DIR) $$gen $$launcher -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOFFGRAPH_FUZZ=ON -DOFFGRAPH_BUILD_TESTS=OFF \
+	  -DOFFGRAPH_FUZZ_SECONDS=$(FUZZ_SECONDS) -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" > $(FUZZ_DIR)/configure.log \
+	  || { cat $(FUZZ_DIR)/configure.log; exit 1; }
+
+fuzz-build: fuzz-configure
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_all
+
+# Each fuzz target for FUZZ_TIME seconds, two at a time, keeping what they find in
+# $(FUZZ_DIR)/fuzz/<target>-long/corpus across runs:  make fuzz-long FUZZ_TIME=3600
+fuzz-long: fuzz-build
+	FUZZ_TIME=$(FUZZ_TIME) ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(JOBS) -L fuzz \
+	  --timeout $$(( $(FUZZ_TIME) + 600 ))
+	@cat $(FUZZ_DIR)/fuzz/*-long/stats.txt
+
+# The whole suite with AddressSanitizer and UndefinedBehaviorSanitizer on our code (gcc; ggml and
+# the llama.cpp peer stay uninstrumented). ASAN_CTEST_ARGS narrows it, like CTEST_ARGS.
+ASAN_CTEST_ARGS ?=
+test-asan: deps
+	@mkdir -p $(ASAN_DIR); gen=; command -v ninja >/dev/null && [ ! -f $(ASAN_DIR)/Makefile ] && gen="-G Ninja"; \
+	launcher=; command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"; \
+	cmake -S . -B $(ASAN_DIR) $$gen $$launcher -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOFFGRAPH_SANITIZE=address,undefined \
+	  -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" -DOFFGRAPH_PEER_DIR="$$(cat $(BUILD_DIR)/peer-dir)" > $(ASAN_DIR)/configure.log \
+	  || { cat $(ASAN_DIR)/configure.log; exit 1; }
+	cmake --build $(ASAN_DIR) -j $(JOBS)
+	UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) $(ASAN_CTEST_ARGS)
 
 # The main job: the server, with the small Muse Glimmer model trained on the King James Bible
 # that ships in models/ (tools/train recreates it).

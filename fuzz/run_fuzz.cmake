@@ -7,12 +7,20 @@
 #         -DREGRESSIONS=<dir> [-DKEEP=ON] [-DEXTRA=<libFuzzer flags;...>] -P run_fuzz.cmake
 #
 # Without KEEP the working corpus starts empty each run, so a short run always starts from the
-# committed seeds with the same -seed; with KEEP (the long run) it accumulates.
+# committed seeds with the same -seed; with KEEP (the long run) it accumulates. The environment
+# variable FUZZ_TIME (set by `make fuzz-long`) makes it a long run of that many seconds in
+# WORK-long, with KEEP.
 foreach(v FUZZER NAME SECONDS WORK SEEDS REGRESSIONS)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_fuzz.cmake: -D${v}= is required")
   endif()
 endforeach()
+# `make fuzz-long` sets FUZZ_TIME: a long run, in its own directory, keeping its corpus.
+if(DEFINED ENV{FUZZ_TIME} AND NOT "$ENV{FUZZ_TIME}" STREQUAL "")
+  set(SECONDS $ENV{FUZZ_TIME})
+  set(KEEP ON)
+  set(WORK "${WORK}-long")
+endif()
 if(NOT KEEP)
   file(REMOVE_RECURSE "${WORK}/corpus")
 endif()

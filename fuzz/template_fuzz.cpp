@@ -7,6 +7,7 @@
 // a message; message text never adds control tokens: the prompt has as many control tokens as
 // the same conversation with every protected text replaced by "x".
 #include "fuzz_util.h"
+#include "muse_fixture.h"
 
 #include "text/chat/chat_prompt.h"
 #include "text/template/chat_template.h"
@@ -32,31 +33,6 @@ struct Fixture {
 Fixture &fixture() {
   static Fixture f;
   return f;
-}
-
-// The Llama 3 vocabulary with reserved control tokens renamed to Muse Glimmer's markers.
-std::unique_ptr<text::Tokenizer> muse_tokenizer() {
-  const std::string path = fuzz::llama_tree() + "/models/ggml-vocab-llama-bpe.gguf";
-  gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
-  gguf_context *ctx = gguf_init_from_file(path.c_str(), params);
-  FUZZ_CHECK(ctx, "cannot read %s (set OFFGRAPH_LLAMA_TREE)", path.c_str());
-  const int64_t key = gguf_find_key(ctx, "tokenizer.ggml.tokens");
-  std::vector<std::string> tokens(gguf_get_arr_n(ctx, key));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = gguf_get_arr_str(ctx, key, i);
-  const char *markers[] = {"<|start|>", "<|message|>", "<|eot|>",
-                           "<|eom|>",   "<|patch|>",   "<|video|>"};
-  size_t next = 0;
-  for (auto &t : tokens)
-    if (next < std::size(markers) && t.rfind("<|reserved_special_token_", 0) == 0)
-      t = markers[next++];
-  FUZZ_CHECK(next == std::size(markers), "not enough reserved tokens to rename");
-  std::vector<const char *> ptrs;
-  for (const auto &t : tokens) ptrs.push_back(t.c_str());
-  gguf_set_arr_str(ctx, "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
-  auto tok = text::Tokenizer::from_gguf(ctx);
-  gguf_free(ctx);
-  FUZZ_CHECK(tok.ok(), "%s", tok.message().c_str());
-  return std::move(tok).value();
 }
 
 // A JSON value from the input: the text parsed as JSON when it is JSON, else the text itself.
@@ -161,12 +137,8 @@ size_t control_tokens(const text::Tokenizer &tok, const std::vector<int32_t> &id
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
   ggml_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
   Fixture &f = fixture();
-  f.tokenizer = muse_tokenizer();
-  const std::string path =
-      std::string(OFFGRAPH_FUZZ_DIR) + "/../tests/text/template/fixtures/muse-glimmer.jinja";
-  auto t = text::Template::parse(fuzz::read_file(path));
-  FUZZ_CHECK(t.ok(), "%s: %s", path.c_str(), t.message().c_str());
-  f.muse = std::move(t).value();
+  f.tokenizer = fuzz::muse_tokenizer();
+  f.muse = fuzz::muse_template();
   return 0;
 }
 

@@ -1,8 +1,9 @@
 // The tokenizer and detokenizer on arbitrary text and ids, with real vocabularies from the pinned
 // llama.cpp tree, one per pre-tokenizer (GPT-2, Llama 3, Qwen 2, Llama 4 / GPT-4o).
-// Properties: every id is in the vocabulary; encode then decode gives the text back (valid UTF-8;
-// invalid bytes come back as U+FFFD), with and without special tokens; the streaming
-// detokenizer's output is valid UTF-8 and does not depend on how the bytes were split into tokens.
+// Properties: every id is in the vocabulary; without special tokens, text never becomes a control
+// token; encode then decode gives the text back (valid UTF-8; invalid bytes come back as U+FFFD),
+// with and without special tokens; the streaming detokenizer's output is valid UTF-8 and does not
+// depend on how the bytes were split into tokens.
 #include "fuzz_util.h"
 
 #include "text/tokenizer/tokenizer.h"
@@ -63,7 +64,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const std::string textin = in.rest();
     const auto ids = tok.encode(textin, add_bos, parse_special);
     check_ids(tok, ids);
-    size_t skip = add_bos && tok.bos() >= 0 ? 1 : 0;
+    const size_t skip = add_bos && tok.bos() >= 0 ? 1 : 0;
+    if (!parse_special)
+      for (size_t i = skip; i < ids.size(); ++i)
+        FUZZ_CHECK(!tok.is_control(ids[i]), "text became control token %d", int(ids[i]));
     if (skip) FUZZ_CHECK(!ids.empty() && ids[0] == tok.bos(), "BOS missing");
     const std::string back =
         tok.decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(skip), ids.end()));
