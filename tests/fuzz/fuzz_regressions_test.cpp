@@ -42,7 +42,8 @@ TEST(FuzzRegressions, AtemNoDeltaSpellsAMarkerAcrossMessages) {
     std::vector<AtemEvent> events;
     (void)feed_cut(text, cut, events);
     for (const AtemEvent &e : events)
-      EXPECT_EQ(e.text.find("<|message|>"), std::string::npos) << "cut at " << cut << ": " << e.text;
+      EXPECT_EQ(e.text.find("<|message|>"), std::string::npos)
+          << "cut at " << cut << ": " << e.text;
   }
 }
 
