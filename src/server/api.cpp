@@ -383,7 +383,7 @@ std::optional<ApiError> parse_body(std::string_view text, json &out, int max_dep
     try {
       const json again = json::parse(text);
       (void)again;
-    } catch (const json::parse_error &e) {
+    } catch (const json::exception &e) { // parse_error, or out_of_range for a number like 1e999
       return ApiError{400, "the request body is not valid JSON: " + std::string(e.what()), "",
                       "invalid_json"};
     }
