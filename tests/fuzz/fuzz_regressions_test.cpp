@@ -1,6 +1,7 @@
 // What fuzzing found, as readable tests (the raw inputs are replayed from fuzz/regressions/ by the
 // fuzz.<target>.replay tests). Each names the target and the property it broke.
 #include "text/atem/atem_parser.h"
+#include "text/chat/chat_prompt.h"
 
 #include <gtest/gtest.h>
 
@@ -44,6 +45,49 @@ TEST(FuzzRegressions, AtemNoDeltaSpellsAMarkerAcrossMessages) {
     for (const AtemEvent &e : events)
       EXPECT_EQ(e.text.find("<|message|>"), std::string::npos)
           << "cut at " << cut << ": " << e.text;
+  }
+}
+
+// atem (found while triaging a request-target finding of the same kind): a tool schema whose
+// parameter type is a list (JSON Schema's ["string", "null"]) or whose parts have other types
+// than expected made nlohmann's value() throw out of AtemParser::feed, in the server's output path.
+TEST(FuzzRegressions, AtemToolSchemasOfAnyShapeNeverThrow) {
+  const std::string call = " to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n"
+                           "<atem:parameter name=\"s\">42</atem:parameter>\n</atem:invoke>\n"
+                           "</atem:function_calls><|eot|>";
+  const auto tools = [](const char *schema) {
+    return nlohmann::json::parse(std::string(R"([{"type": "function", "function": )") + schema +
+                                 "}]");
+  };
+  AtemMessage m;
+  ASSERT_NO_THROW(m = parse_atem(call, tools(R"({"name": "f", "parameters": {"properties":
+                                             {"s": {"type": ["string", "null"]}}}})")));
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments["s"], "42"); // a string may be null, still a string
+  ASSERT_NO_THROW(m = parse_atem(call, tools(R"({"name": "f", "parameters": {"properties":
+                                             {"s": {"type": ["integer", "null"]}}}})")));
+  EXPECT_EQ(m.tool_calls[0].arguments["s"], 42);
+  for (const char *odd : {R"({"name": 5})", R"({"name": "f", "parameters": "x"})",
+                          R"({"name": "f", "parameters": {"properties": [1]}})",
+                          R"({"name": "f", "parameters": {"properties": {"s": {"type": {}}}}})",
+                          R"({"name": "f", "parameters": {"properties": {"s": 7}}})"})
+    EXPECT_NO_THROW(parse_atem(call, tools(odd))) << odd;
+  EXPECT_NO_THROW(parse_atem(call, nlohmann::json::parse(R"([1, "a", null, {"function": 3}])")));
+}
+
+// chat: a message whose role is not a string made tokenize_chat throw (nlohmann's value()).
+TEST(FuzzRegressions, ChatRoleOfAnyTypeNeverThrows) {
+  auto tok =
+      Tokenizer::from_gguf(std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-llama-bpe.gguf");
+  if (!tok.ok()) GTEST_SKIP() << tok.message();
+  auto tmpl = Template::parse("{% for m in messages %}{{ m.content }}{% endfor %}");
+  ASSERT_TRUE(tmpl.ok());
+  for (const char *role : {"5", "null", "[\"assistant\"]", "{\"a\": 1}"}) {
+    const auto ctx = nlohmann::ordered_json::parse(std::string(R"({"messages": [{"role": )") +
+                                                   role + R"(, "content": "hi"}]})");
+    Result<std::vector<int32_t>> r = Status::error("not run");
+    EXPECT_NO_THROW(r = tokenize_chat(**tok, *tmpl, ctx)) << role;
+    EXPECT_TRUE(r.ok()) << role << ": " << r.message();
   }
 }
 

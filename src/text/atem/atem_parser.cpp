@@ -1,5 +1,6 @@
 #include "text/atem/atem_parser.h"
 
+#include <algorithm>
 #include <array>
 #include <functional>
 
@@ -172,15 +173,24 @@ std::vector<ToolCall> parse_function_calls(
 AtemParser::AtemParser(nlohmann::json tools) : tools_(std::move(tools)) {}
 
 bool AtemParser::parameter_is_string(const std::string &tool, const std::string &param) const {
+  // The tool list comes from the request: every step checks the type before reading (nlohmann's
+  // value() throws on a key of another type).
   if (!tools_.is_array()) return false;
   for (const auto &t : tools_) {
+    if (!t.is_object()) continue;
     const auto &fn = t.contains("function") ? t["function"] : t;
-    if (!fn.is_object() || fn.value("name", "") != tool) continue;
-    const auto props = fn.contains("parameters") && fn["parameters"].is_object()
-                           ? fn["parameters"].value("properties", nlohmann::json::object())
-                           : nlohmann::json::object();
-    if (props.is_object() && props.contains(param) && props[param].is_object())
-      return props[param].value("type", "") == "string";
+    if (!fn.is_object() || !fn.contains("name") || fn["name"] != tool) continue;
+    if (!fn.contains("parameters") || !fn["parameters"].is_object()) return false;
+    const auto &params = fn["parameters"];
+    if (!params.contains("properties") || !params["properties"].is_object()) return false;
+    const auto &props = params["properties"];
+    if (!props.contains(param) || !props[param].is_object() || !props[param].contains("type"))
+      return false;
+    // JSON Schema allows a list of types: ["string", "null"] keeps a string a string.
+    const auto &type = props[param]["type"];
+    if (type.is_array())
+      return std::any_of(type.begin(), type.end(), [](const auto &x) { return x == "string"; });
+    return type == "string";
   }
   return false;
 }

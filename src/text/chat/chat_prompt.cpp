@@ -30,7 +30,7 @@ Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
     for (auto &m : guarded["messages"]) {
       // The model's own turns are left to the template, which may legitimately reshape them
       // (e.g. cut a reasoning section with split()); what callers type is protected.
-      if (!m.is_object() || m.value("role", "") == "assistant") continue;
+      if (!m.is_object() || (m.contains("role") && m["role"] == "assistant")) continue;
       if (m.contains("content")) {
         auto &c = m["content"];
         if (c.is_string())
