@@ -57,6 +57,8 @@ if(status)
 endif()
 file(GLOB seeds "${SEEDS}/*")
 file(GLOB regressions "${REGRESSIONS}/*")
+list(FILTER seeds EXCLUDE REGEX "/[.][^/]*$") # .gitkeep
+list(FILTER regressions EXCLUDE REGEX "/[.][^/]*$")
 list(LENGTH seeds n_seeds)
 list(LENGTH regressions n_regressions)
 set(line "${NAME}: ${execs} executions in ${took} s, ${n_seeds} seeds + ${n_regressions} regression inputs replayed, corpus ${corp}, coverage ${cov} edges, peak RSS ${peak} MB")
