@@ -387,25 +387,20 @@ TEST(ServerFeatures, DisconnectFreesTheSequence) {
   engine::EngineOptions eo = small_engine(4096, 32);
   eo.max_cached = 0;
   Running run(*shared().model, eo, opts("cancel"));
-  auto wait_idle = [&] {
-    for (int i = 0; i < 200 && run.metric("offgraph_sequences_active") != 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return run.metric("offgraph_sequences_active");
-  };
   json req = chat(3000, "Write a very long story");
+  req["logit_bias"] = no_end_tokens(shared().path); // only the hang-up ends it early
   req["stream"] = true;
   post_and_hang_up(run.server->port(), req, 600); // a few chunks in
-  EXPECT_EQ(wait_idle(), 0);
+  EXPECT_TRUE(quiescent(run, 1));
   EXPECT_EQ(run.metric("offgraph_client_disconnects_total"), 1);
   const double generated = run.metric("offgraph_generated_tokens_total");
   EXPECT_LT(generated, 3000);
 
   req["stream"] = false;
   std::thread([&] { post_and_hang_up(run.server->port(), req, 0); }).join(); // sends, hangs up
-  for (int i = 0; i < 200 && run.metric("offgraph_client_disconnects_total") < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(quiescent(run, 2));
   EXPECT_EQ(run.metric("offgraph_client_disconnects_total"), 2);
-  EXPECT_EQ(wait_idle(), 0);
+  EXPECT_EQ(run.metric("offgraph_requests_completed_total"), 0);
   EXPECT_LT(run.metric("offgraph_generated_tokens_total") - generated, 3000);
   EXPECT_EQ(run.metric("offgraph_sequences_held"), 0); // nothing cached: no storage held
   // And the server goes on.

@@ -10,9 +10,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 namespace offgraph::server::testing {
@@ -70,6 +72,34 @@ struct Running {
     return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
   }
 };
+
+// Waits (bounded) until the server has accepted `accepted` requests and every one of them has
+// ended (answered in full or cancelled because its client left) and nothing is active, queued or
+// held. Looking only at "active" is not enough: a request the server has not read yet, or one
+// whose first step has not been published, also shows 0 active.
+inline bool quiescent(Running &run, double accepted) {
+  for (int i = 0; i < 400; ++i) {
+    const double in = run.metric("offgraph_requests_total");
+    const double ended = run.metric("offgraph_requests_completed_total") +
+                         run.metric("offgraph_client_disconnects_total");
+    if (in == accepted && ended == accepted && run.metric("offgraph_sequences_active") == 0 &&
+        run.metric("offgraph_queue_depth") == 0 && run.metric("offgraph_sequences_held") == 0)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// logit_bias that forbids the model's end-of-turn tokens: a random model may end its turn at any
+// step, and tests of hang-ups need requests that only the hang-up can end early.
+inline json no_end_tokens(const std::string &model_path) {
+  json bias = json::object();
+  auto tok = text::Tokenizer::from_gguf(model_path);
+  EXPECT_TRUE(tok.ok()) << tok.message();
+  if (tok.ok())
+    for (int32_t id : (*tok)->end_of_generation_ids()) bias[std::to_string(id)] = -100;
+  return bias;
+}
 
 inline json chat(int max_tokens, std::string user = "Hello there") {
   return {{"messages", {{{"role", "user"}, {"content", user}}}},
