@@ -2,7 +2,8 @@
 // through Step::update_and_attend, on a global (flat) layer at 1K/8K/32K history and on a sliding
 // layer (ring: window 2048, max_write 512, 2559 rows), with f16 and q8_0 storage. Reports the
 // compute time of the attention graph, the bytes of K and V it must read, and how close it comes
-// to the memory-bandwidth floor (bytes read / measured read bandwidth).
+// to the memory-bandwidth floor (bytes read / measured read bandwidth); each shape with offgraph's
+// grouped decode kernel and with ggml's flash attention (what llama.cpp runs).
 //
 //   make bench-kv            (writes docs/kv-attention.md)
 #include "cache/geometry.h"
@@ -70,6 +71,8 @@ void BM_DecodeAttention(benchmark::State &state) {
   const bool ring = state.range(0) == 1;
   const int32_t history = int32_t(state.range(1));
   const ggml_type type = ggml_type(state.range(2));
+  const kv::AttentionKernel kernel =
+      state.range(3) == 0 ? kv::AttentionKernel::Grouped : kv::AttentionKernel::Ggml;
 
   std::vector<cache::LayerSpec> layers = {
       {cache::AttentionKind{ring ? kWindow : 0}, kKvHeads, kHeadDim, kHeadDim}};
@@ -77,6 +80,7 @@ void BM_DecodeAttention(benchmark::State &state) {
                                     {history + kMaxWrite, kMaxWrite, 512})
                     .value();
   auto store = kv::KvStore::create(layout, {type, type}, ggml_backend_cpu_buffer_type()).value();
+  store->set_attention_kernel(kernel);
   const kv::SeqId seq = *store->create_sequence();
   if (!store->reserve(seq, history + 1).ok()) {
     state.SkipWithError("reserve failed");
@@ -121,7 +125,10 @@ void BM_DecodeAttention(benchmark::State &state) {
     ggml_backend_tensor_set(tk, k.data(), 0, ggml_nbytes(tk));
     ggml_backend_tensor_set(tv, v.data(), 0, ggml_nbytes(tv));
     step.set_inputs();
-    n_kv = int32_t(out->src[1]->ne[1]);
+    // The K view attended: flash attention's second source, or the grouped kernel's (whose
+    // result merges a partial op).
+    n_kv = int32_t(out->op == GGML_OP_FLASH_ATTN_EXT ? out->src[1]->ne[1]
+                                                     : out->src[0]->src[1]->ne[1]);
     auto c0 = std::chrono::steady_clock::now();
     ggml_backend_graph_compute(backend, gf);
     auto c1 = std::chrono::steady_clock::now();
@@ -140,15 +147,18 @@ void BM_DecodeAttention(benchmark::State &state) {
   state.counters["floor_us"] = bytes / bw * 1e6;
   state.counters["bw_GB/s"] = bw / 1e9;
   state.counters["build_us"] = build_seconds / double(state.iterations()) * 1e6;
-  state.SetLabel(std::string(ring ? "ring w2048" : "global") + " " + ggml_type_name(type));
+  state.SetLabel(std::string(ring ? "ring w2048" : "global") + " " + ggml_type_name(type) + " " +
+                 (kernel == kv::AttentionKernel::Grouped ? "grouped" : "ggml"));
   ggml_gallocr_free(galloc);
   ggml_backend_free(backend);
 }
 
 void Args(benchmark::internal::Benchmark *b) {
   for (int type : {int(GGML_TYPE_F16), int(GGML_TYPE_Q8_0)}) {
-    for (int history : {1024, 8192, 32768}) b->Args({0, history, type});
-    for (int history : {8192, 32768}) b->Args({1, history, type});
+    for (int kernel : {0, 1}) { // offgraph's grouped kernel, ggml's flash attention
+      for (int history : {1024, 8192, 32768}) b->Args({0, history, type, kernel});
+      for (int history : {8192, 32768}) b->Args({1, history, type, kernel});
+    }
   }
 }
 

@@ -60,7 +60,8 @@ std::string json_escape(const std::string &s) {
 
 std::function<int()> add_bench(CLI::App &app) {
   struct Opts {
-    std::string model, prompts = "512", gens = "128", depths = "0", kv_at, ctk = "f16", ctv = "f16";
+    std::string model, prompts = "512", gens = "128", depths = "0", kv_at, ctk = "f16", ctv = "f16",
+                       attention = "grouped";
     int32_t reps = 5, threads = 2, batch = 512;
     uint64_t seed = 1;
     bool no_warmup = false;
@@ -81,6 +82,10 @@ std::function<int()> add_bench(CLI::App &app) {
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
   cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the random tokens")->capture_default_str();
+  cmd->add_option("--attention", o->attention,
+                  "decode attention kernel: grouped (offgraph's) or ggml (flash attention, as "
+                  "llama.cpp)")
+      ->capture_default_str();
   cmd->add_flag("--no-warmup", o->no_warmup, "skip the warmup run");
   cmd->add_option("--kv-at", o->kv_at,
                   "only report the K/V bytes held at these context lengths (comma-separated)");
@@ -96,6 +101,8 @@ std::function<int()> add_bench(CLI::App &app) {
       return fail("-r, -t and -b must be at least 1");
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    auto kernel = kv::parse_attention_kernel(o->attention);
+    if (!kernel.ok()) return fail(kernel.message());
     auto m = model::Model::load(o->model);
     if (!m.ok()) return fail(m.message());
     const model::Model &model = **m;
@@ -153,6 +160,7 @@ std::function<int()> add_bench(CLI::App &app) {
       auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
       if (!store.ok()) return fail(store.message());
       kv::KvStore &kv = **store;
+      kv.set_attention_kernel(*kernel);
       const kv::SeqId seq = *kv.create_sequence();
       model::Forward fwd(model, kv, o->threads);
       // Computes `tokens` at the sequence's end in max_write chunks, logits of the last row.

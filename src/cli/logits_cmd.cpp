@@ -17,7 +17,8 @@ namespace offgraph::cli {
 
 std::function<int()> add_logits(CLI::App &app) {
   struct Opts {
-    std::string model, tokens, out, ctk = "f32", ctv = "f32", ring_order = "physical", prompt;
+    std::string model, tokens, out, ctk = "f32", ctv = "f32", ring_order = "physical", prompt,
+                                    attention = "grouped";
     int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
     uint64_t seed = 1;
   };
@@ -38,6 +39,10 @@ std::function<int()> add_logits(CLI::App &app) {
   cmd->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   cmd->add_option("--ring-order", o->ring_order,
                   "physical (no copy) or logical (summation order of an unwrapped cache)")
+      ->capture_default_str();
+  cmd->add_option("--attention", o->attention,
+                  "decode attention kernel: grouped (offgraph's) or ggml (flash attention, as "
+                  "llama.cpp)")
       ->capture_default_str();
   cmd->add_option("-o,--out", o->out,
                   "write every logits row to this file (for the peer comparer)");
@@ -83,6 +88,9 @@ std::function<int()> add_logits(CLI::App &app) {
     if (o->ring_order == "logical")
       if (Status st = (*store)->set_ring_order(kv::RingOrder::Logical); !st.ok())
         return fail(st.message());
+    auto kernel = kv::parse_attention_kernel(o->attention);
+    if (!kernel.ok()) return fail(kernel.message());
+    (*store)->set_attention_kernel(*kernel);
     const kv::SeqId seq = *(*store)->create_sequence();
     model::Forward fwd(**m, **store, o->threads);
 

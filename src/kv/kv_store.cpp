@@ -6,6 +6,12 @@
 
 namespace offgraph::kv {
 
+Result<AttentionKernel> parse_attention_kernel(std::string_view name) {
+  if (name == "grouped") return AttentionKernel::Grouped;
+  if (name == "ggml") return AttentionKernel::Ggml;
+  return Status::error("attention kernel '" + std::string(name) + "': expected grouped or ggml");
+}
+
 using cache::CacheId;
 
 MemoryUse &MemoryUse::operator+=(const MemoryUse &o) {

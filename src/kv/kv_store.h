@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 namespace offgraph::kv {
@@ -27,6 +28,13 @@ using SeqId = int32_t;
 // they wrap; the summation order then matches an implementation whose cache has not wrapped
 // (llama.cpp's), which matters for bit-level comparisons at reduced precision.
 enum class RingOrder { Physical, Logical };
+
+// Which kernel attends spans of a few tokens (decode). Grouped (the default): offgraph's
+// grouped-query kernel (kv/grouped_attention.h: each K/V row read once per KV head, f32
+// accumulation). Ggml: ggml's flash attention for every span, as llama.cpp does; for comparisons.
+enum class AttentionKernel { Grouped, Ggml };
+// "grouped" or "ggml"; an error naming the choices otherwise.
+Result<AttentionKernel> parse_attention_kernel(std::string_view name);
 
 // Bytes of K/V storage. `held` counts rows allocated times their row bytes; `minimum` what the
 // current lengths need at the least (cache::Layout::min_rows); `buffers` what the backend
@@ -83,6 +91,8 @@ public:
   // Logical order joins rows with ggml_concat, which takes f32, f16 and bf16 storage only.
   Status set_ring_order(RingOrder order);
   RingOrder ring_order() const { return ring_order_; }
+  void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
+  AttentionKernel attention_kernel() const { return attention_kernel_; }
 
   // A new empty sequence: rings allocated in full, flat caches at the initial size. Ids are the
   // lowest unused.
@@ -144,6 +154,7 @@ private:
   int steps_in_flight_ = 0;
   friend class Step;
   RingOrder ring_order_ = RingOrder::Physical;
+  AttentionKernel attention_kernel_ = AttentionKernel::Grouped;
   std::map<SeqId, std::unique_ptr<Entry>> entries_;
 };
 

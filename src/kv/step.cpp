@@ -202,6 +202,10 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     found = written_.emplace(key, w).first;
   }
   const Written &w = found->second;
+  if (store_.attention_kernel() == AttentionKernel::Grouped && T <= kGroupedAttentionMaxTokens) {
+    grouped_params_.push_back({scale, 256});
+    return grouped_attention(ctx, q, w.k, w.v, w.mask, &grouped_params_.back());
+  }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
   ggml_tensor *out = ggml_flash_attn_ext(ctx, qp, w.k, w.v, w.mask, scale, 0.0f, 0.0f);
   return out; // [D_v, H_q, T]

@@ -13,11 +13,13 @@
 #pragma once
 
 #include "base/status.h"
+#include "kv/grouped_attention.h"
 #include "kv/kv_store.h"
 
 #include "ggml.h"
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -87,6 +89,8 @@ private:
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
   std::vector<Pending> pending_;
+  // Read by the grouped attention ops while the graph computes (stable addresses).
+  std::deque<GroupedAttentionParams> grouped_params_;
   bool committed_ = false;
   // One step per store at a time: another step's growth would free storage this graph views.
   bool in_flight_ = false;

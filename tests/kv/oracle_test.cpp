@@ -40,7 +40,8 @@ double tolerance(ggml_type t) {
 
 struct Stats {
   int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
-          clears = 0, ring_calls = 0, shared_calls = 0, logical_trials = 0, refusals = 0;
+          clears = 0, ring_calls = 0, shared_calls = 0, logical_trials = 0, refusals = 0,
+          grouped_calls = 0, ggml_trials = 0;
   double worst = 0;
 };
 
@@ -119,6 +120,12 @@ void Trial::build_geometry() {
     ASSERT_TRUE(store_->set_ring_order(RingOrder::Logical).ok());
     ++stats_.logical_trials;
   }
+  // A third of the trials attend every span with ggml's flash attention; the others take the
+  // grouped kernel for spans of up to kGroupedAttentionMaxTokens tokens.
+  if (chance(1.0 / 3)) {
+    store_->set_attention_kernel(AttentionKernel::Ggml);
+    ++stats_.ggml_trials;
+  }
   std::vector<testing::OracleCache> caches;
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
     const cache::CacheSpec &s = layout_->cache(c).spec;
@@ -168,6 +175,8 @@ void Trial::step() {
       call.k = k[size_t(c)];
       call.v = v[size_t(c)]; // a shared layer passes its donor's K/V, as YOCO computes them
       stats_.ring_calls += layout_->cache(c).ring();
+      stats_.grouped_calls +=
+          store_->attention_kernel() == AttentionKernel::Grouped && T <= kGroupedAttentionMaxTokens;
       stats_.shared_calls += geo.is_shared_layer(l);
       calls.push_back(std::move(call));
     }
@@ -268,7 +277,8 @@ void Trial::run(int n_ops) {
 // Production shapes reach kernels the random trials do not: prefill chunks of >= 64 queries take
 // ggml's tiled flash attention, and decode over >= 512 rows its split-KV path. A ring of 679 rows
 // (window 600, max_write 80) and a flat cache, 720 prompt tokens in chunks of 80, then decodes.
-void large_shapes(StorageTypes types, RingOrder order, double bound) {
+void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, double decode_bound,
+                  AttentionKernel kernel = AttentionKernel::Grouped) {
   std::vector<cache::LayerSpec> layers = {{cache::AttentionKind{600}, 2, 64, 64},
                                           {cache::AttentionKind{0}, 2, 64, 64}};
   auto layout =
@@ -276,6 +286,7 @@ void large_shapes(StorageTypes types, RingOrder order, double bound) {
   ASSERT_TRUE(layout->cache(0).ring());
   auto store = KvStore::create(layout, types, ggml_backend_cpu_buffer_type()).value();
   ASSERT_TRUE(store->set_ring_order(order).ok());
+  store->set_attention_kernel(kernel);
   std::vector<testing::OracleCache> oc(2);
   oc[0] = testing::OracleCache{600, 2, 64, 64};
   oc[1] = testing::OracleCache{0, 2, 64, 64};
@@ -290,7 +301,7 @@ void large_shapes(StorageTypes types, RingOrder order, double bound) {
     return x;
   };
   testing::Runner runner;
-  double worst = 0;
+  double worst_prefill = 0, worst_decode = 0;
   for (int i = 0; i < 9 + 12; ++i) {
     const int32_t T = i < 9 ? 80 : 1, position = store->sequence(seq)->length();
     Step step(*store);
@@ -309,33 +320,50 @@ void large_shapes(StorageTypes types, RingOrder order, double bound) {
     for (const Call &c : calls) {
       const double err =
           testing::relative_error(c.out, oracle.attend(seq, c.cache, position, T, 4, c.q, c.scale));
-      worst = std::max(worst, err);
+      const double bound = T == 1 ? decode_bound : prefill_bound;
+      (T == 1 ? worst_decode : worst_prefill) =
+          std::max(T == 1 ? worst_decode : worst_prefill, err);
       ASSERT_LE(err, bound) << "cache " << c.cache << " positions " << position << ".."
                             << position + T - 1;
     }
     ASSERT_TRUE(step.commit().ok());
   }
-  std::printf("[ oracle   ] large shapes, K %s V %s, %s ring order: worst relative error %.3g "
-              "(bound %.3g)\n",
+  std::printf("[ oracle   ] large shapes, K %s V %s, %s ring order, %s decode kernel: worst "
+              "relative error prefill %.3g (bound %.3g), decode %.3g (bound %.3g)\n",
               ggml_type_name(types.k), ggml_type_name(types.v),
-              order == RingOrder::Logical ? "logical" : "physical", worst, bound);
+              order == RingOrder::Logical ? "logical" : "physical",
+              kernel == AttentionKernel::Grouped ? "grouped" : "ggml", worst_prefill, prefill_bound,
+              worst_decode, decode_bound);
 }
 
 TEST(OracleLargeShapes, F32) {
-  large_shapes({GGML_TYPE_F32, GGML_TYPE_F32}, RingOrder::Physical, 1e-5);
+  large_shapes({GGML_TYPE_F32, GGML_TYPE_F32}, RingOrder::Physical, 1e-5, 1e-5);
 }
 TEST(OracleLargeShapes, F32Logical) {
-  large_shapes({GGML_TYPE_F32, GGML_TYPE_F32}, RingOrder::Logical, 1e-5);
+  large_shapes({GGML_TYPE_F32, GGML_TYPE_F32}, RingOrder::Logical, 1e-5, 1e-5);
 }
-// ggml's CPU flash attention accumulates the weighted sum of f16 V rows in f16 (VKQ16), so its
-// error grows with the rows attended: <= 1.5e-3 at up to 200 rows (the random trials), 2.25e-3
-// over a 679-row ring and 3.0e-3 over 725 flat rows here. Hence 5e-3 at these shapes; an
-// f32-accumulating kernel would hold 2e-3 at any length.
+TEST(OracleLargeShapes, F32GgmlDecode) {
+  large_shapes({GGML_TYPE_F32, GGML_TYPE_F32}, RingOrder::Physical, 1e-5, 1e-5,
+               AttentionKernel::Ggml);
+}
+// ggml's CPU flash attention accumulates the weighted sum of f16 V rows in f16 (VKQ16) in its
+// one-query path, so its decode error grows with the rows attended: <= 1.5e-3 at up to 200 rows
+// (the random trials), 2.25e-3 over a 679-row ring and 3.0e-3 over 725 flat rows here; hence
+// 5e-3 for it. offgraph's grouped decode kernel accumulates in f32 and holds the 2e-3 of f16
+// storage at any length; prefill chunks (80 queries, ggml's tiled kernel) hold it too.
 TEST(OracleLargeShapes, F16) {
-  large_shapes({GGML_TYPE_F16, GGML_TYPE_F16}, RingOrder::Physical, 5e-3);
+  large_shapes({GGML_TYPE_F16, GGML_TYPE_F16}, RingOrder::Physical, 2e-3, 2e-3);
+}
+TEST(OracleLargeShapes, F16GgmlDecode) {
+  large_shapes({GGML_TYPE_F16, GGML_TYPE_F16}, RingOrder::Physical, 2e-3, 5e-3,
+               AttentionKernel::Ggml);
 }
 TEST(OracleLargeShapes, Q8_0) {
-  large_shapes({GGML_TYPE_Q8_0, GGML_TYPE_Q8_0}, RingOrder::Physical, 2e-2);
+  large_shapes({GGML_TYPE_Q8_0, GGML_TYPE_Q8_0}, RingOrder::Physical, 2e-2, 2e-2);
+}
+TEST(OracleLargeShapes, Q8_0GgmlDecode) {
+  large_shapes({GGML_TYPE_Q8_0, GGML_TYPE_Q8_0}, RingOrder::Physical, 2e-2, 2e-2,
+               AttentionKernel::Ggml);
 }
 
 class OracleTest : public ::testing::TestWithParam<std::pair<ggml_type, ggml_type>> {};
@@ -348,16 +376,20 @@ TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
     trial.run(80);
     if (HasFailure()) ADD_FAILURE() << "seed " << seed;
   }
-  std::printf("[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
-              "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores; "
-              "%lld logical-order trials, %lld refusals; worst relative error %.3g (bound %.3g)\n",
-              ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
-              (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
-              (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
-              (long long)stats.forks, (long long)stats.restores, (long long)stats.logical_trials,
-              (long long)stats.refusals, stats.worst,
-              std::max(tolerance(types.k), tolerance(types.v)));
+  std::printf(
+      "[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
+      "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores; "
+      "%lld logical-order trials, %lld refusals, %lld ggml-kernel trials, %lld grouped-kernel "
+      "calls; worst relative error %.3g (bound %.3g)\n",
+      ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
+      (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
+      (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
+      (long long)stats.forks, (long long)stats.restores, (long long)stats.logical_trials,
+      (long long)stats.refusals, (long long)stats.ggml_trials, (long long)stats.grouped_calls,
+      stats.worst, std::max(tolerance(types.k), tolerance(types.v)));
   EXPECT_GT(stats.ring_calls, 100);
+  EXPECT_GT(stats.grouped_calls, 100);
+  EXPECT_GE(stats.ggml_trials, 1);
   EXPECT_GT(stats.restores, 5);
   EXPECT_GT(stats.forks, 5);
 }

@@ -1,0 +1,201 @@
+#include "kv/grouped_attention.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace offgraph::kv {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// n elements of one row of `type` to f32. f32 rows are read in place (returns them).
+const float *row_to_f32(ggml_type type, const char *src, float *dst, int64_t n) {
+  switch (type) {
+  case GGML_TYPE_F32:
+    return reinterpret_cast<const float *>(src);
+  case GGML_TYPE_F16:
+    ggml_cpu_fp16_to_fp32(reinterpret_cast<const ggml_fp16_t *>(src), dst, n);
+    return dst;
+  case GGML_TYPE_BF16:
+    ggml_cpu_bf16_to_fp32(reinterpret_cast<const ggml_bf16_t *>(src), dst, n);
+    return dst;
+  default:
+    ggml_get_type_traits(type)->to_float(src, dst, n);
+    return dst;
+  }
+}
+
+float dot(const float *a, const float *b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Scratch of one thread, reused across calls (sizes only grow).
+struct Scratch {
+  std::vector<float> q, k, v, scores, mask, acc, maxima, sums;
+  std::vector<const float *> k_rows;
+  static Scratch &mine() {
+    thread_local Scratch s;
+    return s;
+  }
+};
+
+// The partial result of one (KV head, chunk) for every query of its group: per query a record
+// of D_v + 2 floats, {max score, sum of exp(score - max), sum of exp(score - max) * v}.
+void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
+  const auto &params = *static_cast<const GroupedAttentionParams *>(userdata);
+  const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *mask = dst->src[3];
+  const int64_t d_k = k->ne[0], d_v = v->ne[0], n_rows = k->ne[1], h_kv = k->ne[2];
+  const int64_t h_q = q->ne[1], n_tok = q->ne[2], group = h_q / h_kv;
+  const int64_t n_chunks = dst->ne[3], n_queries = group * n_tok;
+  Scratch &s = Scratch::mine();
+  const int64_t chunk_cap = params.chunk_rows;
+  s.q.resize(size_t(n_queries * d_k));
+  s.k.resize(size_t(chunk_cap * d_k));
+  s.v.resize(size_t(chunk_cap * d_v));
+  s.scores.resize(size_t(n_queries * chunk_cap));
+  s.mask.resize(size_t(n_tok * chunk_cap));
+  s.k_rows.resize(size_t(chunk_cap));
+  s.maxima.resize(size_t(n_queries));
+  s.sums.resize(size_t(n_queries));
+  const float **k_rows = s.k_rows.data();
+  float *maxima = s.maxima.data(), *sums = s.sums.data();
+
+  for (int64_t item = ith; item < h_kv * n_chunks; item += nth) {
+    const int64_t g = item % h_kv, chunk = item / h_kv;
+    const int64_t r0 = chunk * chunk_cap, n = std::min(chunk_cap, n_rows - r0);
+    // Queries of the group, scaled: query (t, h) at s.q[(t * group + h) * d_k].
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t h = 0; h < group; ++h) {
+        const float *src = reinterpret_cast<const float *>(
+            static_cast<const char *>(q->data) + t * q->nb[2] + (g * group + h) * q->nb[1]);
+        float *out = s.q.data() + (t * group + h) * d_k;
+        for (int64_t d = 0; d < d_k; ++d) out[d] = src[d] * params.scale;
+      }
+    // The mask of the chunk's rows, per token.
+    for (int64_t t = 0; t < n_tok; ++t) {
+      float *m = s.mask.data() + t * chunk_cap;
+      if (mask)
+        ggml_cpu_fp16_to_fp32(reinterpret_cast<const ggml_fp16_t *>(
+                                  static_cast<const char *>(mask->data) + t * mask->nb[1]) +
+                                  r0,
+                              m, n);
+      else
+        std::fill(m, m + n, 0.0f);
+    }
+    // K rows once, then every query's scores.
+    for (int64_t j = 0; j < n; ++j)
+      k_rows[j] = row_to_f32(
+          k->type, static_cast<const char *>(k->data) + (r0 + j) * k->nb[1] + g * k->nb[2],
+          s.k.data() + j * d_k, d_k);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float *m = s.mask.data() + t * chunk_cap;
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t query = t * group + h;
+        const float *qv = s.q.data() + query * d_k;
+        float *sc = s.scores.data() + query * chunk_cap;
+        for (int64_t j = 0; j < n; ++j)
+          sc[j] = m[j] == kNegInf ? kNegInf : dot(qv, k_rows[j], d_k) + m[j];
+      }
+    }
+    // Softmax numerators against the chunk's own maximum.
+    for (int64_t query = 0; query < n_queries; ++query) {
+      float *sc = s.scores.data() + query * chunk_cap;
+      float mx = kNegInf;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+      float sum = 0.0f;
+      if (mx != kNegInf)
+        for (int64_t j = 0; j < n; ++j) {
+          sc[j] = sc[j] == kNegInf ? 0.0f : std::exp(sc[j] - mx);
+          sum += sc[j];
+        }
+      else
+        std::fill(sc, sc + n, 0.0f);
+      maxima[query] = mx, sums[query] = sum;
+    }
+    // V rows once, accumulated into every query's output.
+    s.acc.assign(size_t(n_queries * d_v), 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      bool seen = false;
+      for (int64_t query = 0; query < n_queries && !seen; ++query)
+        seen = s.scores[size_t(query * chunk_cap + j)] != 0.0f;
+      if (!seen) continue; // masked for every query: not even converted
+      const float *vr = row_to_f32(
+          v->type, static_cast<const char *>(v->data) + (r0 + j) * v->nb[1] + g * v->nb[2],
+          s.v.data(), d_v);
+      for (int64_t query = 0; query < n_queries; ++query) {
+        const float p = s.scores[size_t(query * chunk_cap + j)];
+        if (p == 0.0f) continue;
+        float *a = s.acc.data() + query * d_v;
+#pragma omp simd
+        for (int64_t d = 0; d < d_v; ++d) a[d] += p * vr[d];
+      }
+    }
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t query = t * group + h;
+        float *rec = reinterpret_cast<float *>(static_cast<char *>(dst->data) + chunk * dst->nb[3] +
+                                               t * dst->nb[2] + (g * group + h) * dst->nb[1]);
+        rec[0] = maxima[query], rec[1] = sums[query];
+        std::memcpy(rec + 2, s.acc.data() + query * d_v, size_t(d_v) * sizeof(float));
+      }
+  }
+}
+
+// out[:, h, t] = sum_c exp(m_c - m) acc_c / sum_c exp(m_c - m) l_c, with m the largest m_c.
+void merge_op(ggml_tensor *dst, int ith, int nth, void *) {
+  const ggml_tensor *part = dst->src[0];
+  const int64_t d_v = dst->ne[0], h_q = dst->ne[1], n_tok = dst->ne[2], n_chunks = part->ne[3];
+  for (int64_t item = ith; item < h_q * n_tok; item += nth) {
+    const int64_t h = item % h_q, t = item / h_q;
+    auto rec = [&](int64_t c) {
+      return reinterpret_cast<const float *>(static_cast<const char *>(part->data) +
+                                             c * part->nb[3] + t * part->nb[2] + h * part->nb[1]);
+    };
+    float *out =
+        reinterpret_cast<float *>(static_cast<char *>(dst->data) + t * dst->nb[2] + h * dst->nb[1]);
+    float mx = kNegInf;
+    for (int64_t c = 0; c < n_chunks; ++c) mx = std::max(mx, rec(c)[0]);
+    std::fill(out, out + d_v, 0.0f);
+    if (mx == kNegInf) continue; // nothing visible (never for a valid plan)
+    float total = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const float *r = rec(c);
+      if (r[0] == kNegInf) continue;
+      const float w = std::exp(r[0] - mx);
+      total += w * r[1];
+#pragma omp simd
+      for (int64_t d = 0; d < d_v; ++d) out[d] += w * r[2 + d];
+    }
+    const float inv = 1.0f / total;
+    for (int64_t d = 0; d < d_v; ++d) out[d] *= inv;
+  }
+}
+
+} // namespace
+
+ggml_tensor *grouped_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
+                               ggml_tensor *mask, const GroupedAttentionParams *params) {
+  GGML_ASSERT(q->type == GGML_TYPE_F32 && q->ne[0] == k->ne[0] && k->ne[1] == v->ne[1] &&
+              k->ne[2] == v->ne[2] && q->ne[1] % k->ne[2] == 0);
+  GGML_ASSERT(!mask ||
+              (mask->type == GGML_TYPE_F16 && mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[2]));
+  GGML_ASSERT(params && params->chunk_rows > 0);
+  const int64_t n_chunks = (k->ne[1] + params->chunk_rows - 1) / params->chunk_rows;
+  ggml_tensor *args[4] = {q, k, v, mask};
+  ggml_tensor *partial = ggml_custom_4d(
+      ctx, GGML_TYPE_F32, v->ne[0] + 2, q->ne[1], q->ne[2], std::max<int64_t>(1, n_chunks), args,
+      mask ? 4 : 3, partial_op, GGML_N_TASKS_MAX, const_cast<GroupedAttentionParams *>(params));
+  ggml_tensor *merge_args[1] = {partial};
+  return ggml_custom_4d(ctx, GGML_TYPE_F32, v->ne[0], q->ne[1], q->ne[2], 1, merge_args, 1,
+                        merge_op, GGML_N_TASKS_MAX, nullptr);
+}
+
+} // namespace offgraph::kv
