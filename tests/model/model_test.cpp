@@ -102,7 +102,8 @@ std::vector<float> incremental(Session &s, kv::SeqId seq, const std::vector<int3
 // with recomputing the whole prefix in one step (where sliding caches are stored flat).
 void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, int32_t max_chunk,
                              kv::RingOrder order = kv::RingOrder::Physical,
-                             kv::AttentionKernel kernel = kv::AttentionKernel::Grouped) {
+                             kv::AttentionKernel kernel = kv::AttentionKernel::Grouped,
+                             double tolerance = 1e-4) {
   std::mt19937_64 rng(seed);
   Session inc(path, N, max_chunk);
   ASSERT_TRUE(inc.store->set_ring_order(order).ok());
@@ -131,10 +132,11 @@ void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, 
     ASSERT_TRUE(want.ok()) << want.message();
     const double err = rel_error(got.data() + size_t(p) * size_t(V), want->data(), size_t(V));
     worst = std::max(worst, err);
-    ASSERT_LE(err, 1e-4) << "position " << p;
+    ASSERT_LE(err, tolerance) << "position " << p;
   }
-  std::printf("[ model    ] %s: %d positions, worst relative error %.2g\n",
-              inc.model->config().arch_name.c_str(), N, worst);
+  std::printf("[ model    ] %s, weights %s: %d positions, worst relative error %.2g (bound %.2g)\n",
+              inc.model->config().arch_name.c_str(),
+              ggml_type_name(inc.model->weights().layers[0].wq->type), N, worst, tolerance);
 }
 
 // 50 positions: more than three windows of 12.
@@ -165,7 +167,13 @@ TEST(ModelRecompute, EveryWeightType) {
     ASSERT_TRUE(m.ok()) << m.message();
     EXPECT_EQ((*m)->weights().layers[0].wq->type, t) << ggml_type_name(t);
     SCOPED_TRACE(ggml_type_name(t));
-    check_against_recompute(path, 50, 30, 7, kv::RingOrder::Logical, kv::AttentionKernel::Ggml);
+    // F16 weights: with GGML_LLAMAFILE (as llama.cpp builds ggml), products of 2+ tokens take
+    // llamafile's tiled f16 GEMM and single tokens ggml's vec_dot_f16, which sum in other orders;
+    // rounding activations to f16 at every layer grows that to 2e-3 here. Every other type holds
+    // 1e-4 (the quantized ones come out identical).
+    const double tolerance = t == GGML_TYPE_F16 ? 5e-3 : 1e-4;
+    check_against_recompute(path, 50, 30, 7, kv::RingOrder::Logical, kv::AttentionKernel::Ggml,
+                            tolerance);
     if (HasFatalFailure()) return;
   }
 }
