@@ -2,6 +2,10 @@
 
 #include "ggml-cpu.h"
 
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,9 +22,18 @@ const float *row_to_f32(ggml_type type, const char *src, float *dst, int64_t n) 
   switch (type) {
   case GGML_TYPE_F32:
     return reinterpret_cast<const float *>(src);
-  case GGML_TYPE_F16:
-    ggml_cpu_fp16_to_fp32(reinterpret_cast<const ggml_fp16_t *>(src), dst, n);
+  case GGML_TYPE_F16: {
+    const auto *h = reinterpret_cast<const ggml_fp16_t *>(src);
+    int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    // Inline: ggml's exported row converter is a call per row and slower at 128 elements.
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h + i))));
+#endif
+    if (i < n) ggml_cpu_fp16_to_fp32(h + i, dst + i, n - i);
     return dst;
+  }
   case GGML_TYPE_BF16:
     ggml_cpu_bf16_to_fp32(reinterpret_cast<const ggml_bf16_t *>(src), dst, n);
     return dst;
@@ -37,10 +50,54 @@ float dot(const float *a, const float *b, int64_t n) {
   return s;
 }
 
+// 8 floats as one register (AVX's ymm here; any target GCC and Clang support). The kernel's inner
+// loops are written on it so that they keep several independent accumulators in registers: one
+// accumulator per dot product would make every FMA wait for the previous one.
+typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
+inline f32x8 load8(const float *p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float sum8(f32x8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// sc[h * stride + j] = q_h . k_j for 4 queries at once (each K row loaded once for the four);
+// d a multiple of 8.
+void dot4(const float *q0, const float *q1, const float *q2, const float *q3,
+          const float *const *k_rows, int64_t n, int64_t d, float *sc, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float *kr = k_rows[j];
+    f32x8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int64_t i = 0; i < d; i += 8) {
+      const f32x8 kv = load8(kr + i);
+      a0 += load8(q0 + i) * kv, a1 += load8(q1 + i) * kv;
+      a2 += load8(q2 + i) * kv, a3 += load8(q3 + i) * kv;
+    }
+    sc[j] = sum8(a0), sc[stride + j] = sum8(a1), sc[2 * stride + j] = sum8(a2),
+    sc[3 * stride + j] = sum8(a3);
+  }
+}
+
+// acc[0, 64) += sum_j p[j] * v_j[0, 64): eight accumulators held in registers across the rows.
+void accumulate64(const float *p, const float *const *v_rows, int64_t n, int64_t offset,
+                  float *acc) {
+  f32x8 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = load8(acc + 8 * i);
+  for (int64_t j = 0; j < n; ++j) {
+    if (p[j] == 0.0f) continue;
+    const f32x8 w = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+    const float *vr = v_rows[j] + offset;
+    for (int i = 0; i < 8; ++i) a[i] += w * load8(vr + 8 * i);
+  }
+  for (int i = 0; i < 8; ++i) std::memcpy(acc + 8 * i, &a[i], sizeof a[i]);
+}
+
 // Scratch of one thread, reused across calls (sizes only grow).
 struct Scratch {
   std::vector<float> q, k, v, scores, mask, acc, maxima, sums;
-  std::vector<const float *> k_rows;
+  std::vector<const float *> k_rows, v_rows;
   static Scratch &mine() {
     thread_local Scratch s;
     return s;
@@ -63,9 +120,10 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
   s.scores.resize(size_t(n_queries * chunk_cap));
   s.mask.resize(size_t(n_tok * chunk_cap));
   s.k_rows.resize(size_t(chunk_cap));
+  s.v_rows.resize(size_t(chunk_cap));
   s.maxima.resize(size_t(n_queries));
   s.sums.resize(size_t(n_queries));
-  const float **k_rows = s.k_rows.data();
+  const float **k_rows = s.k_rows.data(), **v_rows = s.v_rows.data();
   float *maxima = s.maxima.data(), *sums = s.sums.data();
 
   for (int64_t item = ith; item < h_kv * n_chunks; item += nth) {
@@ -97,13 +155,18 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
           s.k.data() + j * d_k, d_k);
     for (int64_t t = 0; t < n_tok; ++t) {
       const float *m = s.mask.data() + t * chunk_cap;
-      for (int64_t h = 0; h < group; ++h) {
-        const int64_t query = t * group + h;
-        const float *qv = s.q.data() + query * d_k;
-        float *sc = s.scores.data() + query * chunk_cap;
+      const float *qt = s.q.data() + t * group * d_k;
+      float *st = s.scores.data() + t * group * chunk_cap;
+      int64_t h = 0;
+      if (d_k % 8 == 0)
+        for (; h + 4 <= group; h += 4)
+          dot4(qt + h * d_k, qt + (h + 1) * d_k, qt + (h + 2) * d_k, qt + (h + 3) * d_k, k_rows, n,
+               d_k, st + h * chunk_cap, chunk_cap);
+      for (; h < group; ++h)
+        for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
+      for (h = 0; h < group; ++h)
         for (int64_t j = 0; j < n; ++j)
-          sc[j] = m[j] == kNegInf ? kNegInf : dot(qv, k_rows[j], d_k) + m[j];
-      }
+          st[h * chunk_cap + j] = m[j] == kNegInf ? kNegInf : st[h * chunk_cap + j] + m[j];
     }
     // Softmax numerators against the chunk's own maximum.
     for (int64_t query = 0; query < n_queries; ++query) {
@@ -120,23 +183,26 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
         std::fill(sc, sc + n, 0.0f);
       maxima[query] = mx, sums[query] = sum;
     }
-    // V rows once, accumulated into every query's output.
-    s.acc.assign(size_t(n_queries * d_v), 0.0f);
+    // V rows once (those some query sees), then every query's weighted sum.
     for (int64_t j = 0; j < n; ++j) {
       bool seen = false;
       for (int64_t query = 0; query < n_queries && !seen; ++query)
         seen = s.scores[size_t(query * chunk_cap + j)] != 0.0f;
-      if (!seen) continue; // masked for every query: not even converted
-      const float *vr = row_to_f32(
-          v->type, static_cast<const char *>(v->data) + (r0 + j) * v->nb[1] + g * v->nb[2],
-          s.v.data(), d_v);
-      for (int64_t query = 0; query < n_queries; ++query) {
-        const float p = s.scores[size_t(query * chunk_cap + j)];
-        if (p == 0.0f) continue;
-        float *a = s.acc.data() + query * d_v;
-#pragma omp simd
-        for (int64_t d = 0; d < d_v; ++d) a[d] += p * vr[d];
-      }
+      v_rows[j] =
+          seen ? row_to_f32(v->type,
+                            static_cast<const char *>(v->data) + (r0 + j) * v->nb[1] + g * v->nb[2],
+                            s.v.data() + j * d_v, d_v)
+               : nullptr; // masked for every query: weight 0 everywhere, never read
+    }
+    s.acc.assign(size_t(n_queries * d_v), 0.0f);
+    for (int64_t query = 0; query < n_queries; ++query) {
+      const float *p = s.scores.data() + query * chunk_cap;
+      float *a = s.acc.data() + query * d_v;
+      int64_t d0 = 0;
+      for (; d0 + 64 <= d_v; d0 += 64) accumulate64(p, v_rows, n, d0, a + d0);
+      for (int64_t j = 0; j < n && d0 < d_v; ++j)
+        if (p[j] != 0.0f)
+          for (int64_t d = d0; d < d_v; ++d) a[d] += p[j] * v_rows[j][d];
     }
     for (int64_t t = 0; t < n_tok; ++t)
       for (int64_t h = 0; h < group; ++h) {
