@@ -45,7 +45,6 @@ const float *row_to_f32(ggml_type type, const char *src, float *dst, int64_t n) 
 
 float dot(const float *a, const float *b, int64_t n) {
   float s = 0.0f;
-#pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -237,7 +236,6 @@ void merge_op(ggml_tensor *dst, int ith, int nth, void *) {
       if (r[0] == kNegInf) continue;
       const float w = std::exp(r[0] - mx);
       total += w * r[1];
-#pragma omp simd
       for (int64_t d = 0; d < d_v; ++d) out[d] += w * r[2 + d];
     }
     const float inv = 1.0f / total;
