@@ -223,9 +223,10 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
     const json &tools = body["tools"];
     if (!tools.is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
     for (const auto &t : tools)
-      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
-          !t["function"].is_object() || !t["function"].contains("name") ||
-          !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
+          !t.contains("function") || !t["function"].is_object() ||
+          !t["function"].contains("name") || !t["function"]["name"].is_string() ||
+          t["function"]["name"].get<std::string>().empty())
         return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", "
                             "\"parameters\"}}");
     // OpenAI makes a function's description and parameters optional; templates print them.
