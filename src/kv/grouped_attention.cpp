@@ -79,6 +79,68 @@ void dot4(const float *q0, const float *q1, const float *q2, const float *q3,
   }
 }
 
+typedef int32_t i32x8 __attribute__((vector_size(32), aligned(4)));
+inline f32x8 splat8(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
+// Lanes of a where mask is all ones, of b elsewhere.
+inline f32x8 select8(i32x8 mask, f32x8 a, f32x8 b) {
+  return f32x8(((i32x8)a & mask) | ((i32x8)b & ~mask));
+}
+
+// The largest of x[0, n).
+float max_of(const float *x, int64_t n) {
+  f32x8 m = splat8(kNegInf);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const f32x8 v = load8(x + j);
+    m = select8(v > m, v, m);
+  }
+  float mx = kNegInf;
+  for (int l = 0; l < 8; ++l) mx = std::max(mx, m[l]);
+  for (; j < n; ++j) mx = std::max(mx, x[j]);
+  return mx;
+}
+
+// exp(x) for x <= 0, 8 at a time: 2^k * e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial
+// (relative error <= 1.3e-7, about one f32 rounding); x below -87.3 (e^x under the smallest
+// normal float, -inf included) gives exactly 0, which later lets masked rows be skipped.
+inline f32x8 exp8(f32x8 x) {
+  const i32x8 live = x >= splat8(-87.3f);
+  x = select8(live, x, splat8(-87.3f));
+  const f32x8 shifter = splat8(12582912.0f); // 1.5 * 2^23: adding it rounds to an integer
+  const f32x8 k = (x * splat8(1.44269504f) + shifter) - shifter;
+  const f32x8 r = (x - k * splat8(0.693145751953125f)) - k * splat8(1.42860682030941723e-6f);
+  f32x8 p = splat8(1.0f / 720);
+  p = p * r + splat8(1.0f / 120);
+  p = p * r + splat8(1.0f / 24);
+  p = p * r + splat8(1.0f / 6);
+  p = p * r + splat8(0.5f);
+  p = p * r + splat8(1.0f);
+  p = p * r + splat8(1.0f);
+  const i32x8 two_k = (__builtin_convertvector(k, i32x8) + 127) << 23;
+  const f32x8 e = p * (f32x8)two_k;
+  return f32x8((i32x8)e & live);
+}
+
+// x[j] = exp(x[j] - mx) for j < n; returns their sum.
+float exp_minus_max(float *x, int64_t n, float mx) {
+  f32x8 sum = {};
+  const f32x8 m = splat8(mx);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const f32x8 e = exp8(load8(x + j) - m);
+    std::memcpy(x + j, &e, sizeof e);
+    sum += e;
+  }
+  float total = sum8(sum);
+  if (j < n) { // the tail through the same function, so that every value rounds alike
+    float tail[8];
+    for (int l = 0; l < 8; ++l) tail[l] = j + l < n ? x[j + l] - mx : kNegInf;
+    const f32x8 e = exp8(load8(tail));
+    for (int l = 0; j + l < n; ++l) x[j + l] = e[l], total += e[l];
+  }
+  return total;
+}
+
 // acc[0, 64) += sum_j p[j] * v_j[0, 64): eight accumulators held in registers across the rows.
 void accumulate64(const float *p, const float *const *v_rows, int64_t n, int64_t offset,
                   float *acc) {
@@ -163,21 +225,17 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
                d_k, st + h * chunk_cap, chunk_cap);
       for (; h < group; ++h)
         for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
-      for (h = 0; h < group; ++h)
-        for (int64_t j = 0; j < n; ++j)
-          st[h * chunk_cap + j] = m[j] == kNegInf ? kNegInf : st[h * chunk_cap + j] + m[j];
+      if (mask) // -inf (hidden) + a finite score = -inf
+        for (h = 0; h < group; ++h)
+          for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] += m[j];
     }
     // Softmax numerators against the chunk's own maximum.
     for (int64_t query = 0; query < n_queries; ++query) {
       float *sc = s.scores.data() + query * chunk_cap;
-      float mx = kNegInf;
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+      const float mx = max_of(sc, n);
       float sum = 0.0f;
       if (mx != kNegInf)
-        for (int64_t j = 0; j < n; ++j) {
-          sc[j] = sc[j] == kNegInf ? 0.0f : std::exp(sc[j] - mx);
-          sum += sc[j];
-        }
+        sum = exp_minus_max(sc, n, mx);
       else
         std::fill(sc, sc + n, 0.0f);
       maxima[query] = mx, sums[query] = sum;
