@@ -62,20 +62,25 @@ inline float sum8(f32x8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// sc[h * stride + j] = q_h . k_j for 4 queries at once (each K row loaded once for the four);
-// d a multiple of 8.
-void dot4(const float *q0, const float *q1, const float *q2, const float *q3,
-          const float *const *k_rows, int64_t n, int64_t d, float *sc, int64_t stride) {
+// sc[h * stride + j] = q_h . k_j for H queries (q_h at q + h * q_stride) at once, each K row
+// loaded once for all of them, with A accumulators per query over interleaved 8-float blocks so
+// that H * A independent FMA chains are in flight; d a multiple of 8 * A.
+template <int H, int A>
+void dot_heads(const float *q, int64_t q_stride, const float *const *k_rows, int64_t n, int64_t d,
+               float *sc, int64_t stride) {
   for (int64_t j = 0; j < n; ++j) {
     const float *kr = k_rows[j];
-    f32x8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    for (int64_t i = 0; i < d; i += 8) {
-      const f32x8 kv = load8(kr + i);
-      a0 += load8(q0 + i) * kv, a1 += load8(q1 + i) * kv;
-      a2 += load8(q2 + i) * kv, a3 += load8(q3 + i) * kv;
+    f32x8 acc[H][A] = {};
+    for (int64_t i = 0; i < d; i += 8 * A)
+      for (int a = 0; a < A; ++a) {
+        const f32x8 kv = load8(kr + i + 8 * a);
+        for (int h = 0; h < H; ++h) acc[h][a] += load8(q + h * q_stride + i + 8 * a) * kv;
+      }
+    for (int h = 0; h < H; ++h) {
+      f32x8 t = acc[h][0];
+      for (int a = 1; a < A; ++a) t += acc[h][a];
+      sc[h * stride + j] = sum8(t);
     }
-    sc[j] = sum8(a0), sc[stride + j] = sum8(a1), sc[2 * stride + j] = sum8(a2),
-    sc[3 * stride + j] = sum8(a3);
   }
 }
 
@@ -218,11 +223,21 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
       const float *m = s.mask.data() + t * chunk_cap;
       const float *qt = s.q.data() + t * group * d_k;
       float *st = s.scores.data() + t * group * chunk_cap;
+      // Four heads at a time; the rest (groups of 1 to 3: MHA, 8:4 GQA) two or one at a time with
+      // more accumulators each.
       int64_t h = 0;
       if (d_k % 8 == 0)
         for (; h + 4 <= group; h += 4)
-          dot4(qt + h * d_k, qt + (h + 1) * d_k, qt + (h + 2) * d_k, qt + (h + 3) * d_k, k_rows, n,
-               d_k, st + h * chunk_cap, chunk_cap);
+          dot_heads<4, 1>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+      if (d_k % 16 == 0)
+        for (; h + 2 <= group; h += 2)
+          dot_heads<2, 2>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+      if (d_k % 32 == 0)
+        for (; h < group; ++h)
+          dot_heads<1, 4>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+      if (d_k % 8 == 0)
+        for (; h < group; ++h)
+          dot_heads<1, 1>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
       for (; h < group; ++h)
         for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
       if (mask) // -inf (hidden) + a finite score = -inf
