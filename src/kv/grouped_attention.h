@@ -20,6 +20,13 @@ namespace offgraph::kv {
 // Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take ggml's
 // tiled flash attention, which is a GEMM at those shapes.
 inline constexpr int64_t kGroupedAttentionMaxTokens = 8;
+// And only where at least this many query heads share a KV head: with 1 or 2, ggml's kernel reads
+// the rows once or twice, streaming them without conversion, and measured as fast or faster
+// (8:4 GQA at 4K rows: 27.6-29.4 against 26.4-26.9 tokens/s, docs/performance-log.md).
+inline constexpr int64_t kGroupedAttentionMinGroup = 4;
+inline bool grouped_attention_applies(int64_t n_tokens, int64_t group) {
+  return n_tokens <= kGroupedAttentionMaxTokens && group >= kGroupedAttentionMinGroup;
+}
 
 // Parameters the ops read at compute time; must outlive the graph's computation.
 struct GroupedAttentionParams {

@@ -202,7 +202,8 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     found = written_.emplace(key, w).first;
   }
   const Written &w = found->second;
-  if (store_.attention_kernel() == AttentionKernel::Grouped && T <= kGroupedAttentionMaxTokens) {
+  if (store_.attention_kernel() == AttentionKernel::Grouped &&
+      grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads)) {
     grouped_params_.push_back({scale, 256});
     return grouped_attention(ctx, q, w.k, w.v, w.mask, &grouped_params_.back());
   }

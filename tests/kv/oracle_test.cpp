@@ -57,6 +57,12 @@ private:
     return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
   }
   bool chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+  // Query heads per KV head: powers of two as models use, and 6 and 7, whose remainders take
+  // the grouped kernel's two- and one-head paths.
+  int32_t group_ratio() {
+    static constexpr int32_t kRatios[] = {1, 2, 4, 6, 7, 8, 16};
+    return kRatios[uniform(0, 6)];
+  }
   std::vector<float> randn(size_t n) {
     std::normal_distribution<float> d(0.0f, 1.0f);
     std::vector<float> x(n);
@@ -92,7 +98,7 @@ void Trial::build_geometry() {
     const int32_t k_dim = 32 * uniform(1, 8);
     const int32_t v_dim = chance(0.5) ? k_dim : 32 * uniform(1, 8);
     layers.push_back({cache::AttentionKind{window}, kv_heads, k_dim, v_dim});
-    q_heads_.push_back(kv_heads * (1 << uniform(0, 4))); // GQA ratio 1, 2, 4, 8 or 16
+    q_heads_.push_back(kv_heads * group_ratio()); // GQA ratio 1, 2, 4, 6, 7, 8 or 16
   }
   for (int32_t i = owners; i < n_layers; ++i) {
     // A shared layer copies the kind of some owner; its donor is the last owner of that kind.
@@ -100,7 +106,7 @@ void Trial::build_geometry() {
     int32_t donor = owners - 1;
     while (!(layers[size_t(donor)].attention == kind)) --donor;
     layers.push_back(layers[size_t(donor)]);
-    q_heads_.push_back(layers[size_t(donor)].n_kv_heads * (1 << uniform(0, 4)));
+    q_heads_.push_back(layers[size_t(donor)].n_kv_heads * group_ratio());
   }
   auto geo = cache::Geometry::build(layers, n_shared);
   ASSERT_TRUE(geo.ok()) << geo.message();
@@ -175,8 +181,8 @@ void Trial::step() {
       call.k = k[size_t(c)];
       call.v = v[size_t(c)]; // a shared layer passes its donor's K/V, as YOCO computes them
       stats_.ring_calls += layout_->cache(c).ring();
-      stats_.grouped_calls +=
-          store_->attention_kernel() == AttentionKernel::Grouped && T <= kGroupedAttentionMaxTokens;
+      stats_.grouped_calls += store_->attention_kernel() == AttentionKernel::Grouped &&
+                              grouped_attention_applies(T, call.n_q_heads / cs.n_kv_heads);
       stats_.shared_calls += geo.is_shared_layer(l);
       calls.push_back(std::move(call));
     }
@@ -309,9 +315,9 @@ void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, dou
     std::vector<Call> calls(2);
     for (CacheId c = 0; c < 2; ++c) {
       calls[size_t(c)].cache = c;
-      calls[size_t(c)].n_q_heads = 4;
+      calls[size_t(c)].n_q_heads = 8; // 4 per KV head: the grouped kernel's case
       calls[size_t(c)].scale = 0.125f;
-      calls[size_t(c)].q = randn(size_t(T) * 4 * 64);
+      calls[size_t(c)].q = randn(size_t(T) * 8 * 64);
       calls[size_t(c)].k = randn(size_t(T) * 2 * 64);
       calls[size_t(c)].v = randn(size_t(T) * 2 * 64);
     }
@@ -319,7 +325,7 @@ void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, dou
     for (const Call &c : calls) oracle.append(seq, c.cache, c.k, c.v);
     for (const Call &c : calls) {
       const double err =
-          testing::relative_error(c.out, oracle.attend(seq, c.cache, position, T, 4, c.q, c.scale));
+          testing::relative_error(c.out, oracle.attend(seq, c.cache, position, T, 8, c.q, c.scale));
       const double bound = T == 1 ? decode_bound : prefill_bound;
       (T == 1 ? worst_decode : worst_prefill) =
           std::max(T == 1 ? worst_decode : worst_prefill, err);
