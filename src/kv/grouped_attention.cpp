@@ -203,24 +203,19 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
         float *out = s.q.data() + (t * group + h) * d_k;
         for (int64_t d = 0; d < d_k; ++d) out[d] = src[d] * params.scale;
       }
-    // The mask of the chunk's rows, per token.
-    for (int64_t t = 0; t < n_tok; ++t) {
-      float *m = s.mask.data() + t * chunk_cap;
-      if (mask)
+    // The mask of the chunk's rows, per token (none: every row visible, nothing to add).
+    if (mask)
+      for (int64_t t = 0; t < n_tok; ++t)
         ggml_cpu_fp16_to_fp32(reinterpret_cast<const ggml_fp16_t *>(
                                   static_cast<const char *>(mask->data) + t * mask->nb[1]) +
                                   r0,
-                              m, n);
-      else
-        std::fill(m, m + n, 0.0f);
-    }
+                              s.mask.data() + t * chunk_cap, n);
     // K rows once, then every query's scores.
     for (int64_t j = 0; j < n; ++j)
       k_rows[j] = row_to_f32(
           k->type, static_cast<const char *>(k->data) + (r0 + j) * k->nb[1] + g * k->nb[2],
           s.k.data() + j * d_k, d_k);
     for (int64_t t = 0; t < n_tok; ++t) {
-      const float *m = s.mask.data() + t * chunk_cap;
       const float *qt = s.q.data() + t * group * d_k;
       float *st = s.scores.data() + t * group * chunk_cap;
       // Four heads at a time; the rest (groups of 1 to 3: MHA, 8:4 GQA) two or one at a time with
@@ -240,9 +235,11 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
           dot_heads<1, 1>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
       for (; h < group; ++h)
         for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
-      if (mask) // -inf (hidden) + a finite score = -inf
+      if (mask) { // -inf (hidden) + a finite score = -inf
+        const float *m = s.mask.data() + t * chunk_cap;
         for (h = 0; h < group; ++h)
           for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] += m[j];
+      }
     }
     // Softmax numerators against the chunk's own maximum.
     for (int64_t query = 0; query < n_queries; ++query) {

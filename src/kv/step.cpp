@@ -204,7 +204,9 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   const Written &w = found->second;
   if (store_.attention_kernel() == AttentionKernel::Grouped &&
       grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads)) {
-    grouped_params_.push_back({scale, 256});
+    // Layers of one model share their scale: one parameter block per distinct scale.
+    if (grouped_params_.empty() || grouped_params_.back().scale != scale)
+      grouped_params_.push_back({scale, 256});
     return grouped_attention(ctx, q, w.k, w.v, w.mask, &grouped_params_.back());
   }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
