@@ -12,6 +12,7 @@
 // saved sequence state) and times the test. One JSON object per test, with llama-bench's field
 // names: n_prompt, n_gen, n_depth, samples_ts, avg_ts.
 #include "llama.h"
+#include "model/node_profile.h"
 
 #include <chrono>
 #include <cstdio>
@@ -25,7 +26,37 @@ namespace {
 struct Args {
   std::string model;
   int p = 512, n = 128, depth = 0, reps = 5, threads = 2;
+  bool paced = false; // as `offgraph bench --paced`: '#wait' + a line from stdin before each unit
+  bool profile_ops = false; // as `offgraph bench --profile-ops`, through the eval callback
 };
+
+// --profile-ops: the scheduler computes up to each node the callback asks for and synchronizes,
+// so asking for every node times them one by one (the callback's first call starts the clock).
+struct OpTimer {
+  offgraph::model::NodeProfile *profile = nullptr; // set during timed reps
+  std::chrono::steady_clock::time_point start;
+};
+
+bool time_node(ggml_tensor *t, bool ask, void *user) {
+  auto *timer = static_cast<OpTimer *>(user);
+  const auto now = std::chrono::steady_clock::now();
+  if (ask) {
+    timer->start = now;
+    return true;
+  }
+  if (timer->profile)
+    timer->profile->add(t, std::chrono::duration<double>(now - timer->start).count());
+  return true;
+}
+
+// Paced: every piece of work runs between a line read from stdin and the next '#wait'.
+bool pace(const Args &a) {
+  if (!a.paced) return true;
+  std::puts("#wait");
+  std::fflush(stdout);
+  char line[64];
+  return std::fgets(line, sizeof line, stdin) != nullptr;
+}
 
 std::mt19937 rng(1);
 
@@ -59,7 +90,14 @@ bool generate(llama_context *ctx, int count, int n_vocab) {
 
 int main(int argc, char **argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
+    if (std::string(argv[i]) == "--paced" || std::string(argv[i]) == "--profile-ops") {
+      (std::string(argv[i]) == "--paced" ? a.paced : a.profile_ops) = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc)
+      return std::fprintf(stderr, "llama_peer_bench: %s needs a value\n", argv[i]), 2;
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "-m")
       a.model = v;
@@ -77,7 +115,10 @@ int main(int argc, char **argv) {
       return std::fprintf(stderr, "llama_peer_bench: unknown option %s\n", k.c_str()), 2;
   }
   if (a.model.empty() || a.reps < 1)
-    return std::fprintf(stderr, "usage: llama_peer_bench -m FILE [-p N -n N -d N -r N -t N]\n"), 2;
+    return std::fprintf(stderr,
+                        "usage: llama_peer_bench -m FILE [-p N -n N -d N -r N -t N] [--paced]\n"),
+           2;
+  if (!pace(a)) return 0;
   llama_log_set(
       [](ggml_log_level level, const char *text, void *) {
         if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
@@ -104,6 +145,12 @@ int main(int argc, char **argv) {
     cp.n_threads_batch = a.threads;
     cp.type_k = GGML_TYPE_F16;
     cp.type_v = GGML_TYPE_F16;
+    OpTimer timer;
+    offgraph::model::NodeProfile profile;
+    if (a.profile_ops) {
+      cp.cb_eval = time_node;
+      cp.cb_eval_user_data = &timer;
+    }
     llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return std::fprintf(stderr, "llama_peer_bench: cannot create a context\n"), 1;
     llama_memory_t mem = llama_get_memory(ctx);
@@ -113,6 +160,7 @@ int main(int argc, char **argv) {
     if (!warm) return std::fprintf(stderr, "llama_peer_bench: warmup failed\n"), 1;
     std::vector<double> ts;
     for (int r = 0; r < a.reps; ++r) {
+      if (!pace(a)) return 0;
       llama_memory_clear(mem, false);
       if (a.depth > 0) {
         bool restored = false;
@@ -131,13 +179,23 @@ int main(int argc, char **argv) {
         }
       }
       const auto t0 = std::chrono::steady_clock::now();
+      if (a.profile_ops) timer.profile = &profile;
       const bool ok = test == 0 ? decode_tokens(ctx, count, 2048, n_vocab, false)
                                 : generate(ctx, count, n_vocab);
+      timer.profile = nullptr;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!ok) return std::fprintf(stderr, "llama_peer_bench: decode failed\n"), 1;
       ts.push_back(count / s);
       std::fprintf(stderr, "llama_peer_bench: %s%d @ d%d rep %d/%d: %.2f t/s\n",
                    test == 0 ? "pp" : "tg", count, a.depth, r + 1, a.reps, ts.back());
+      if (a.paced) std::printf("#sample %s %.3f\n", test == 0 ? "pp" : "tg", ts.back());
+    }
+    if (!profile.empty()) {
+      // Steps: one per 512-token ubatch of the prompt, one per generated token.
+      const int steps = a.reps * (test == 0 ? (count + 511) / 512 : count);
+      const std::string title = std::string("llama.cpp ") + (test == 0 ? "pp" : "tg") +
+                                std::to_string(count) + " @ d" + std::to_string(a.depth);
+      profile.print(stderr, title.c_str(), steps);
     }
     std::string list;
     double sum = 0;

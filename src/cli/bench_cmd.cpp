@@ -13,6 +13,7 @@
 
 #include "kv/storage_types.h"
 #include "model/forward.h"
+#include "model/node_profile.h"
 
 #include "ggml-cpu.h"
 
@@ -64,7 +65,7 @@ std::function<int()> add_bench(CLI::App &app) {
                        attention = "grouped";
     int32_t reps = 5, threads = 2, batch = 512;
     uint64_t seed = 1;
-    bool no_warmup = false;
+    bool no_warmup = false, paced = false, profile_ops = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand(
@@ -87,6 +88,12 @@ std::function<int()> add_bench(CLI::App &app) {
                   "llama.cpp)")
       ->capture_default_str();
   cmd->add_flag("--no-warmup", o->no_warmup, "skip the warmup run");
+  cmd->add_flag("--paced", o->paced,
+                "let the caller interleave runs: print '#wait' and read a line from stdin at the "
+                "start and before each timed rep; print '#sample TEST TS' after each rep");
+  cmd->add_flag("--profile-ops", o->profile_ops,
+                "compute node by node during the timed reps and print the time per kind of node "
+                "(weight matrix or op) to stderr; slows every step, so its t/s are not speeds");
   cmd->add_option("--kv-at", o->kv_at,
                   "only report the K/V bytes held at these context lengths (comma-separated)");
   return [o]() -> int {
@@ -103,6 +110,16 @@ std::function<int()> add_bench(CLI::App &app) {
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     auto kernel = kv::parse_attention_kernel(o->attention);
     if (!kernel.ok()) return fail(kernel.message());
+    // Paced: all work (loading, filling, warmup, reps) runs between a line read from stdin and
+    // the next '#wait', so a harness can run two engines in turn, one rep each, never at once.
+    auto pace = [&]() -> bool {
+      if (!o->paced) return true;
+      std::puts("#wait");
+      std::fflush(stdout);
+      char line[64];
+      return std::fgets(line, sizeof line, stdin) != nullptr;
+    };
+    if (!pace()) return 0;
     auto m = model::Model::load(o->model);
     if (!m.ok()) return fail(m.message());
     const model::Model &model = **m;
@@ -163,6 +180,12 @@ std::function<int()> add_bench(CLI::App &app) {
       kv.set_attention_kernel(*kernel);
       const kv::SeqId seq = *kv.create_sequence();
       model::Forward fwd(model, kv, o->threads);
+      model::NodeProfile *profile = nullptr; // set during timed reps with --profile-ops
+      int32_t profiled_steps = 0;
+      if (o->profile_ops)
+        fwd.set_node_observer([&](const ggml_tensor *node, double seconds) {
+          if (profile) profile->add(node, seconds);
+        });
       // Computes `tokens` at the sequence's end in max_write chunks, logits of the last row.
       auto prefill = [&](const std::vector<int32_t> &tokens) -> Status {
         for (size_t at = 0; at < tokens.size();) {
@@ -173,6 +196,7 @@ std::function<int()> add_bench(CLI::App &app) {
           b.logit_rows = {n - 1};
           auto logits = fwd.run(b);
           if (!logits.ok()) return logits.status();
+          profiled_steps += profile != nullptr;
           at += size_t(n);
         }
         return ok_status();
@@ -186,6 +210,7 @@ std::function<int()> add_bench(CLI::App &app) {
           b.logit_rows = {0};
           auto logits = fwd.run(b);
           if (!logits.ok()) return logits.status();
+          profiled_steps += profile != nullptr;
           token = int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin());
         }
         return ok_status();
@@ -216,16 +241,28 @@ std::function<int()> add_bench(CLI::App &app) {
         if (n > 0) tests.push_back({"tg", n});
       for (const Test &t : tests) {
         std::vector<double> ts;
+        model::NodeProfile test_profile;
+        profiled_steps = 0;
         for (int32_t r = 0; r < o->reps; ++r) {
+          if (!pace()) return 0;
           if (Status st = kv.restore(seq, **snap); !st.ok()) return fail(st.message());
           const auto start = clock::now();
+          profile = o->profile_ops ? &test_profile : nullptr;
           Status st = t.name[0] == 'p' ? prefill(random_tokens(t.n)) : decode(t.n);
+          profile = nullptr;
           const double s = std::chrono::duration<double>(clock::now() - start).count();
           if (!st.ok()) return fail(st.message());
           ts.push_back(double(t.n) / s);
           std::fprintf(stderr, "offgraph bench: %s%d @ d%d rep %d/%d: %.2f t/s\n", t.name, t.n, d,
                        r + 1, o->reps, ts.back());
+          if (o->paced) std::printf("#sample %s %.3f\n", t.name, ts.back());
         }
+        if (!test_profile.empty())
+          test_profile.print(
+              stderr,
+              (std::string("offgraph ") + t.name + std::to_string(t.n) + " @ d" + std::to_string(d))
+                  .c_str(),
+              profiled_steps);
         const kv::MemoryUse mu = kv.memory(seq);
         std::string list;
         double sum = 0;

@@ -2,6 +2,8 @@
 
 #include "ggml-cpu.h"
 
+#include <chrono>
+
 namespace offgraph::model {
 
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
@@ -60,14 +62,31 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
     for (int32_t i = 0; i < s.n_tokens; ++i) positions.push_back(s.position + i);
   ggml_backend_tensor_set(in.tokens, batch.tokens.data(), 0, ggml_nbytes(in.tokens));
   ggml_backend_tensor_set(in.positions, positions.data(), 0, ggml_nbytes(in.positions));
-  ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
+  if (in.logit_rows->buffer) // not in the graph when every row's logits are wanted
+    ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
   step.set_inputs();
-  if (ggml_backend_graph_compute(backend_.get(), gf) != GGML_STATUS_SUCCESS)
-    return Status::error("forward: graph compute failed");
+  if (compute(gf) != GGML_STATUS_SUCCESS) return Status::error("forward: graph compute failed");
   std::vector<float> out(size_t(ggml_nelements(*logits)));
   ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
   if (Status s = step.commit(); !s.ok()) return s;
   return out;
+}
+
+ggml_status Forward::compute(ggml_cgraph *gf) {
+  if (!observer_) return ggml_backend_graph_compute(backend_.get(), gf);
+  ggml_init_params params = {ggml_graph_overhead_custom(1, false), nullptr, true};
+  ggml_context_ptr ctx(ggml_init(params));
+  ggml_cgraph *one = ggml_new_graph_custom(ctx.get(), 1, false);
+  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+    ggml_graph_clear(one);
+    ggml_graph_add_node(one, ggml_graph_node(gf, i));
+    const auto start = std::chrono::steady_clock::now();
+    if (ggml_status s = ggml_backend_graph_compute(backend_.get(), one); s != GGML_STATUS_SUCCESS)
+      return s;
+    observer_(ggml_graph_node(gf, i),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return GGML_STATUS_SUCCESS;
 }
 
 Result<std::shared_ptr<const cache::Layout>> make_layout(const Model &model, cache::Policy policy) {

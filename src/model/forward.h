@@ -10,6 +10,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
 
+#include <functional>
 #include <vector>
 
 namespace offgraph::model {
@@ -21,11 +22,20 @@ public:
   // Logits of batch.logit_rows, row after row (n_rows x n_vocab).
   Result<std::vector<float>> run(const Batch &batch);
 
+  // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one
+  // node at a time and the observer gets each node with its wall time. Slower (one thread
+  // handoff per node), for finding where a step's time goes, never for measuring speed.
+  using NodeObserver = std::function<void(const ggml_tensor *node, double seconds)>;
+  void set_node_observer(NodeObserver observer) { observer_ = std::move(observer); }
+
 private:
+  ggml_status compute(ggml_cgraph *gf);
+
   const Model &model_;
   kv::KvStore &store_;
   ggml_backend_ptr backend_;
   ggml_gallocr_ptr alloc_;
+  NodeObserver observer_;
 };
 
 // The cache layout a model needs: its geometry with this runtime policy.

@@ -389,19 +389,20 @@ Status GgufFile::map_weights(const Progress &progress) {
     if (ggml_backend_tensor_alloc(buffer_.get(), t, addr) != GGML_STATUS_SUCCESS)
       return Status::error(path_ + ": cannot bind tensor '" + t->name + "'");
   }
-  if (progress) {
-    // Touch one byte a page so the reads happen here, with progress, not in the first step.
-    const long page = sysconf(_SC_PAGESIZE);
-    const volatile char *p = static_cast<const char *>(map_);
-    const uint64_t chunk = uint64_t(64) << 20;
-    char sink = 0;
-    for (uint64_t at = 0; at < file_size_;) {
-      const uint64_t end = std::min(file_size_, at + chunk);
-      for (; at < end; at += uint64_t(page)) sink ^= p[at];
-      progress(at, file_size_);
-    }
-    (void)sink;
+  // Touch one byte a page so the reads and page-table entries happen here (with progress), not
+  // in the steps: an unmapped embedding row costs a page fault in the decode step that first
+  // reads it (0.2 ms a step measured on a 0.4B model; llama.cpp maps with MAP_POPULATE).
+  posix_madvise(map_, file_size_, POSIX_MADV_WILLNEED);
+  const long page = sysconf(_SC_PAGESIZE);
+  const volatile char *p = static_cast<const char *>(map_);
+  const uint64_t chunk = uint64_t(64) << 20;
+  char sink = 0;
+  for (uint64_t at = 0; at < file_size_;) {
+    const uint64_t end = std::min(file_size_, at + chunk);
+    for (; at < end; at += uint64_t(page)) sink ^= p[at];
+    if (progress) progress(at, file_size_);
   }
+  (void)sink;
   return ok_status();
 }
 

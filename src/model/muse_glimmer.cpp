@@ -16,6 +16,7 @@ Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, 
     return gain ? ggml_mul(ctx, x, gain) : x;
   };
 
+  const bool keep_rows = int64_t(batch.logit_rows.size()) < n; // else every row is wanted
   ggml_tensor *x = norm(ggml_get_rows(ctx, w.tok_embd, in.tokens), nullptr, c.rms_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
@@ -34,6 +35,13 @@ Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, 
     }
     auto o = attend_spans(ctx, batch, step, q, k, v, cache::CacheId(il), c.attn_scale);
     if (!o.ok()) return o.status();
+    if (il == c.n_layer - 1 && keep_rows) {
+      // Every row's K/V is written by now; past this point only the rows whose logits are
+      // wanted matter (a prompt chunk keeps 1 of 512 through the last projection and MLP).
+      *o = ggml_get_rows(ctx, *o, in.logit_rows);
+      gate = ggml_get_rows(ctx, gate, in.logit_rows);
+      x = ggml_get_rows(ctx, x, in.logit_rows);
+    }
     ggml_tensor *attn = ggml_mul_mat(ctx, l.wo, ggml_mul(ctx, *o, ggml_sigmoid(ctx, gate)));
     x = ggml_add(ctx, x, norm(attn, l.post_attn_norm, c.post_norm_eps));
 
@@ -42,8 +50,6 @@ Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, 
         ggml_swiglu_split(ctx, ggml_mul_mat(ctx, l.ffn_gate, f), ggml_mul_mat(ctx, l.ffn_up, f));
     x = ggml_add(ctx, x, norm(ggml_mul_mat(ctx, l.ffn_down, h), l.post_ffn_norm, c.post_norm_eps));
   }
-  // Only the rows whose logits are wanted go through the final norm and the head.
-  x = ggml_get_rows(ctx, x, in.logit_rows);
   ggml_tensor *logits = ggml_mul_mat(ctx, w.output, norm(x, w.output_norm, c.rms_eps));
   logits = ggml_scale(ctx, logits, c.logit_scale);
   if (c.softcap > 0) {
