@@ -1,5 +1,7 @@
 #include "kv/grouped_attention.h"
 
+#include "base/simd8.h"
+
 #include "ggml-cpu.h"
 
 #if defined(__F16C__) && defined(__AVX__)
@@ -14,6 +16,8 @@
 
 namespace offgraph::kv {
 namespace {
+
+using namespace simd;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -49,19 +53,6 @@ float dot(const float *a, const float *b, int64_t n) {
   return s;
 }
 
-// 8 floats as one register (AVX's ymm here; any target GCC and Clang support). The kernel's inner
-// loops are written on it so that they keep several independent accumulators in registers: one
-// accumulator per dot product would make every FMA wait for the previous one.
-typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
-inline f32x8 load8(const float *p) {
-  f32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline float sum8(f32x8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
 // sc[h * stride + j] = q_h . k_j for H queries (q_h at q + h * q_stride) at once, each K row
 // loaded once for all of them, with A accumulators per query over interleaved 8-float blocks so
 // that H * A independent FMA chains are in flight; d a multiple of 8 * A.
@@ -84,13 +75,6 @@ void dot_heads(const float *q, int64_t q_stride, const float *const *k_rows, int
   }
 }
 
-typedef int32_t i32x8 __attribute__((vector_size(32), aligned(4)));
-inline f32x8 splat8(float x) { return f32x8{x, x, x, x, x, x, x, x}; }
-// Lanes of a where mask is all ones, of b elsewhere.
-inline f32x8 select8(i32x8 mask, f32x8 a, f32x8 b) {
-  return f32x8(((i32x8)a & mask) | ((i32x8)b & ~mask));
-}
-
 // The largest of x[0, n).
 float max_of(const float *x, int64_t n) {
   f32x8 m = splat8(kNegInf);
@@ -103,27 +87,6 @@ float max_of(const float *x, int64_t n) {
   for (int l = 0; l < 8; ++l) mx = std::max(mx, m[l]);
   for (; j < n; ++j) mx = std::max(mx, x[j]);
   return mx;
-}
-
-// exp(x) for x <= 0, 8 at a time: 2^k * e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial
-// (relative error <= 1.3e-7, about one f32 rounding); x below -87.3 (e^x under the smallest
-// normal float, -inf included) gives exactly 0, which later lets masked rows be skipped.
-inline f32x8 exp8(f32x8 x) {
-  const i32x8 live = x >= splat8(-87.3f);
-  x = select8(live, x, splat8(-87.3f));
-  const f32x8 shifter = splat8(12582912.0f); // 1.5 * 2^23: adding it rounds to an integer
-  const f32x8 k = (x * splat8(1.44269504f) + shifter) - shifter;
-  const f32x8 r = (x - k * splat8(0.693145751953125f)) - k * splat8(1.42860682030941723e-6f);
-  f32x8 p = splat8(1.0f / 720);
-  p = p * r + splat8(1.0f / 120);
-  p = p * r + splat8(1.0f / 24);
-  p = p * r + splat8(1.0f / 6);
-  p = p * r + splat8(0.5f);
-  p = p * r + splat8(1.0f);
-  p = p * r + splat8(1.0f);
-  const i32x8 two_k = (__builtin_convertvector(k, i32x8) + 127) << 23;
-  const f32x8 e = p * (f32x8)two_k;
-  return f32x8((i32x8)e & live);
 }
 
 // x[j] = exp(x[j] - mx) for j < n; returns their sum.

@@ -98,6 +98,8 @@ Result<std::unique_ptr<Model>> Model::open_metadata(const std::string &path) {
   auto config = read_config(*m->file_);
   if (!config.ok()) return config.status();
   m->config_ = *config;
+  if (m->config_.softcap > 0)
+    m->softcap_ = {m->config_.logit_scale / m->config_.softcap, m->config_.softcap};
   auto weights = bind_weights(*m->file_, m->config_);
   if (!weights.ok()) return weights.status();
   m->weights_ = *weights;

@@ -9,6 +9,7 @@
 #include "kv/step.h"
 #include "model/config.h"
 #include "model/gguf_file.h"
+#include "model/softcap.h"
 
 #include <memory>
 #include <string>
@@ -41,6 +42,8 @@ public:
   const ModelConfig &config() const { return config_; }
   const GgufFile &file() const { return *file_; }
   const Weights &weights() const { return weights_; }
+  // The final soft-cap's constants (cap 0: none), where graphs' softcap ops read them.
+  const SoftcapParams *softcap() const { return &softcap_; }
   Result<cache::Geometry> geometry() const;
   int64_t n_params() const;
 
@@ -48,6 +51,7 @@ private:
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
   Weights weights_;
+  SoftcapParams softcap_;
 };
 
 // The tokens of one forward pass: spans of consecutive tokens, each continuing one sequence.

@@ -51,13 +51,9 @@ Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, 
     x = ggml_add(ctx, x, norm(ggml_mul_mat(ctx, l.ffn_down, h), l.post_ffn_norm, c.post_norm_eps));
   }
   ggml_tensor *logits = ggml_mul_mat(ctx, w.output, norm(x, w.output_norm, c.rms_eps));
-  logits = ggml_scale(ctx, logits, c.logit_scale);
-  if (c.softcap > 0) {
-    logits = ggml_scale(ctx, logits, 1.0f / c.softcap);
-    logits = ggml_tanh(ctx, logits);
-    logits = ggml_scale(ctx, logits, c.softcap);
-  }
-  return logits;
+  // cap * tanh(logits * logit_scale / cap) in one pass (softcap.h says why not ggml's ops).
+  if (c.softcap > 0) return softcap_logits(ctx, logits, model.softcap());
+  return ggml_scale(ctx, logits, c.logit_scale);
 }
 
 } // namespace offgraph::model
