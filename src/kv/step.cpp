@@ -2,6 +2,7 @@
 
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -85,32 +86,46 @@ ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan,
                         window,         rows.ring_rows ? plan.high_water_after : rows.first_label,
                         rows.first_row, rows.n_rows};
   if (auto it = masks_.find(key); it != masks_.end()) return it->second;
+  ggml_tensor *t = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, rows.n_rows, plan.n_tokens);
+  ggml_set_input(t);
+  ggml_format_name(t, "kv_mask_s%d_r%d_w%d", span, rows.ring_rows, window);
+  // Filled in set_inputs, straight into the allocated tensor: at depth the mask of a prefill chunk
+  // is large ([16,896 x 512] f16 = 17 MB at depth 16K) and a staging copy would double its cost.
+  pending_masks_.push_back({t, plan.position, plan.n_tokens, plan.high_water_after, window, rows});
+  masks_.emplace(key, t);
+  return t;
+}
 
+void Step::fill_mask(const PendingMask &pm, ggml_fp16_t *m) {
   // Row j of the rows read holds logical position label(j): first_label + j for rows read in
   // logical order, or, for a ring read in physical order, the slot's position from the
   // high-water mark (rows at or past the queries, and empty slots, are masked). Query i at
   // position p sees label l iff l <= p and, with a window, p - l < w.
-  auto label = [&](int32_t j) {
-    return rows.ring_rows ? cache::ring_slot_position(rows.ring_rows, plan.high_water_after,
-                                                      rows.first_row + j)
-                          : rows.first_label + j;
-  };
-  const ggml_fp16_t visible = ggml_fp32_to_fp16(0.0f);
-  const ggml_fp16_t hidden = ggml_fp32_to_fp16(-INFINITY);
-  std::vector<uint8_t> bytes(size_t(rows.n_rows) * size_t(plan.n_tokens) * sizeof(ggml_fp16_t));
-  ggml_fp16_t *m = reinterpret_cast<ggml_fp16_t *>(bytes.data());
-  for (int32_t i = 0; i < plan.n_tokens; ++i) {
-    const int32_t p = plan.position + i;
-    for (int32_t j = 0; j < rows.n_rows; ++j) {
-      const int32_t l = label(j);
-      const bool see = l >= 0 && l <= p && (window == 0 || p - l < window);
-      m[size_t(i) * size_t(rows.n_rows) + size_t(j)] = see ? visible : hidden;
+  const uint16_t visible = ggml_fp32_to_fp16(0.0f);
+  const uint16_t hidden = ggml_fp32_to_fp16(-INFINITY);
+  const RowLabels &rows = pm.rows;
+  const size_t n = size_t(rows.n_rows);
+  for (int32_t i = 0; i < pm.n_tokens; ++i) {
+    const int32_t p = pm.position + i;
+    uint16_t *row = reinterpret_cast<uint16_t *>(m) + size_t(i) * n;
+    if (rows.ring_rows == 0) {
+      // Consecutive labels: the visible rows are one run [lo, hi); fill three runs.
+      const int64_t first = rows.first_label;
+      const int64_t lo =
+          std::clamp<int64_t>(pm.window ? p - pm.window + 1 - first : 0, 0, int64_t(n));
+      const int64_t hi = std::clamp<int64_t>(int64_t(p) - first + 1, lo, int64_t(n));
+      std::fill(row, row + lo, hidden);
+      std::fill(row + lo, row + hi, visible);
+      std::fill(row + hi, row + n, hidden);
+      continue;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t l = cache::ring_slot_position(rows.ring_rows, pm.high_water_after,
+                                                  rows.first_row + int32_t(j));
+      const bool see = l >= 0 && l <= p && (pm.window == 0 || p - l < pm.window);
+      row[j] = see ? visible : hidden;
     }
   }
-  ggml_tensor *t = input(ctx, GGML_TYPE_F16, rows.n_rows, plan.n_tokens, std::move(bytes));
-  ggml_format_name(t, "kv_mask_s%d_r%d_w%d", span, rows.ring_rows, window);
-  masks_.emplace(key, t);
-  return t;
 }
 
 Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k,
@@ -217,6 +232,15 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
 void Step::set_inputs() {
   for (const Pending &p : pending_)
     ggml_backend_tensor_set(p.tensor, p.bytes.data(), 0, p.bytes.size());
+  for (const PendingMask &pm : pending_masks_) {
+    if (ggml_backend_buffer_is_host(pm.tensor->buffer)) {
+      fill_mask(pm, static_cast<ggml_fp16_t *>(pm.tensor->data));
+      continue;
+    }
+    std::vector<ggml_fp16_t> staged(size_t(ggml_nelements(pm.tensor)));
+    fill_mask(pm, staged.data());
+    ggml_backend_tensor_set(pm.tensor, staged.data(), 0, ggml_nbytes(pm.tensor));
+  }
 }
 
 Status Step::commit() {

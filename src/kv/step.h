@@ -79,6 +79,12 @@ private:
   };
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
+  struct PendingMask { // what a mask tensor must hold, written once the graph is allocated
+    ggml_tensor *tensor;
+    int32_t position, n_tokens, high_water_after, window;
+    RowLabels rows;
+  };
+  static void fill_mask(const PendingMask &pm, ggml_fp16_t *out);
 
   KvStore &store_;
   std::vector<Span> spans_;
@@ -89,6 +95,7 @@ private:
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
   std::vector<Pending> pending_;
+  std::vector<PendingMask> pending_masks_;
   // Read by the grouped attention ops while the graph computes (stable addresses).
   std::deque<GroupedAttentionParams> grouped_params_;
   bool committed_ = false;
