@@ -20,12 +20,17 @@ namespace offgraph::kv {
 // Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take ggml's
 // tiled flash attention, which is a GEMM at those shapes.
 inline constexpr int64_t kGroupedAttentionMaxTokens = 8;
-// And only where at least this many query heads share a KV head: with 1 or 2, ggml's kernel reads
-// the rows once or twice, streaming them without conversion, and measured as fast or faster
-// (8:4 GQA at 4K rows: 27.6-29.4 against 26.4-26.9 tokens/s, docs/performance-log.md).
+// And where at least this many query heads share a KV head; groups of 2-3 only over at least
+// kGroupedAttentionSmallGroupMinRows rows. Measured with paired, interleaved runs of the 0.4B
+// model (8 query heads on 4 KV heads, decode, docs/performance-log.md entry 16): at 16K rows the
+// grouped kernel is 4-5% faster than ggml's, at 4K 1% slower, at 0 equal; with 1-2 heads a group,
+// ggml's kernel streams the rows without converting them, which wins until the history is long.
 inline constexpr int64_t kGroupedAttentionMinGroup = 4;
-inline bool grouped_attention_applies(int64_t n_tokens, int64_t group) {
-  return n_tokens <= kGroupedAttentionMaxTokens && group >= kGroupedAttentionMinGroup;
+inline constexpr int64_t kGroupedAttentionSmallGroupMinRows = 8192;
+inline bool grouped_attention_applies(int64_t n_tokens, int64_t group, int64_t n_rows) {
+  return n_tokens <= kGroupedAttentionMaxTokens &&
+         (group >= kGroupedAttentionMinGroup ||
+          (group >= 2 && n_rows >= kGroupedAttentionSmallGroupMinRows));
 }
 
 // Parameters the ops read at compute time; must outlive the graph's computation.

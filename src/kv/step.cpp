@@ -218,7 +218,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   }
   const Written &w = found->second;
   if (store_.attention_kernel() == AttentionKernel::Grouped &&
-      grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads)) {
+      grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads, w.k->ne[1])) {
     // Layers of one model share their scale: one parameter block per distinct scale.
     if (grouped_params_.empty() || grouped_params_.back().scale != scale)
       grouped_params_.push_back({scale, 256});
