@@ -281,6 +281,21 @@ void Trial::run(int n_ops) {
   }
 }
 
+// Standard normal draws from a fixed seed, n at a time.
+class NormalDraws {
+public:
+  explicit NormalDraws(uint64_t seed) : rng_(seed) {}
+  std::vector<float> operator()(size_t n) {
+    std::vector<float> x(n);
+    for (float &f : x) f = normal_(rng_);
+    return x;
+  }
+
+private:
+  std::mt19937_64 rng_;
+  std::normal_distribution<float> normal_{0.0f, 1.0f};
+};
+
 // Production shapes reach kernels the random trials do not: prefill chunks of >= 64 queries take
 // ggml's tiled flash attention, and decode over >= 512 rows its split-KV path. A ring of 679 rows
 // (window 600, max_write 80) and a flat cache, 720 prompt tokens in chunks of 80, then decodes.
@@ -300,13 +315,7 @@ void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, dou
   Oracle oracle(oc);
   const SeqId seq = *store->create_sequence();
   oracle.create(seq);
-  std::mt19937_64 rng(77);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto randn = [&](size_t n) {
-    std::vector<float> x(n);
-    for (float &f : x) f = normal(rng);
-    return x;
-  };
+  NormalDraws randn(77);
   testing::Runner runner;
   double worst_prefill = 0, worst_decode = 0;
   for (int i = 0; i < 9 + 12; ++i) {
@@ -387,13 +396,7 @@ TEST(OracleLargeShapes, SmallGroupsOverLongHistories) {
   Oracle oracle(oc);
   const SeqId seq = *store->create_sequence();
   oracle.create(seq);
-  std::mt19937_64 rng(78);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto randn = [&](size_t n) {
-    std::vector<float> x(n);
-    for (float &f : x) f = normal(rng);
-    return x;
-  };
+  NormalDraws randn(78);
   testing::Runner runner;
   double worst = 0;
   int grouped = 0;
