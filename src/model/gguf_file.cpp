@@ -174,6 +174,10 @@ Result<GgufLayout> check_gguf_layout(const uint8_t *data, size_t size) {
       return s;
     if (key.empty()) return bad("key #" + std::to_string(i) + " has an empty name");
     const std::string k = quoted(key);
+    // C readers (ggml's lookups among them) see a name only up to its first NUL byte.
+    if (key.find('\0') != std::string_view::npos)
+      return bad("key " + k + " has a NUL byte in its name (at byte " +
+                 std::to_string(at + 8 + key.find('\0')) + ")");
     if (!keys.insert(key).second)
       return bad("key " + k + " appears twice (again at byte " + std::to_string(at) + ")");
     uint32_t type = 0;
@@ -239,6 +243,11 @@ Result<GgufLayout> check_gguf_layout(const uint8_t *data, size_t size) {
       return s;
     if (name.empty()) return bad("tensor #" + std::to_string(i) + " has an empty name");
     const std::string t = "tensor " + quoted(name);
+    // ggml keeps a tensor's name up to its first NUL byte: two names that differ only after
+    // one would become the same tensor there (found by the gguf fuzz target in CI).
+    if (name.find('\0') != std::string_view::npos)
+      return bad(t + " has a NUL byte in its name (at byte " +
+                 std::to_string(at + 8 + name.find('\0')) + ")");
     if (!names.insert(name).second)
       return bad(t + " appears twice (again at byte " + std::to_string(at) + ")");
     uint32_t n_dims = 0;

@@ -645,6 +645,17 @@ TEST(MalformedGguf, Tensors) {
                    g.tensors.push_back({"output_norm.weight", {8}});
                  }),
                  "tensor 'output_norm.weight' appears twice");
+  // ggml cuts names at the first NUL: these two would be one tensor 'output' there (a gguf fuzz
+  // finding: our check passed what ggml's parser refuses as a duplicate).
+  expect_refused("tensor_names_equal_up_to_a_nul", edit([](Gguf &g) {
+                   g.tensor("output.weight")->name = std::string("output\0weight", 13);
+                   g.tensor("output_norm.weight")->name = std::string("output\0norm.weight", 18);
+                 }),
+                 "tensor 'output?norm.weight' has a NUL byte in its name (at byte");
+  expect_refused("key_name_with_a_nul", edit([](Gguf &g) {
+                   g.set(kv_str(std::string("general.alignment\0x", 19), "text"));
+                 }),
+                 "key 'general.alignment?x' has a NUL byte in its name");
   expect_refused("empty_tensor_name", edit([](Gguf &g) {
                    g.tensors.push_back({"", {8}});
                  }),
