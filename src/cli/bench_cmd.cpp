@@ -84,8 +84,9 @@ std::function<int()> add_bench(CLI::App &app) {
   cmd->add_option("--ctv", o->ctv, "V cache type")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the random tokens")->capture_default_str();
   cmd->add_option("--attention", o->attention,
-                  "decode attention kernel: grouped (offgraph's) or ggml (flash attention, as "
-                  "llama.cpp)")
+                  "attention kernels: grouped (offgraph's: grouped decode, tiled prefill), "
+                  "grouped-decode (ggml's flash attention for prefill) or ggml (flash attention "
+                  "everywhere, as llama.cpp)")
       ->capture_default_str();
   cmd->add_flag("--no-warmup", o->no_warmup, "skip the warmup run");
   cmd->add_flag("--paced", o->paced,

@@ -41,8 +41,9 @@ std::function<int()> add_logits(CLI::App &app) {
                   "physical (no copy) or logical (summation order of an unwrapped cache)")
       ->capture_default_str();
   cmd->add_option("--attention", o->attention,
-                  "decode attention kernel: grouped (offgraph's) or ggml (flash attention, as "
-                  "llama.cpp)")
+                  "attention kernels: grouped (offgraph's: grouped decode, tiled prefill), "
+                  "grouped-decode (ggml's flash attention for prefill) or ggml (flash attention "
+                  "everywhere, as llama.cpp)")
       ->capture_default_str();
   cmd->add_option("-o,--out", o->out,
                   "write every logits row to this file (for the peer comparer)");

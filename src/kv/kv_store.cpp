@@ -8,8 +8,10 @@ namespace offgraph::kv {
 
 Result<AttentionKernel> parse_attention_kernel(std::string_view name) {
   if (name == "grouped") return AttentionKernel::Grouped;
+  if (name == "grouped-decode") return AttentionKernel::GroupedDecodeOnly;
   if (name == "ggml") return AttentionKernel::Ggml;
-  return Status::error("attention kernel '" + std::string(name) + "': expected grouped or ggml");
+  return Status::error("attention kernel '" + std::string(name) +
+                       "': expected grouped, grouped-decode or ggml");
 }
 
 using cache::CacheId;

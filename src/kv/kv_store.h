@@ -29,11 +29,13 @@ using SeqId = int32_t;
 // (llama.cpp's), which matters for bit-level comparisons at reduced precision.
 enum class RingOrder { Physical, Logical };
 
-// Which kernel attends spans of a few tokens (decode). Grouped (the default): offgraph's
-// grouped-query kernel (kv/grouped_attention.h: each K/V row read once per KV head, f32
-// accumulation). Ggml: ggml's flash attention for every span, as llama.cpp does; for comparisons.
-enum class AttentionKernel { Grouped, Ggml };
-// "grouped" or "ggml"; an error naming the choices otherwise.
+// Which kernels attend. Grouped (the default): offgraph's own, the grouped-query kernel for spans
+// of a few tokens (kv/grouped_attention.h: each K/V row read once per KV head, f32 accumulation)
+// and the tiled one for longer spans (kv/tiled_attention.h: prefill). GroupedDecodeOnly: the
+// grouped kernel for decode, ggml's flash attention for prefill. Ggml: ggml's flash attention for
+// every span, as llama.cpp does. The other two are for comparisons.
+enum class AttentionKernel { Grouped, GroupedDecodeOnly, Ggml };
+// "grouped", "grouped-decode" or "ggml"; an error naming the choices otherwise.
 Result<AttentionKernel> parse_attention_kernel(std::string_view name);
 
 // Bytes of K/V storage. `held` counts rows allocated times their row bytes; `minimum` what the

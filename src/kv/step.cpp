@@ -217,12 +217,19 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     found = written_.emplace(key, w).first;
   }
   const Written &w = found->second;
-  if (store_.attention_kernel() == AttentionKernel::Grouped &&
+  const AttentionKernel kernel = store_.attention_kernel();
+  if (kernel != AttentionKernel::Ggml &&
       grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads, w.k->ne[1])) {
     // Layers of one model share their scale: one parameter block per distinct scale.
     if (grouped_params_.empty() || grouped_params_.back().scale != scale)
       grouped_params_.push_back({scale, 256});
     return grouped_attention(ctx, q, w.k, w.v, w.mask, &grouped_params_.back());
+  }
+  if (kernel == AttentionKernel::Grouped && T > kGroupedAttentionMaxTokens &&
+      tiled_attention_applies(q, w.k, w.v)) {
+    if (tiled_params_.empty() || tiled_params_.back().scale != scale)
+      tiled_params_.push_back({scale});
+    return tiled_attention(ctx, q, w.k, w.v, w.mask, &tiled_params_.back());
   }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
   ggml_tensor *out = ggml_flash_attn_ext(ctx, qp, w.k, w.v, w.mask, scale, 0.0f, 0.0f);

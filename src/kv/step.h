@@ -15,6 +15,7 @@
 #include "base/status.h"
 #include "kv/grouped_attention.h"
 #include "kv/kv_store.h"
+#include "kv/tiled_attention.h"
 
 #include "ggml.h"
 
@@ -98,6 +99,7 @@ private:
   std::vector<PendingMask> pending_masks_;
   // Read by the grouped attention ops while the graph computes (stable addresses).
   std::deque<GroupedAttentionParams> grouped_params_;
+  std::deque<TiledAttentionParams> tiled_params_;
   bool committed_ = false;
   // One step per store at a time: another step's growth would free storage this graph views.
   bool in_flight_ = false;

@@ -41,8 +41,8 @@ double tolerance(ggml_type t) {
 struct Stats {
   int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
           clears = 0, ring_calls = 0, shared_calls = 0, logical_trials = 0, refusals = 0,
-          grouped_calls = 0, ggml_trials = 0;
-  double worst = 0;
+          grouped_calls = 0, tiled_calls = 0, ggml_trials = 0;
+  double worst = 0, worst_tiled = 0;
 };
 
 class Trial {
@@ -57,6 +57,7 @@ private:
     return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
   }
   bool chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+  double uniform01() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
   // Query heads per KV head: powers of two as models use, and 6 and 7, whose remainders take
   // the grouped kernel's two- and one-head paths.
   int32_t group_ratio() {
@@ -150,7 +151,9 @@ void Trial::step() {
     const cache::Sequence &seq = *store_->sequence(id);
     const int32_t room = std::min(layout_->max_write(), seq.capacity() - seq.length());
     if (room == 0) continue;
-    const int32_t T = chance(0.5) ? 1 : uniform(1, room);
+    // Decode steps, spans of any length, and whole chunks (prefill as the engine cuts it).
+    const double kind = uniform01();
+    const int32_t T = kind < 0.4 ? 1 : kind < 0.7 ? uniform(1, room) : room;
     auto span = step.add_span({id, seq.length(), T});
     ASSERT_TRUE(span.ok()) << span.message();
   }
@@ -181,14 +184,15 @@ void Trial::step() {
       call.k = k[size_t(c)];
       call.v = v[size_t(c)]; // a shared layer passes its donor's K/V, as YOCO computes them
       stats_.ring_calls += layout_->cache(c).ring();
-      stats_.grouped_calls += store_->attention_kernel() == AttentionKernel::Grouped &&
-                              grouped_attention_applies(T, call.n_q_heads / cs.n_kv_heads,
-                                                        0); // trials hold < 8192 rows
       stats_.shared_calls += geo.is_shared_layer(l);
       calls.push_back(std::move(call));
     }
   }
   ASSERT_TRUE(runner_.run(step, *layout_, calls));
+  for (const Call &call : calls) {
+    stats_.grouped_calls += call.kernel == "grouped_attention";
+    stats_.tiled_calls += call.kernel == "tiled_attention";
+  }
   // The oracle appends each cache's rows once (a shared layer adds none), then attends.
   for (int32_t s = 0; s < int32_t(step.spans().size()); ++s) {
     std::vector<bool> appended(size_t(layout_->n_caches()), false);
@@ -205,6 +209,7 @@ void Trial::step() {
                                call.scale);
     const double err = testing::relative_error(call.out, ref);
     stats_.worst = std::max(stats_.worst, err);
+    if (call.kernel == "tiled_attention") stats_.worst_tiled = std::max(stats_.worst_tiled, err);
     ASSERT_LE(err, tol) << "cache " << call.cache << " ("
                         << layout_->cache(call.cache).spec.attention.describe()
                         << (layout_->cache(call.cache).ring() ? ", ring" : ", flat") << ") seq "
@@ -296,8 +301,9 @@ private:
   std::normal_distribution<float> normal_{0.0f, 1.0f};
 };
 
-// Production shapes reach kernels the random trials do not: prefill chunks of >= 64 queries take
-// ggml's tiled flash attention, and decode over >= 512 rows its split-KV path. A ring of 679 rows
+// Production shapes reach kernels the random trials do not: prefill chunks of >= 64 queries over
+// several 64-row tiles (offgraph's tiled kernel, or ggml's tiled flash attention), and decode over
+// >= 512 rows (ggml's split-KV path). A ring of 679 rows
 // (window 600, max_write 80) and a flat cache, 720 prompt tokens in chunks of 80, then decodes.
 void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, double decode_bound,
                   AttentionKernel kernel = AttentionKernel::Grouped) {
@@ -332,6 +338,13 @@ void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, dou
       calls[size_t(c)].v = randn(size_t(T) * 2 * 64);
     }
     ASSERT_TRUE(runner.run(step, *layout, calls));
+    for (const Call &c : calls) {
+      // Which kernel ran: offgraph's (tiled for the 80-token chunks, grouped for decode) or ggml's.
+      const char *expected = kernel == AttentionKernel::Ggml ? "flash_attn_ext"
+                             : T == 1                        ? "grouped_attention"
+                                                             : "tiled_attention";
+      EXPECT_EQ(c.kernel, expected);
+    }
     for (const Call &c : calls) oracle.append(seq, c.cache, c.k, c.v);
     for (const Call &c : calls) {
       const double err =
@@ -344,12 +357,12 @@ void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, dou
     }
     ASSERT_TRUE(step.commit().ok());
   }
-  std::printf("[ oracle   ] large shapes, K %s V %s, %s ring order, %s decode kernel: worst "
+  std::printf("[ oracle   ] large shapes, K %s V %s, %s ring order, %s kernels: worst "
               "relative error prefill %.3g (bound %.3g), decode %.3g (bound %.3g)\n",
               ggml_type_name(types.k), ggml_type_name(types.v),
               order == RingOrder::Logical ? "logical" : "physical",
-              kernel == AttentionKernel::Grouped ? "grouped" : "ggml", worst_prefill, prefill_bound,
-              worst_decode, decode_bound);
+              kernel == AttentionKernel::Grouped ? "offgraph's" : "ggml's", worst_prefill,
+              prefill_bound, worst_decode, decode_bound);
 }
 
 TEST(OracleLargeShapes, F32) {
@@ -413,7 +426,7 @@ TEST(OracleLargeShapes, SmallGroupsOverLongHistories) {
     ASSERT_TRUE(runner.run(step, *layout, calls));
     oracle.append(seq, 0, calls[0].k, calls[0].v);
     if (T == 1) {
-      grouped += grouped_attention_applies(T, 2, position + T);
+      grouped += calls[0].kernel == "grouped_attention";
       const double err = testing::relative_error(
           calls[0].out, oracle.attend(seq, 0, position, T, 4, calls[0].q, calls[0].scale));
       worst = std::max(worst, err);
@@ -432,7 +445,10 @@ class OracleTest : public ::testing::TestWithParam<std::pair<ggml_type, ggml_typ
 TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
   const StorageTypes types{GetParam().first, GetParam().second};
   Stats stats;
-  for (uint64_t seed = 1; stats.steps < 400 && !HasFailure(); ++seed) {
+  // At least 400 steps, and enough long spans that the tiled kernel runs 60+ times.
+  for (uint64_t seed = 1;
+       (stats.steps < 400 || stats.tiled_calls < 60) && stats.steps < 4000 && !HasFailure();
+       ++seed) {
     Trial trial(seed * 7919 + uint64_t(types.k) * 131 + uint64_t(types.v), types, stats);
     trial.run(80);
     if (HasFailure()) ADD_FAILURE() << "seed " << seed;
@@ -441,15 +457,18 @@ TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
       "[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
       "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores; "
       "%lld logical-order trials, %lld refusals, %lld ggml-kernel trials, %lld grouped-kernel "
-      "calls; worst relative error %.3g (bound %.3g)\n",
+      "calls, %lld tiled-kernel calls; worst relative error %.3g (tiled kernel %.3g; bound "
+      "%.3g)\n",
       ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
       (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
       (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
       (long long)stats.forks, (long long)stats.restores, (long long)stats.logical_trials,
       (long long)stats.refusals, (long long)stats.ggml_trials, (long long)stats.grouped_calls,
-      stats.worst, std::max(tolerance(types.k), tolerance(types.v)));
+      (long long)stats.tiled_calls, stats.worst, stats.worst_tiled,
+      std::max(tolerance(types.k), tolerance(types.v)));
   EXPECT_GT(stats.ring_calls, 100);
   EXPECT_GT(stats.grouped_calls, 100);
+  EXPECT_GT(stats.tiled_calls, 50);
   EXPECT_GE(stats.ggml_trials, 1);
   EXPECT_GT(stats.restores, 5);
   EXPECT_GT(stats.forks, 5);

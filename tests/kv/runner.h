@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace offgraph::kv::testing {
@@ -25,6 +26,7 @@ struct Call {
   float scale = 1.0f;
   std::vector<float> q, k, v; // [T][H][D] each
   std::vector<float> out;     // filled by run()
+  std::string kernel;         // the name of the op that attended (offgraph's kernels name theirs)
 };
 
 class Runner {
@@ -62,6 +64,7 @@ public:
       }
       ggml_set_output(*out);
       ggml_build_forward_expand(gf, *out);
+      c.kernel = (*out)->op == GGML_OP_FLASH_ATTN_EXT ? "flash_attn_ext" : (*out)->name;
       io.emplace_back(q, k, v, *out);
     }
     ggml_backend_buffer_ptr in_buf(ggml_backend_alloc_ctx_tensors(in_ctx.get(), backend_.get()));
