@@ -83,155 +83,205 @@ TileMask classify(const uint16_t *m, int64_t n) {
   return all_hidden ? TileMask::Hidden : TileMask::Mixed;
 }
 
+// One block of tokens of a work item: its queries and what it has accumulated so far.
+struct Block {
+  int64_t t0 = 0, n_t = 0;  // first token, tokens
+  float *q_t = nullptr;     // [D_k][kQueryRows]: the queries, scaled, one per column
+  float *o_t = nullptr;     // [D_v][kQueryRows]: weighted sums of V rows
+  TileMask *kind = nullptr; // per token, for the current tile
+  bool all_visible = true, all_hidden = true;
+  f32x16 run_max[kVectors], run_sum[kVectors];
+};
+
 // Scratch of one thread, reused across calls (sizes only grow).
 struct Scratch {
-  std::vector<float> q_t;     // [D_k][kQueryRows]: the item's queries, scaled, one per column
-  std::vector<float> k, v;    // [kTileRows][D]: the tile's rows as f32
-  std::vector<float> s_t;     // [kTileRows][kQueryRows]: scores, then probabilities
-  std::vector<float> mask_t;  // [kTileRows][kQueryRows]: a mixed tile's mask per query
-  std::vector<float> o_t;     // [D_v][kQueryRows]: weighted sums of V rows
-  std::vector<float> row;     // one mask row as f32
-  std::vector<TileMask> kind; // per token of the block
+  std::vector<float> q_t, o_t; // kBlocksPerItem blocks' queries and sums
+  std::vector<float> k, v;     // [kTileRows][D]: the tile's rows as f32
+  std::vector<float> s_t;      // [kTileRows][kQueryRows]: scores, then probabilities
+  std::vector<float> mask_t;   // [kTileRows][kQueryRows]: a mixed tile's mask per query
+  std::vector<float> row;      // one mask row as f32
+  std::vector<TileMask> kind;  // per token of every block
   static Scratch &mine() {
     thread_local Scratch s;
     return s;
   }
 };
 
+// Token blocks per work item, sharing each converted K/V tile: the conversion reads the cache
+// from memory (at 16K rows a KV head's rows are 8 MB), so it is paid once per item.
+constexpr int kBlocksPerItem = 4;
+
+// Sizes of one call.
+struct Shape {
+  int64_t d_k, d_v, n_rows, group, block;
+};
+
+// Converts rows [r0, r0 + n) of KV head g of `x` into `dst` ([kTileRows][dim]), zeros after n.
+void tile_to_f32(const ggml_tensor *x, int64_t g, int64_t r0, int64_t n, float *dst) {
+  const int64_t dim = x->ne[0];
+  for (int64_t j = 0; j < n; ++j) {
+    const char *src = static_cast<const char *>(x->data) + (r0 + j) * x->nb[1] + g * x->nb[2];
+    const float *row = row_to_f32(x->type, src, dst + j * dim, dim);
+    if (row != dst + j * dim) std::memcpy(dst + j * dim, row, size_t(dim) * sizeof(float));
+  }
+  std::fill(dst + n * dim, dst + kTileRows * dim, 0.0f);
+}
+
+// Adds the tile's mask to the block's scores s_t: token t's row, repeated for its group's heads.
+void add_mask(const Block &b, const ggml_tensor *mask, const Shape &sh, int64_t r0, int64_t n,
+              Scratch &s) {
+  float *mask_t = s.mask_t.data(), *s_t = s.s_t.data();
+  for (int64_t t = 0; t < sh.block; ++t) {
+    const TileMask kind = t < b.n_t ? b.kind[t] : TileMask::Visible;
+    float *row = s.row.data();
+    if (kind == TileMask::Mixed)
+      row_to_f32(GGML_TYPE_F16,
+                 static_cast<const char *>(mask->data) + (b.t0 + t) * mask->nb[1] +
+                     r0 * int64_t(sizeof(ggml_fp16_t)),
+                 row, n);
+    else
+      std::fill(row, row + n, kind == TileMask::Hidden ? kNegInf : 0.0f);
+    for (int64_t h = 0; h < sh.group; ++h)
+      for (int64_t j = 0; j < n; ++j) mask_t[j * kQueryRows + t * sh.group + h] = row[j];
+  }
+  for (int64_t m = sh.block * sh.group; m < kQueryRows; ++m)
+    for (int64_t j = 0; j < n; ++j) mask_t[j * kQueryRows + m] = 0.0f;
+  for (int64_t j = 0; j < n; ++j)
+    for (int vi = 0; vi < kVectors; ++vi) {
+      float *p = s_t + j * kQueryRows + vi * kLanes;
+      store16(p, load16(p) + load16(mask_t + j * kQueryRows + vi * kLanes));
+    }
+}
+
+// One block against one converted tile (n rows from r0): scores, mask, online softmax, V sums.
+void attend_tile(Block &b, const ggml_tensor *mask, const Shape &sh, int64_t r0, int64_t n,
+                 Scratch &s) {
+  float *s_t = s.s_t.data();
+  // Scores, transposed: s_t[j][m] = k_j . q_m; rows past the history hidden.
+  for (int64_t j = 0; j < kTileRows; j += kBlockRows)
+    block_product<false>(s_t + j * kQueryRows, s.k.data() + j * sh.d_k, sh.d_k, 1, b.q_t, sh.d_k);
+  for (int64_t j = n; j < kTileRows; ++j)
+    std::fill(s_t + j * kQueryRows, s_t + (j + 1) * kQueryRows, kNegInf);
+  if (!b.all_visible) add_mask(b, mask, sh, r0, n, s);
+  // Online softmax per query column: new running max, rescale what came before.
+  for (int vi = 0; vi < kVectors; ++vi) {
+    f32x16 mx = b.run_max[vi];
+    for (int64_t j = 0; j < n; ++j) {
+      const f32x16 x = load16(s_t + j * kQueryRows + vi * kLanes);
+      mx = select16(x > mx, x, mx);
+    }
+    // exp(-inf - -inf) is NaN, which exp16 turns into 0: columns that saw nothing stay 0.
+    const f32x16 alpha = exp16(b.run_max[vi] - mx);
+    f32x16 sum = {};
+    for (int64_t j = 0; j < kTileRows; ++j) {
+      float *p = s_t + j * kQueryRows + vi * kLanes;
+      const f32x16 e = exp16(load16(p) - mx);
+      store16(p, e);
+      sum += e;
+    }
+    b.run_sum[vi] = b.run_sum[vi] * alpha + sum;
+    const i32x16 same = mx == b.run_max[vi];
+    bool unchanged = true;
+    for (int l = 0; l < kLanes; ++l) unchanged = unchanged && same[l];
+    if (!unchanged)
+      for (int64_t d = 0; d < sh.d_v; ++d) {
+        float *o = b.o_t + d * kQueryRows + vi * kLanes;
+        store16(o, load16(o) * alpha);
+      }
+    b.run_max[vi] = mx;
+  }
+  // o_t[d][m] += sum_j v_j[d] p_t[j][m].
+  for (int64_t d = 0; d < sh.d_v; d += kBlockRows)
+    block_product<true>(b.o_t + d * kQueryRows, s.v.data() + d, 1, sh.d_v, s_t, kTileRows);
+}
+
 void tiled_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
   const auto &params = *static_cast<const TiledAttentionParams *>(userdata);
   const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *mask = dst->src[3];
-  const int64_t d_k = k->ne[0], d_v = v->ne[0], n_rows = k->ne[1], h_kv = k->ne[2];
-  const int64_t h_q = q->ne[1], n_tok = q->ne[2], group = h_q / h_kv;
-  const int64_t block = std::max<int64_t>(1, kQueryRows / group); // tokens per item
-  const int64_t n_blocks = (n_tok + block - 1) / block;
+  const int64_t h_kv = k->ne[2], h_q = q->ne[1], n_tok = q->ne[2];
+  Shape sh;
+  sh.d_k = k->ne[0], sh.d_v = v->ne[0], sh.n_rows = k->ne[1], sh.group = h_q / h_kv;
+  sh.block = std::max<int64_t>(1, kQueryRows / sh.group); // tokens per block
+  const int64_t n_blocks = (n_tok + sh.block - 1) / sh.block;
+  // Fewer blocks per item when there would be too few items to keep every thread busy.
+  const int64_t per_item =
+      std::clamp<int64_t>(h_kv * n_blocks / (4 * int64_t(nth)), 1, kBlocksPerItem);
+  const int64_t items_per_head = (n_blocks + per_item - 1) / per_item;
   Scratch &s = Scratch::mine();
-  s.q_t.resize(size_t(d_k * kQueryRows));
-  s.k.resize(size_t(kTileRows * d_k));
-  s.v.resize(size_t(kTileRows * d_v));
+  s.q_t.resize(size_t(kBlocksPerItem * sh.d_k * kQueryRows));
+  s.o_t.resize(size_t(kBlocksPerItem * sh.d_v * kQueryRows));
+  s.k.resize(size_t(kTileRows * sh.d_k));
+  s.v.resize(size_t(kTileRows * sh.d_v));
   s.s_t.resize(size_t(kTileRows * kQueryRows));
   s.mask_t.resize(size_t(kTileRows * kQueryRows));
-  s.o_t.resize(size_t(d_v * kQueryRows));
   s.row.resize(size_t(kTileRows));
-  s.kind.resize(size_t(block));
-  float *q_t = s.q_t.data(), *kf = s.k.data(), *vf = s.v.data(), *s_t = s.s_t.data(),
-        *mask_t = s.mask_t.data(), *o_t = s.o_t.data();
+  s.kind.resize(size_t(kBlocksPerItem * sh.block));
+  Block blocks[kBlocksPerItem];
 
-  for (int64_t item = ith; item < h_kv * n_blocks; item += nth) {
-    const int64_t g = item % h_kv, t0 = (item / h_kv) * block;
-    const int64_t n_t = std::min(block, n_tok - t0);
-    // Query column m = t * group + h; columns past the block's queries stay 0.
-    std::fill(q_t, q_t + d_k * kQueryRows, 0.0f);
-    for (int64_t t = 0; t < n_t; ++t)
-      for (int64_t h = 0; h < group; ++h) {
-        const float *src = reinterpret_cast<const float *>(
-            static_cast<const char *>(q->data) + (t0 + t) * q->nb[2] + (g * group + h) * q->nb[1]);
-        const int64_t m = t * group + h;
-        for (int64_t d = 0; d < d_k; ++d) q_t[d * kQueryRows + m] = src[d] * params.scale;
-      }
-    f32x16 run_max[kVectors], run_sum[kVectors];
-    for (int vi = 0; vi < kVectors; ++vi) run_max[vi] = splat16(kNegInf), run_sum[vi] = f32x16{};
-    std::fill(o_t, o_t + d_v * kQueryRows, 0.0f);
+  for (int64_t item = ith; item < h_kv * items_per_head; item += nth) {
+    const int64_t g = item % h_kv, first = (item / h_kv) * per_item;
+    const int64_t nb = std::min(per_item, n_blocks - first);
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      Block &b = blocks[bi];
+      b.t0 = (first + bi) * sh.block, b.n_t = std::min(sh.block, n_tok - b.t0);
+      b.q_t = s.q_t.data() + bi * sh.d_k * kQueryRows;
+      b.o_t = s.o_t.data() + bi * sh.d_v * kQueryRows;
+      b.kind = s.kind.data() + bi * sh.block;
+      // Query column m = t * group + h; columns past the block's queries stay 0.
+      std::fill(b.q_t, b.q_t + sh.d_k * kQueryRows, 0.0f);
+      for (int64_t t = 0; t < b.n_t; ++t)
+        for (int64_t h = 0; h < sh.group; ++h) {
+          const float *src = reinterpret_cast<const float *>(static_cast<const char *>(q->data) +
+                                                             (b.t0 + t) * q->nb[2] +
+                                                             (g * sh.group + h) * q->nb[1]);
+          const int64_t m = t * sh.group + h;
+          for (int64_t d = 0; d < sh.d_k; ++d) b.q_t[d * kQueryRows + m] = src[d] * params.scale;
+        }
+      for (int vi = 0; vi < kVectors; ++vi)
+        b.run_max[vi] = splat16(kNegInf), b.run_sum[vi] = f32x16{};
+      std::fill(b.o_t, b.o_t + sh.d_v * kQueryRows, 0.0f);
+    }
 
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kTileRows) {
-      const int64_t n = std::min<int64_t>(kTileRows, n_rows - r0);
-      // What the tile is to each token of the block.
-      bool all_visible = true, all_hidden = true;
-      if (mask) {
-        for (int64_t t = 0; t < n_t; ++t) {
-          const auto *m = reinterpret_cast<const uint16_t *>(static_cast<const char *>(mask->data) +
-                                                             (t0 + t) * mask->nb[1]) +
-                          r0;
-          s.kind[size_t(t)] = classify(m, n);
-          all_visible = all_visible && s.kind[size_t(t)] == TileMask::Visible;
-          all_hidden = all_hidden && s.kind[size_t(t)] == TileMask::Hidden;
-        }
-        if (all_hidden) continue; // no query of the block sees a row of it
-      }
-      // The tile's K rows as f32 (rows past the history: zeros, hidden below).
-      for (int64_t j = 0; j < n; ++j) {
-        const char *src = static_cast<const char *>(k->data) + (r0 + j) * k->nb[1] + g * k->nb[2];
-        const float *row = row_to_f32(k->type, src, kf + j * d_k, d_k);
-        if (row != kf + j * d_k) std::memcpy(kf + j * d_k, row, size_t(d_k) * sizeof(float));
-      }
-      std::fill(kf + n * d_k, kf + kTileRows * d_k, 0.0f);
-      // Scores, transposed: s_t[j][m] = k_j . q_m.
-      for (int64_t j = 0; j < kTileRows; j += kBlockRows)
-        block_product<false>(s_t + j * kQueryRows, kf + j * d_k, d_k, 1, q_t, d_k);
-      for (int64_t j = n; j < kTileRows; ++j)
-        std::fill(s_t + j * kQueryRows, s_t + (j + 1) * kQueryRows, kNegInf);
-      if (!all_visible) {
-        // The mask per query column: token t's row, repeated for its group's heads.
-        for (int64_t t = 0; t < block; ++t) {
-          const TileMask kind = t < n_t ? s.kind[size_t(t)] : TileMask::Visible;
-          float *row = s.row.data();
-          if (kind == TileMask::Mixed)
-            row_to_f32(GGML_TYPE_F16,
-                       static_cast<const char *>(mask->data) + (t0 + t) * mask->nb[1] +
-                           r0 * int64_t(sizeof(ggml_fp16_t)),
-                       row, n);
-          else
-            std::fill(row, row + n, kind == TileMask::Hidden ? kNegInf : 0.0f);
-          for (int64_t h = 0; h < group; ++h)
-            for (int64_t j = 0; j < n; ++j) mask_t[j * kQueryRows + t * group + h] = row[j];
-        }
-        for (int64_t m = block * group; m < kQueryRows; ++m)
-          for (int64_t j = 0; j < n; ++j) mask_t[j * kQueryRows + m] = 0.0f;
-        for (int64_t j = 0; j < n; ++j)
-          for (int vi = 0; vi < kVectors; ++vi) {
-            float *p = s_t + j * kQueryRows + vi * kLanes;
-            store16(p, load16(p) + load16(mask_t + j * kQueryRows + vi * kLanes));
+    for (int64_t r0 = 0; r0 < sh.n_rows; r0 += kTileRows) {
+      const int64_t n = std::min<int64_t>(kTileRows, sh.n_rows - r0);
+      // What the tile is to each token of each block.
+      bool every_block_hidden = true;
+      for (int64_t bi = 0; bi < nb; ++bi) {
+        Block &b = blocks[bi];
+        b.all_visible = true, b.all_hidden = !!mask;
+        if (mask)
+          for (int64_t t = 0; t < b.n_t; ++t) {
+            const auto *m = reinterpret_cast<const uint16_t *>(
+                                static_cast<const char *>(mask->data) + (b.t0 + t) * mask->nb[1]) +
+                            r0;
+            b.kind[t] = classify(m, n);
+            b.all_visible = b.all_visible && b.kind[t] == TileMask::Visible;
+            b.all_hidden = b.all_hidden && b.kind[t] == TileMask::Hidden;
           }
+        every_block_hidden = every_block_hidden && b.all_hidden;
       }
-      // Online softmax per query column: new running max, rescale what came before.
-      for (int vi = 0; vi < kVectors; ++vi) {
-        f32x16 mx = run_max[vi];
-        for (int64_t j = 0; j < n; ++j) {
-          const f32x16 x = load16(s_t + j * kQueryRows + vi * kLanes);
-          mx = select16(x > mx, x, mx);
-        }
-        // exp(-inf - -inf) is NaN, which exp16 turns into 0: columns that saw nothing stay 0.
-        const f32x16 alpha = exp16(run_max[vi] - mx);
-        f32x16 sum = {};
-        for (int64_t j = 0; j < kTileRows; ++j) {
-          float *p = s_t + j * kQueryRows + vi * kLanes;
-          const f32x16 e = exp16(load16(p) - mx);
-          store16(p, e);
-          sum += e;
-        }
-        run_sum[vi] = run_sum[vi] * alpha + sum;
-        const i32x16 same = mx == run_max[vi];
-        bool unchanged = true;
-        for (int l = 0; l < kLanes; ++l) unchanged = unchanged && same[l];
-        if (!unchanged)
-          for (int64_t d = 0; d < d_v; ++d) {
-            float *o = o_t + d * kQueryRows + vi * kLanes;
-            store16(o, load16(o) * alpha);
-          }
-        run_max[vi] = mx;
-      }
-      // The tile's V rows as f32, then o_t[d][m] += sum_j v_j[d] p_t[j][m].
-      for (int64_t j = 0; j < n; ++j) {
-        const char *src = static_cast<const char *>(v->data) + (r0 + j) * v->nb[1] + g * v->nb[2];
-        const float *row = row_to_f32(v->type, src, vf + j * d_v, d_v);
-        if (row != vf + j * d_v) std::memcpy(vf + j * d_v, row, size_t(d_v) * sizeof(float));
-      }
-      std::fill(vf + n * d_v, vf + kTileRows * d_v, 0.0f);
-      for (int64_t d = 0; d < d_v; d += kBlockRows)
-        block_product<true>(o_t + d * kQueryRows, vf + d, 1, d_v, s_t, kTileRows);
+      if (every_block_hidden) continue; // no query of the item sees a row of it
+      tile_to_f32(k, g, r0, n, s.k.data());
+      tile_to_f32(v, g, r0, n, s.v.data());
+      for (int64_t bi = 0; bi < nb; ++bi)
+        if (!blocks[bi].all_hidden) attend_tile(blocks[bi], mask, sh, r0, n, s);
     }
 
     // Out: each query's weighted sum over its softmax denominator.
-    float sums[kQueryRows];
-    for (int vi = 0; vi < kVectors; ++vi) store16(sums + vi * kLanes, run_sum[vi]);
-    for (int64_t t = 0; t < n_t; ++t)
-      for (int64_t h = 0; h < group; ++h) {
-        const int64_t m = t * group + h;
-        float *out = reinterpret_cast<float *>(
-            static_cast<char *>(dst->data) + (t0 + t) * dst->nb[2] + (g * group + h) * dst->nb[1]);
-        const float inv = sums[m] > 0.0f ? 1.0f / sums[m] : 0.0f;
-        for (int64_t d = 0; d < d_v; ++d) out[d] = o_t[d * kQueryRows + m] * inv;
-      }
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      const Block &b = blocks[bi];
+      float sums[kQueryRows];
+      for (int vi = 0; vi < kVectors; ++vi) store16(sums + vi * kLanes, b.run_sum[vi]);
+      for (int64_t t = 0; t < b.n_t; ++t)
+        for (int64_t h = 0; h < sh.group; ++h) {
+          const int64_t m = t * sh.group + h;
+          float *out =
+              reinterpret_cast<float *>(static_cast<char *>(dst->data) + (b.t0 + t) * dst->nb[2] +
+                                        (g * sh.group + h) * dst->nb[1]);
+          const float inv = sums[m] > 0.0f ? 1.0f / sums[m] : 0.0f;
+          for (int64_t d = 0; d < sh.d_v; ++d) out[d] = b.o_t[d * kQueryRows + m] * inv;
+        }
+    }
   }
 }
 

@@ -395,6 +395,63 @@ TEST(OracleLargeShapes, Q8_0GgmlDecode) {
                AttentionKernel::Ggml);
 }
 
+// Prefill as the engine issues it: 512-token chunks, which the tiled kernel splits into several
+// token blocks per work item (each converted K/V tile shared by them), over a window-300 ring and
+// a flat cache, with 16 and 4 query heads per KV head and causal, window and tile-edge masks.
+void long_prefill_chunks(int32_t q_heads, StorageTypes types, double bound) {
+  std::vector<cache::LayerSpec> layers = {{cache::AttentionKind{300}, 2, 64, 64},
+                                          {cache::AttentionKind{0}, 2, 64, 64}};
+  auto layout =
+      cache::Layout::make(cache::Geometry::build(layers, 0).value(), {1700, 512, 64}).value();
+  ASSERT_TRUE(layout->cache(0).ring());
+  auto store = KvStore::create(layout, types, ggml_backend_cpu_buffer_type()).value();
+  std::vector<testing::OracleCache> oc = {testing::OracleCache{300, 2, 64, 64},
+                                          testing::OracleCache{0, 2, 64, 64}};
+  Oracle oracle(oc);
+  const SeqId seq = *store->create_sequence();
+  oracle.create(seq);
+  NormalDraws randn(79);
+  testing::Runner runner;
+  double worst = 0;
+  for (const int32_t T : {512, 512, 100, 512}) { // ends mid-tile: 1636 rows
+    const int32_t position = store->sequence(seq)->length();
+    Step step(*store);
+    ASSERT_TRUE(step.add_span({seq, position, T}).ok());
+    std::vector<Call> calls(2);
+    for (CacheId c = 0; c < 2; ++c) {
+      calls[size_t(c)].cache = c;
+      calls[size_t(c)].n_q_heads = q_heads;
+      calls[size_t(c)].scale = 0.125f;
+      calls[size_t(c)].q = randn(size_t(T) * size_t(q_heads) * 64);
+      calls[size_t(c)].k = randn(size_t(T) * 2 * 64);
+      calls[size_t(c)].v = randn(size_t(T) * 2 * 64);
+    }
+    ASSERT_TRUE(runner.run(step, *layout, calls));
+    for (const Call &c : calls) {
+      EXPECT_EQ(c.kernel, "tiled_attention");
+      oracle.append(seq, c.cache, c.k, c.v);
+    }
+    for (const Call &c : calls) {
+      const double err = testing::relative_error(
+          c.out, oracle.attend(seq, c.cache, position, T, q_heads, c.q, c.scale));
+      worst = std::max(worst, err);
+      ASSERT_LE(err, bound) << "cache " << c.cache << " positions " << position << ".."
+                            << position + T - 1;
+    }
+    ASSERT_TRUE(step.commit().ok());
+  }
+  std::printf("[ oracle   ] 512-token prefill chunks, %d query heads on 2 KV heads, K %s V %s: "
+              "worst relative error %.3g (bound %.3g)\n",
+              q_heads, ggml_type_name(types.k), ggml_type_name(types.v), worst, bound);
+}
+
+TEST(OracleLargeShapes, LongPrefillChunksF32) {
+  long_prefill_chunks(8, {GGML_TYPE_F32, GGML_TYPE_F32}, 1e-5);
+}
+TEST(OracleLargeShapes, LongPrefillChunksF16Group16) {
+  long_prefill_chunks(32, {GGML_TYPE_F16, GGML_TYPE_F16}, 2e-3);
+}
+
 // Groups of 2 query heads take the grouped kernel only over long histories (>= 8192 rows): a flat
 // cache filled to 9,000 rows in 1,000-token chunks, then decode steps at 4 query heads on 2 KV
 // heads, each against the float64 oracle (f16 storage: the 2e-3 bound of the grouped kernel).
