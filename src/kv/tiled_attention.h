@@ -18,7 +18,8 @@
 namespace offgraph::kv {
 
 // Spans with more tokens than the grouped decode kernel takes use this one when the head dims are
-// multiples of 16 (the vector width of its tiles) and K/V have a row conversion to f32.
+// multiples of 4 (the rows of its products), at most 64 query heads share a KV head (one block's
+// columns), and K/V have a row conversion to f32.
 bool tiled_attention_applies(const ggml_tensor *q, const ggml_tensor *k, const ggml_tensor *v);
 
 // Parameters the op reads at compute time; must outlive the graph's computation.
