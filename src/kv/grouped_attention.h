@@ -17,8 +17,8 @@
 
 namespace offgraph::kv {
 
-// Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take ggml's
-// tiled flash attention, which is a GEMM at those shapes.
+// Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take the tiled
+// kernel (kv/tiled_attention.h), whose products pay off at those shapes.
 inline constexpr int64_t kGroupedAttentionMaxTokens = 8;
 // And where at least this many query heads share a KV head; groups of 2-3 only over at least
 // kGroupedAttentionSmallGroupMinRows rows. Measured with paired, interleaved runs of the 0.4B

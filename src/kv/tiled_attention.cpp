@@ -15,7 +15,7 @@ using namespace simd;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kLanes = 16;
-// Query rows (token x head of one group) per work item: four vectors, the columns of every tile.
+// Query rows (token x head of one group) per block of tokens: four vectors, the columns of a tile.
 constexpr int kQueryRows = 64;
 constexpr int kVectors = kQueryRows / kLanes;
 // K/V rows per tile.

@@ -301,68 +301,104 @@ private:
   std::normal_distribution<float> normal_{0.0f, 1.0f};
 };
 
-// Production shapes reach kernels the random trials do not: prefill chunks of >= 64 queries over
-// several 64-row tiles (offgraph's tiled kernel, or ggml's tiled flash attention), and decode over
-// >= 512 rows (ggml's split-KV path). A ring of 679 rows
-// (window 600, max_write 80) and a flat cache, 720 prompt tokens in chunks of 80, then decodes.
-void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, double decode_bound,
-                  AttentionKernel kernel = AttentionKernel::Grouped) {
-  std::vector<cache::LayerSpec> layers = {{cache::AttentionKind{600}, 2, 64, 64},
-                                          {cache::AttentionKind{0}, 2, 64, 64}};
+// One sequence through long spans, as the engine drives production shapes the random trials do
+// not reach: caches of 2 KV heads of dim 64 (window 0: flat, else a ring), span lengths in order,
+// every call checked for the kernel that ran and (where asked) against the float64 oracle.
+struct LongRun {
+  std::vector<int32_t> windows; // one cache each
+  int32_t capacity = 0, max_write = 0, q_heads = 0;
+  std::vector<int32_t> spans;
+  StorageTypes types{GGML_TYPE_F32, GGML_TYPE_F32};
+  RingOrder order = RingOrder::Physical;
+  AttentionKernel kernel = AttentionKernel::Grouped;
+  uint64_t seed = 0;
+  double prefill_bound = 0, decode_bound = 0;
+  bool check_prefill = true; // the oracle's cost grows with span x rows
+};
+struct Worst {
+  double prefill = 0, decode = 0;
+};
+
+// The op offgraph picks for a span of T tokens (the groups of these runs take the grouped kernel).
+std::string expected_kernel(const LongRun &r, int32_t T) {
+  if (r.kernel == AttentionKernel::Ggml) return "flash_attn_ext";
+  return T <= kGroupedAttentionMaxTokens ? "grouped_attention" : "tiled_attention";
+}
+
+void run_long(const LongRun &r, Worst &worst) {
+  std::vector<cache::LayerSpec> layers;
+  std::vector<testing::OracleCache> oc;
+  for (int32_t w : r.windows) {
+    layers.push_back({cache::AttentionKind{w}, 2, 64, 64});
+    oc.push_back(testing::OracleCache{w, 2, 64, 64});
+  }
   auto layout =
-      cache::Layout::make(cache::Geometry::build(layers, 0).value(), {1400, 80, 64}).value();
-  ASSERT_TRUE(layout->cache(0).ring());
-  auto store = KvStore::create(layout, types, ggml_backend_cpu_buffer_type()).value();
-  ASSERT_TRUE(store->set_ring_order(order).ok());
-  store->set_attention_kernel(kernel);
-  std::vector<testing::OracleCache> oc(2);
-  oc[0] = testing::OracleCache{600, 2, 64, 64};
-  oc[1] = testing::OracleCache{0, 2, 64, 64};
+      cache::Layout::make(cache::Geometry::build(layers, 0).value(), {r.capacity, r.max_write, 64})
+          .value();
+  for (size_t c = 0; c < r.windows.size(); ++c)
+    ASSERT_EQ(layout->cache(CacheId(c)).ring(), r.windows[c] > 0);
+  auto store = KvStore::create(layout, r.types, ggml_backend_cpu_buffer_type()).value();
+  ASSERT_TRUE(store->set_ring_order(r.order).ok());
+  store->set_attention_kernel(r.kernel);
   Oracle oracle(oc);
   const SeqId seq = *store->create_sequence();
   oracle.create(seq);
-  NormalDraws randn(77);
+  NormalDraws randn(r.seed);
   testing::Runner runner;
-  double worst_prefill = 0, worst_decode = 0;
-  for (int i = 0; i < 9 + 12; ++i) {
-    const int32_t T = i < 9 ? 80 : 1, position = store->sequence(seq)->length();
+  for (const int32_t T : r.spans) {
+    const int32_t position = store->sequence(seq)->length();
     Step step(*store);
     ASSERT_TRUE(step.add_span({seq, position, T}).ok());
-    std::vector<Call> calls(2);
-    for (CacheId c = 0; c < 2; ++c) {
-      calls[size_t(c)].cache = c;
-      calls[size_t(c)].n_q_heads = 8; // 4 per KV head: the grouped kernel's case
-      calls[size_t(c)].scale = 0.125f;
-      calls[size_t(c)].q = randn(size_t(T) * 8 * 64);
-      calls[size_t(c)].k = randn(size_t(T) * 2 * 64);
-      calls[size_t(c)].v = randn(size_t(T) * 2 * 64);
+    std::vector<Call> calls(r.windows.size());
+    for (size_t c = 0; c < calls.size(); ++c) {
+      calls[c].cache = CacheId(c);
+      calls[c].n_q_heads = r.q_heads;
+      calls[c].scale = 0.125f;
+      calls[c].q = randn(size_t(T) * size_t(r.q_heads) * 64);
+      calls[c].k = randn(size_t(T) * 2 * 64);
+      calls[c].v = randn(size_t(T) * 2 * 64);
     }
     ASSERT_TRUE(runner.run(step, *layout, calls));
     for (const Call &c : calls) {
-      // Which kernel ran: offgraph's (tiled for the 80-token chunks, grouped for decode) or ggml's.
-      const char *expected = kernel == AttentionKernel::Ggml ? "flash_attn_ext"
-                             : T == 1                        ? "grouped_attention"
-                                                             : "tiled_attention";
-      EXPECT_EQ(c.kernel, expected);
+      EXPECT_EQ(c.kernel, expected_kernel(r, T)) << "span of " << T;
+      oracle.append(seq, c.cache, c.k, c.v);
     }
-    for (const Call &c : calls) oracle.append(seq, c.cache, c.k, c.v);
+    if (T > 1 && !r.check_prefill) {
+      ASSERT_TRUE(step.commit().ok());
+      continue;
+    }
     for (const Call &c : calls) {
-      const double err =
-          testing::relative_error(c.out, oracle.attend(seq, c.cache, position, T, 8, c.q, c.scale));
-      const double bound = T == 1 ? decode_bound : prefill_bound;
-      (T == 1 ? worst_decode : worst_prefill) =
-          std::max(T == 1 ? worst_decode : worst_prefill, err);
-      ASSERT_LE(err, bound) << "cache " << c.cache << " positions " << position << ".."
-                            << position + T - 1;
+      const double err = testing::relative_error(
+          c.out, oracle.attend(seq, c.cache, position, T, r.q_heads, c.q, c.scale));
+      double &w = T == 1 ? worst.decode : worst.prefill;
+      w = std::max(w, err);
+      ASSERT_LE(err, T == 1 ? r.decode_bound : r.prefill_bound)
+          << "cache " << c.cache << " positions " << position << ".." << position + T - 1;
     }
     ASSERT_TRUE(step.commit().ok());
   }
+}
+
+// A ring of 679 rows (window 600, max_write 80) and a flat cache, 720 prompt tokens in chunks of
+// 80 (the tiled kernel, or ggml's tiled flash attention), then decodes over >= 720 rows (the
+// grouped kernel at 4 query heads per KV head, or ggml's split-KV path).
+void large_shapes(StorageTypes types, RingOrder order, double prefill_bound, double decode_bound,
+                  AttentionKernel kernel = AttentionKernel::Grouped) {
+  LongRun r;
+  r.windows = {600, 0};
+  r.capacity = 1400, r.max_write = 80, r.q_heads = 8;
+  r.spans.assign(9, 80);
+  r.spans.insert(r.spans.end(), 12, 1);
+  r.types = types, r.order = order, r.kernel = kernel, r.seed = 77;
+  r.prefill_bound = prefill_bound, r.decode_bound = decode_bound;
+  Worst worst;
+  run_long(r, worst);
   std::printf("[ oracle   ] large shapes, K %s V %s, %s ring order, %s kernels: worst "
               "relative error prefill %.3g (bound %.3g), decode %.3g (bound %.3g)\n",
               ggml_type_name(types.k), ggml_type_name(types.v),
               order == RingOrder::Logical ? "logical" : "physical",
-              kernel == AttentionKernel::Grouped ? "offgraph's" : "ggml's", worst_prefill,
-              prefill_bound, worst_decode, decode_bound);
+              kernel == AttentionKernel::Grouped ? "offgraph's" : "ggml's", worst.prefill,
+              prefill_bound, worst.decode, decode_bound);
 }
 
 TEST(OracleLargeShapes, F32) {
@@ -379,7 +415,7 @@ TEST(OracleLargeShapes, F32GgmlDecode) {
 // one-query path, so its decode error grows with the rows attended: <= 1.5e-3 at up to 200 rows
 // (the random trials), 2.25e-3 over a 679-row ring and 3.0e-3 over 725 flat rows here; hence
 // 5e-3 for it. offgraph's grouped decode kernel accumulates in f32 and holds the 2e-3 of f16
-// storage at any length; prefill chunks (80 queries, ggml's tiled kernel) hold it too.
+// storage at any length; prefill chunks (80 queries, either tiled kernel) hold it too.
 TEST(OracleLargeShapes, F16) {
   large_shapes({GGML_TYPE_F16, GGML_TYPE_F16}, RingOrder::Physical, 2e-3, 2e-3);
 }
@@ -397,52 +433,19 @@ TEST(OracleLargeShapes, Q8_0GgmlDecode) {
 
 // Prefill as the engine issues it: 512-token chunks, which the tiled kernel splits into several
 // token blocks per work item (each converted K/V tile shared by them), over a window-300 ring and
-// a flat cache, with 16 and 4 query heads per KV head and causal, window and tile-edge masks.
+// a flat cache, with 16 and 4 query heads per KV head and causal, window and tile-edge masks; the
+// run ends mid-tile (1,636 rows).
 void long_prefill_chunks(int32_t q_heads, StorageTypes types, double bound) {
-  std::vector<cache::LayerSpec> layers = {{cache::AttentionKind{300}, 2, 64, 64},
-                                          {cache::AttentionKind{0}, 2, 64, 64}};
-  auto layout =
-      cache::Layout::make(cache::Geometry::build(layers, 0).value(), {1700, 512, 64}).value();
-  ASSERT_TRUE(layout->cache(0).ring());
-  auto store = KvStore::create(layout, types, ggml_backend_cpu_buffer_type()).value();
-  std::vector<testing::OracleCache> oc = {testing::OracleCache{300, 2, 64, 64},
-                                          testing::OracleCache{0, 2, 64, 64}};
-  Oracle oracle(oc);
-  const SeqId seq = *store->create_sequence();
-  oracle.create(seq);
-  NormalDraws randn(79);
-  testing::Runner runner;
-  double worst = 0;
-  for (const int32_t T : {512, 512, 100, 512}) { // ends mid-tile: 1636 rows
-    const int32_t position = store->sequence(seq)->length();
-    Step step(*store);
-    ASSERT_TRUE(step.add_span({seq, position, T}).ok());
-    std::vector<Call> calls(2);
-    for (CacheId c = 0; c < 2; ++c) {
-      calls[size_t(c)].cache = c;
-      calls[size_t(c)].n_q_heads = q_heads;
-      calls[size_t(c)].scale = 0.125f;
-      calls[size_t(c)].q = randn(size_t(T) * size_t(q_heads) * 64);
-      calls[size_t(c)].k = randn(size_t(T) * 2 * 64);
-      calls[size_t(c)].v = randn(size_t(T) * 2 * 64);
-    }
-    ASSERT_TRUE(runner.run(step, *layout, calls));
-    for (const Call &c : calls) {
-      EXPECT_EQ(c.kernel, "tiled_attention");
-      oracle.append(seq, c.cache, c.k, c.v);
-    }
-    for (const Call &c : calls) {
-      const double err = testing::relative_error(
-          c.out, oracle.attend(seq, c.cache, position, T, q_heads, c.q, c.scale));
-      worst = std::max(worst, err);
-      ASSERT_LE(err, bound) << "cache " << c.cache << " positions " << position << ".."
-                            << position + T - 1;
-    }
-    ASSERT_TRUE(step.commit().ok());
-  }
+  LongRun r;
+  r.windows = {300, 0};
+  r.capacity = 1700, r.max_write = 512, r.q_heads = q_heads;
+  r.spans = {512, 512, 100, 512};
+  r.types = types, r.seed = 79, r.prefill_bound = bound, r.decode_bound = bound;
+  Worst worst;
+  run_long(r, worst);
   std::printf("[ oracle   ] 512-token prefill chunks, %d query heads on 2 KV heads, K %s V %s: "
               "worst relative error %.3g (bound %.3g)\n",
-              q_heads, ggml_type_name(types.k), ggml_type_name(types.v), worst, bound);
+              q_heads, ggml_type_name(types.k), ggml_type_name(types.v), worst.prefill, bound);
 }
 
 TEST(OracleLargeShapes, LongPrefillChunksF32) {
@@ -454,47 +457,21 @@ TEST(OracleLargeShapes, LongPrefillChunksF16Group16) {
 
 // Groups of 2 query heads take the grouped kernel only over long histories (>= 8192 rows): a flat
 // cache filled to 9,000 rows in 1,000-token chunks, then decode steps at 4 query heads on 2 KV
-// heads, each against the float64 oracle (f16 storage: the 2e-3 bound of the grouped kernel).
+// heads, each against the float64 oracle (f16 storage: the 2e-3 bound of the grouped kernel);
+// every decode step must have run the grouped kernel.
 TEST(OracleLargeShapes, SmallGroupsOverLongHistories) {
-  std::vector<cache::LayerSpec> layers = {{cache::AttentionKind{0}, 2, 64, 64}};
-  auto layout =
-      cache::Layout::make(cache::Geometry::build(layers, 0).value(), {9100, 1000, 64}).value();
-  auto store =
-      KvStore::create(layout, {GGML_TYPE_F16, GGML_TYPE_F16}, ggml_backend_cpu_buffer_type())
-          .value();
-  std::vector<testing::OracleCache> oc = {testing::OracleCache{0, 2, 64, 64}};
-  Oracle oracle(oc);
-  const SeqId seq = *store->create_sequence();
-  oracle.create(seq);
-  NormalDraws randn(78);
-  testing::Runner runner;
-  double worst = 0;
-  int grouped = 0;
-  for (int i = 0; i < 9 + 6; ++i) {
-    const int32_t T = i < 9 ? 1000 : 1, position = store->sequence(seq)->length();
-    Step step(*store);
-    ASSERT_TRUE(step.add_span({seq, position, T}).ok());
-    std::vector<Call> calls(1);
-    calls[0].n_q_heads = 4;
-    calls[0].scale = 0.125f;
-    calls[0].q = randn(size_t(T) * 4 * 64);
-    calls[0].k = randn(size_t(T) * 2 * 64);
-    calls[0].v = randn(size_t(T) * 2 * 64);
-    ASSERT_TRUE(runner.run(step, *layout, calls));
-    oracle.append(seq, 0, calls[0].k, calls[0].v);
-    if (T == 1) {
-      grouped += calls[0].kernel == "grouped_attention";
-      const double err = testing::relative_error(
-          calls[0].out, oracle.attend(seq, 0, position, T, 4, calls[0].q, calls[0].scale));
-      worst = std::max(worst, err);
-      ASSERT_LE(err, 2e-3) << "position " << position;
-    }
-    ASSERT_TRUE(step.commit().ok());
-  }
-  EXPECT_EQ(grouped, 6); // every decode step ran the grouped kernel
+  LongRun r;
+  r.windows = {0};
+  r.capacity = 9100, r.max_write = 1000, r.q_heads = 4;
+  r.spans.assign(9, 1000);
+  r.spans.insert(r.spans.end(), 6, 1);
+  r.types = {GGML_TYPE_F16, GGML_TYPE_F16}, r.seed = 78, r.decode_bound = 2e-3;
+  r.check_prefill = false;
+  Worst worst;
+  run_long(r, worst);
   std::printf("[ oracle   ] 4 query heads on 2 KV heads over 9,000+ f16 rows, grouped decode: "
               "worst relative error %.3g (bound 2e-3)\n",
-              worst);
+              worst.decode);
 }
 
 class OracleTest : public ::testing::TestWithParam<std::pair<ggml_type, ggml_type>> {};
