@@ -125,7 +125,7 @@ std::function<int()> add_bench(CLI::App &app) {
     if (!m.ok()) return fail(m.message());
     const model::Model &model = **m;
     const model::ModelConfig &c = model.config();
-    const std::string wtype = ggml_type_name(model.weights().layers.at(0).ffn_up->type);
+    const std::string wtype = ggml_type_name(model.weights().layers.at(0).ffn_up.w->type);
     const std::string head = "{\"engine\":\"offgraph\",\"model\":\"" + json_escape(o->model) +
                              "\",\"type\":\"" + wtype +
                              "\",\"n_params\":" + std::to_string(model.n_params()) +

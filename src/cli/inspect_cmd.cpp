@@ -64,9 +64,7 @@ std::function<int()> add_inspect(CLI::App &app) {
                           (ctk.ok() ? ctv : ctk).message().c_str()),
              1;
     const int32_t ctx = o->ctx > 0 ? o->ctx : c.n_ctx_train;
-    auto geo = (*m)->geometry();
-    if (!geo.ok()) return std::fprintf(stderr, "offgraph inspect: %s\n", geo.message().c_str()), 1;
-    auto layout = cache::Layout::make(*geo, {ctx, std::min(o->max_write, ctx), 512});
+    auto layout = cache::Layout::make((*m)->geometry(), {ctx, std::min(o->max_write, ctx), 512});
     if (!layout.ok())
       return std::fprintf(stderr, "offgraph inspect: %s\n", layout.message().c_str()), 1;
     const kv::StorageTypes st{*ctk, *ctv};

@@ -1,6 +1,10 @@
 #include "model/config.h"
 
+#include "model/arch.h"
+
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 namespace offgraph::model {
 
@@ -8,6 +12,10 @@ int32_t ModelConfig::n_sliding() const {
   int32_t n = 0;
   for (bool s : sliding) n += s;
   return n;
+}
+
+RopeParams ModelConfig::rope(bool sliding_layer) const {
+  return {n_rot, sliding_layer ? rope_base_swa : rope_base, rope_freq_scale, n_ctx_train};
 }
 
 std::vector<cache::LayerSpec> ModelConfig::layer_specs() const {
@@ -28,110 +36,299 @@ std::string ModelConfig::describe() const {
                      : "");
 }
 
-namespace {
+// ---- ConfigReader ------------------------------------------------------------------------------
 
-// Reads a u32 hyperparameter into an int32 and checks its range.
-Status get(const GgufFile &f, const std::string &key, int32_t &out, int64_t lo, int64_t hi) {
-  auto v = f.u32(key);
+Status ConfigReader::u32(const std::string &suffix, int32_t &out, int64_t lo, int64_t hi,
+                         bool required) {
+  const std::string k = key(suffix);
+  if (!required && !f_.has(k)) return ok_status();
+  auto v = f_.u32(k);
   if (!v.ok()) return v.status();
   if (int64_t(*v) < lo || int64_t(*v) > hi)
-    return Status::error(f.path() + ": key '" + key + "' = " + std::to_string(*v) + " is outside " +
+    return Status::error(f_.path() + ": key '" + k + "' = " + std::to_string(*v) + " is outside " +
                          std::to_string(lo) + ".." + std::to_string(hi));
   out = int32_t(*v);
   return ok_status();
 }
 
-Status get_optional(const GgufFile &f, const std::string &key, int32_t &out, int64_t lo,
-                    int64_t hi) {
-  if (!f.has(key)) return ok_status();
-  return get(f, key, out, lo, hi);
-}
-
-Status get_f(const GgufFile &f, const std::string &key, float &out, bool required, float lo,
-             float hi) {
-  if (!required && !f.has(key)) return ok_status();
-  auto v = f.f32(key);
+Status ConfigReader::f32(const std::string &suffix, float &out, float lo, float hi, bool required) {
+  const std::string k = key(suffix);
+  if (!required && !f_.has(k)) return ok_status();
+  auto v = f_.f32(k);
   if (!v.ok()) return v.status();
   if (!std::isfinite(*v) || *v < lo || *v > hi)
-    return Status::error(f.path() + ": key '" + key + "' = " + std::to_string(*v) + " is outside " +
+    return Status::error(f_.path() + ": key '" + k + "' = " + std::to_string(*v) + " is outside " +
                          std::to_string(lo) + ".." + std::to_string(hi));
   out = *v;
   return ok_status();
 }
+
+Result<std::optional<std::string>> ConfigReader::str(const std::string &suffix) {
+  const std::string k = key(suffix);
+  if (!f_.has(k)) return std::optional<std::string>();
+  auto v = f_.str(k);
+  if (!v.ok()) return v.status();
+  return std::optional<std::string>(*v);
+}
+
+Result<std::optional<std::vector<bool>>> ConfigReader::bool_array(const std::string &suffix) {
+  return f_.optional_bool_array(key(suffix));
+}
+
+namespace {
+
+// Numeric value of a scalar key (bools as 0/1); nullopt for strings and arrays.
+std::optional<double> scalar_value(const gguf_context *ctx, int64_t id) {
+  switch (gguf_get_kv_type(ctx, id)) {
+  case GGUF_TYPE_UINT8:
+    return gguf_get_val_u8(ctx, id);
+  case GGUF_TYPE_INT8:
+    return gguf_get_val_i8(ctx, id);
+  case GGUF_TYPE_UINT16:
+    return gguf_get_val_u16(ctx, id);
+  case GGUF_TYPE_INT16:
+    return gguf_get_val_i16(ctx, id);
+  case GGUF_TYPE_UINT32:
+    return gguf_get_val_u32(ctx, id);
+  case GGUF_TYPE_INT32:
+    return gguf_get_val_i32(ctx, id);
+  case GGUF_TYPE_UINT64:
+    return double(gguf_get_val_u64(ctx, id));
+  case GGUF_TYPE_INT64:
+    return double(gguf_get_val_i64(ctx, id));
+  case GGUF_TYPE_FLOAT32:
+    return gguf_get_val_f32(ctx, id);
+  case GGUF_TYPE_FLOAT64:
+    return gguf_get_val_f64(ctx, id);
+  case GGUF_TYPE_BOOL:
+    return gguf_get_val_bool(ctx, id) ? 1.0 : 0.0;
+  default:
+    return std::nullopt;
+  }
+}
+
+// Element i of a numeric array as a double.
+double array_value(const gguf_context *ctx, int64_t id, size_t i) {
+  const void *d = gguf_get_arr_data(ctx, id);
+  switch (gguf_get_arr_type(ctx, id)) {
+  case GGUF_TYPE_UINT8:
+    return static_cast<const uint8_t *>(d)[i];
+  case GGUF_TYPE_INT8:
+    return static_cast<const int8_t *>(d)[i];
+  case GGUF_TYPE_UINT16:
+    return static_cast<const uint16_t *>(d)[i];
+  case GGUF_TYPE_INT16:
+    return static_cast<const int16_t *>(d)[i];
+  case GGUF_TYPE_UINT32:
+    return static_cast<const uint32_t *>(d)[i];
+  case GGUF_TYPE_INT32:
+    return static_cast<const int32_t *>(d)[i];
+  case GGUF_TYPE_UINT64:
+    return double(static_cast<const uint64_t *>(d)[i]);
+  case GGUF_TYPE_INT64:
+    return double(static_cast<const int64_t *>(d)[i]);
+  case GGUF_TYPE_FLOAT32:
+    return static_cast<const float *>(d)[i];
+  case GGUF_TYPE_FLOAT64:
+    return static_cast<const double *>(d)[i];
+  case GGUF_TYPE_BOOL:
+    return static_cast<const int8_t *>(d)[i] ? 1.0 : 0.0;
+  default:
+    return 0.0;
+  }
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// True when the key states one of `neutral` (scalars), is empty, or every element does.
+bool is_neutral(const gguf_context *ctx, int64_t id, const std::vector<double> &neutral) {
+  auto neutral_value = [&](double v) {
+    for (double n : neutral) // f32 keys hold float roundings of the listed values
+      if (v == n || float(v) == float(n)) return true;
+    return false;
+  };
+  const gguf_type t = gguf_get_kv_type(ctx, id);
+  if (t == GGUF_TYPE_STRING) return std::string(gguf_get_val_str(ctx, id)).empty();
+  if (t != GGUF_TYPE_ARRAY) return neutral_value(*scalar_value(ctx, id));
+  const size_t n = gguf_get_arr_n(ctx, id);
+  if (gguf_get_arr_type(ctx, id) == GGUF_TYPE_STRING) {
+    for (size_t i = 0; i < n; ++i)
+      if (*gguf_get_arr_str(ctx, id, i)) return false;
+    return true;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!neutral_value(array_value(ctx, id, i))) return false;
+  return true;
+}
+
+} // namespace
+
+std::string describe_value(const gguf_context *ctx, int64_t id) {
+  const gguf_type t = gguf_get_kv_type(ctx, id);
+  if (t == GGUF_TYPE_STRING) {
+    std::string s = gguf_get_val_str(ctx, id);
+    return "'" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) + "'";
+  }
+  if (t != GGUF_TYPE_ARRAY) return number(*scalar_value(ctx, id));
+  const size_t n = gguf_get_arr_n(ctx, id);
+  const gguf_type et = gguf_get_arr_type(ctx, id);
+  std::string s = "[" + std::to_string(n) + " x " + gguf_type_label(et) + ":";
+  for (size_t i = 0; i < n && i < 6; ++i)
+    s += (i ? ", " : " ") + (et == GGUF_TYPE_STRING
+                                 ? "'" + std::string(gguf_get_arr_str(ctx, id, i)) + "'"
+                                 : number(array_value(ctx, id, i)));
+  return s + (n > 6 ? ", ...]" : "]");
+}
+
+Status ConfigReader::audit() const {
+  const gguf_context *ctx = f_.gguf();
+  for (int64_t id = 0; id < gguf_get_n_kv(ctx); ++id) {
+    const std::string k = gguf_get_key(ctx, id);
+    if (read_.count(k)) continue;
+    // Namespaces with readers of their own: description (general.), the tokenizer's keys
+    // (tokenizer., read by text/tokenizer), quantization provenance (quantize.imatrix.*).
+    if (k.rfind("general.", 0) == 0 || k.rfind("tokenizer.", 0) == 0 ||
+        k.rfind("quantize.", 0) == 0)
+      continue;
+    if (k == "split.count" && !is_neutral(ctx, id, {1.0}))
+      return Status::error(f_.path() + ": this is one part of a split model (split.count = " +
+                           describe_value(ctx, id) +
+                           "); offgraph loads single files: merge the parts first (llama.cpp's "
+                           "llama-gguf-split --merge)");
+    if (k.rfind("split.", 0) == 0) continue; // split.no 0 / tensors.count of a one-part file
+    const auto n = neutral_.find(k);
+    if (is_neutral(ctx, id, n == neutral_.end() ? std::vector<double>{0.0} : n->second)) continue;
+    return Status::error(f_.path() + ": key '" + k + "' = " + describe_value(ctx, id) +
+                         (k.rfind(p_, 0) == 0 ? " is not something offgraph's " +
+                                                    p_.substr(0, p_.size() - 1) + " computes"
+                                              : " belongs to no reader offgraph has") +
+                         "; refusing rather than computing another model than the file describes "
+                         "(docs/model-files.md lists the keys each architecture honours)");
+  }
+  return ok_status();
+}
+
+// ---- the keys every architecture shares --------------------------------------------------------
 
 #define TRY(expr)                                                                                  \
   do {                                                                                             \
     if (Status _s = (expr); !_s.ok()) return _s;                                                   \
   } while (0)
 
+Status read_rope_scaling(ConfigReader &keys, ModelConfig &c) {
+  auto type = keys.str("rope.scaling.type");
+  if (!type.ok()) return type.status();
+  const std::string t = type->value_or("linear");
+  if (t != "linear" && t != "none")
+    return Status::error(keys.file().path() + ": key '" + keys.prefix() + "rope.scaling.type' = '" +
+                         t + "' is not supported (offgraph applies 'linear' and 'none')");
+  float factor = 0.0f; // 0: none, as llama.cpp reads it
+  TRY(keys.f32("rope.scaling.factor", factor, 0.0f, 1e6f, false));
+  if (factor == 0.0f && !keys.has("rope.scaling.factor")) {
+    float old = 0.0f; // the key's old name
+    TRY(keys.f32("rope.scale_linear", old, 0.0f, 1e6f, false));
+    factor = old;
+  } else {
+    keys.mark_read("rope.scale_linear");
+  }
+  if (factor != 0.0f && factor < 1e-6f)
+    return Status::error(keys.file().path() + ": rope scaling factor " + std::to_string(factor) +
+                         " is too small");
+  c.rope_freq_scale = t == "none" || factor == 0.0f ? 1.0f : 1.0f / factor;
+  // YaRN's keys are inert without YaRN; the original context only feeds YaRN's ranges.
+  keys.mark_read("rope.scaling.original_context_length");
+  keys.mark_read("rope.scaling.finetuned");
+  return ok_status();
+}
+
+namespace {
+
+// What llama.cpp's model saver writes for a feature the architecture does not have: its hparams
+// defaults, written into every file it saves (test-llama-archs's among them). Each asks for
+// nothing; any other value of these keys is refused by the audit. docs/model-files.md.
+void set_saver_defaults(ConfigReader &keys) {
+  const std::string &p = keys.prefix();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::pair<const char *, std::vector<double>> defaults[] = {
+      {"attention.causal", {1}},             // false would be an encoder
+      {"attention.rope_pattern", {1}},       // per-layer RoPE on/off: 1 = as the arch says
+      {"pooling_type", {0, 4294967295.0}},   // none / unspecified: embeddings only
+      {"decoder_start_token_id", {-1}},      // encoder-decoder models
+      {"attn_logit_softcapping", {0, 50}},   // Gemma 2's attention cap, off unless read
+      {"router_logit_softcapping", {0, 30}}, // MoE routers
+      {"expert_group_scale", {0, 0.05}},     // MoE groups
+      {"expert_weights_scale", {0, 1}},      // MoE
+      {"token_shift_count", {0, 2}},         // RWKV
+      {"deepstack_mapping", {-1}},           // Qwen3-VL deepstack
+      {"kda.gate_lower_bound", {0, -inf}},   // Kimi linear attention
+      {"activation.situ_beta", {0, 1}},      // SiTU activation
+      {"rope.scaling.attn_factor", {0, 1}},  // a magnitude llama.cpp applies to YaRN only
+      {"rope.scaling.yarn_ext_factor", {-1, 0}},
+      {"rope.scaling.yarn_attn_factor", {1}},
+      {"rope.scaling.yarn_beta_fast", {32}},
+      {"rope.scaling.yarn_beta_slow", {1}},
+  };
+  for (const auto &[suffix, values] : defaults) keys.set_neutral(p + suffix, values);
+}
+
 } // namespace
 
 Result<ModelConfig> read_config(const GgufFile &f) {
   ModelConfig c;
-  auto arch = f.str("general.architecture");
-  if (!arch.ok()) return arch.status();
-  c.arch_name = *arch;
-  if (c.arch_name == "muse-glimmer")
-    c.arch = Arch::MuseGlimmer;
-  else if (c.arch_name == "llama")
-    c.arch = Arch::Llama;
-  else
+  auto arch_name = f.str("general.architecture");
+  if (!arch_name.ok()) return arch_name.status();
+  c.arch_name = *arch_name;
+  const Architecture *arch = find_architecture(c.arch_name);
+  if (!arch)
     return Status::error(f.path() + ": architecture '" + c.arch_name +
-                         "' is not supported (supported: muse-glimmer, llama)");
+                         "' is not supported (supported: " + architecture_names() + ")");
+  c.arch = arch->id;
   if (auto name = f.str("general.name"); name.ok()) c.name = *name;
-  const std::string p = c.arch_name + ".";
+  ConfigReader keys(f, c.arch_name + ".");
   constexpr int64_t kBig = int64_t(1) << 24;
 
-  TRY(get(f, p + "block_count", c.n_layer, 1, 4096));
-  TRY(get(f, p + "embedding_length", c.n_embd, 1, kBig));
-  TRY(get(f, p + "feed_forward_length", c.n_ff, 1, kBig));
-  TRY(get(f, p + "attention.head_count", c.n_head, 1, 65536));
+  TRY(keys.u32("block_count", c.n_layer, 1, 4096, true));
+  TRY(keys.u32("embedding_length", c.n_embd, 1, kBig, true));
+  TRY(keys.u32("feed_forward_length", c.n_ff, 1, kBig, true));
+  TRY(keys.u32("attention.head_count", c.n_head, 1, 65536, true));
   c.n_head_kv = c.n_head;
-  TRY(get_optional(f, p + "attention.head_count_kv", c.n_head_kv, 1, 65536));
-  TRY(get(f, p + "context_length", c.n_ctx_train, 1, int64_t(1) << 29));
+  TRY(keys.u32("attention.head_count_kv", c.n_head_kv, 1, 65536, false));
+  TRY(keys.u32("context_length", c.n_ctx_train, 1, int64_t(1) << 29, true));
   if (c.n_head % c.n_head_kv != 0)
     return Status::error(f.path() + ": " + std::to_string(c.n_head) +
                          " attention heads are not a multiple of " + std::to_string(c.n_head_kv) +
                          " KV heads");
   c.head_dim_k = c.n_embd / c.n_head;
-  TRY(get_optional(f, p + "attention.key_length", c.head_dim_k, 1, 65536));
+  TRY(keys.u32("attention.key_length", c.head_dim_k, 1, 65536, false));
   c.head_dim_v = c.head_dim_k;
-  TRY(get_optional(f, p + "attention.value_length", c.head_dim_v, 1, 65536));
+  TRY(keys.u32("attention.value_length", c.head_dim_v, 1, 65536, false));
   if (c.head_dim_k < 1)
     return Status::error(f.path() + ": head dim is 0 (embedding_length < head_count)");
   c.n_rot = c.head_dim_k;
-  TRY(get_optional(f, p + "rope.dimension_count", c.n_rot, 2, c.head_dim_k));
-  TRY(get_f(f, p + "attention.layer_norm_rms_epsilon", c.rms_eps, true, 0.0f, 1.0f));
-  TRY(get_f(f, p + "rope.freq_base", c.rope_base, false, 1e-3f, 1e12f));
+  TRY(keys.u32("rope.dimension_count", c.n_rot, 2, c.head_dim_k, false));
+  TRY(keys.f32("attention.layer_norm_rms_epsilon", c.rms_eps, 0.0f, 1.0f, true));
+  TRY(keys.f32("rope.freq_base", c.rope_base, 1e-3f, 1e12f, false));
   c.rope_base_swa = c.rope_base;
+  TRY(read_rope_scaling(keys, c));
   c.attn_scale = 1.0f / std::sqrt(float(c.head_dim_k));
   c.sliding.assign(size_t(c.n_layer), false);
-
-  if (c.arch == Arch::MuseGlimmer) {
-    if (c.head_dim_k != c.head_dim_v)
-      return Status::error(f.path() + ": muse-glimmer needs equal K and V head dims, got " +
-                           std::to_string(c.head_dim_k) + " and " + std::to_string(c.head_dim_v));
-    TRY(get_f(f, p + "rope.freq_base_swa", c.rope_base_swa, false, 1e-3f, 1e12f));
-    TRY(get(f, p + "attention.sliding_window", c.window, 1, int64_t(1) << 29));
-    TRY(get_f(f, p + "logit_scale", c.logit_scale, true, 0.0f, 1e6f));
-    c.softcap = 30.0f; // llama.cpp's default when the key is absent
-    TRY(get_f(f, p + "final_logit_softcapping", c.softcap, false, 0.0f, 1e6f));
-    // sliding_window_pattern: a per-layer bool array (true = sliding), or a scalar period n
-    // (layer i slides iff i % n < n - 1), or absent (period 4).
-    const std::string key = p + "attention.sliding_window_pattern";
-    auto arr = f.optional_bool_array(key);
-    if (!arr.ok()) return arr.status();
-    if (*arr) {
-      if (int32_t((*arr)->size()) != c.n_layer)
-        return Status::error(f.path() + ": key '" + key + "' has " +
-                             std::to_string((*arr)->size()) + " entries for " +
-                             std::to_string(c.n_layer) + " layers");
-      c.sliding = **arr;
-    } else {
-      int32_t period = 4;
-      TRY(get_optional(f, key, period, 1, 4096));
-      for (int32_t i = 0; i < c.n_layer; ++i) c.sliding[size_t(i)] = i % period < period - 1;
-    }
+  set_saver_defaults(keys);
+  // Head sizes and rotation of sliding layers: llama.cpp's graphs for these architectures use
+  // one head size and one n_rot for every layer.
+  for (auto [suffix, full] :
+       {std::pair<const char *, int32_t>{"attention.key_length_swa", c.head_dim_k},
+        {"attention.value_length_swa", c.head_dim_v},
+        {"rope.dimension_count_swa", c.n_rot}}) {
+    int32_t swa = full;
+    TRY(keys.u32(suffix, swa, 1, 65536, false));
+    if (swa != full)
+      return Status::error(f.path() + ": key '" + keys.prefix() + suffix +
+                           "' = " + std::to_string(swa) + " differs from the other layers' " +
+                           std::to_string(full) + "; per-kind head sizes are not supported");
   }
 
   ggml_tensor *embd = f.tensor("token_embd.weight");
@@ -141,6 +338,15 @@ Result<ModelConfig> read_config(const GgufFile &f) {
                          std::to_string(embd->ne[0]) + ", " + std::to_string(embd->ne[1]) +
                          "], expected [" + std::to_string(c.n_embd) + ", n_vocab]");
   c.n_vocab = int32_t(embd->ne[1]);
+  int32_t vocab_size = c.n_vocab;
+  TRY(keys.u32("vocab_size", vocab_size, 1, kBig, false));
+  if (vocab_size != c.n_vocab)
+    return Status::error(f.path() + ": key '" + keys.prefix() +
+                         "vocab_size' = " + std::to_string(vocab_size) +
+                         " but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
+
+  TRY(arch->read_config(keys, c));
+  TRY(keys.audit());
   return c;
 }
 

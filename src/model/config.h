@@ -1,6 +1,7 @@
 // ModelConfig: the hyperparameters of a GGUF model, read and checked key by key. Everything the
 // cache needs (which layers slide, the window, KV heads and dims) comes from here, never from
-// code constants.
+// code constants. ConfigReader records which keys were read, so that a key no reader honours is
+// refused with its value unless it states the neutral value (docs/model-files.md).
 #pragma once
 
 #include "base/status.h"
@@ -8,12 +9,23 @@
 #include "model/gguf_file.h"
 
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace offgraph::model {
 
 enum class Arch { MuseGlimmer, Llama };
+
+// ggml_rope_ext's parameters that a file can set (the YaRN ones stay off: YaRN is refused).
+struct RopeParams {
+  int32_t n_rot = 0;       // rotated dims per head (rope.dimension_count)
+  float base = 10000.0f;   // rope.freq_base (rope.freq_base_swa on sliding layers)
+  float freq_scale = 1.0f; // 1 / rope.scaling.factor (linear scaling)
+  int32_t n_ctx_orig = 0;  // rope.scaling.original_context_length (YaRN only; kept for ggml)
+};
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
@@ -24,20 +36,73 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float post_norm_eps = 1e-8f; // Muse Glimmer's post-attention and post-FFN norms (no GGUF key)
   float rope_base = 10000.0f, rope_base_swa = 10000.0f;
-  int32_t window = 0;        // sliding window of the sliding layers (0: none)
-  std::vector<bool> sliding; // per layer
+  float rope_freq_scale = 1.0f; // 1 / rope.scaling.factor
+  int32_t window = 0;           // sliding window of the sliding layers (0: none)
+  std::vector<bool> sliding;    // per layer
   float logit_scale = 1.0f;
   float softcap = 0.0f;    // final logit soft-cap (0: none)
   float attn_scale = 1.0f; // softmax scale, 1/sqrt(head_dim_k)
 
   int32_t n_sliding() const;
+  // RoPE of a full-attention or a sliding layer.
+  RopeParams rope(bool sliding_layer) const;
   // One cache layer description per model layer (no KV sharing in these architectures).
   std::vector<cache::LayerSpec> layer_specs() const;
   std::string describe() const;
 };
 
+// Reads typed keys under the architecture's prefix ("muse-glimmer.") and remembers each key it
+// was asked for, present or not; audit() then judges every key of the file.
+class ConfigReader {
+public:
+  ConfigReader(const GgufFile &file, std::string prefix) : f_(file), p_(std::move(prefix)) {}
+  const GgufFile &file() const { return f_; }
+  const std::string &prefix() const { return p_; }
+
+  // `<prefix><suffix>` as an integer or float within [lo, hi]; absent and not required: `out`
+  // keeps its default.
+  Status u32(const std::string &suffix, int32_t &out, int64_t lo, int64_t hi, bool required);
+  Status f32(const std::string &suffix, float &out, float lo, float hi, bool required);
+  Result<std::optional<std::string>> str(const std::string &suffix);
+  Result<std::optional<std::vector<bool>>> bool_array(const std::string &suffix);
+  bool has(const std::string &suffix) const { return f_.has(p_ + suffix); }
+  // Keys the reader honours in a way of its own (read by other code, or checked against
+  // another key): counted as read.
+  void mark_read(const std::string &suffix) { read_.insert(p_ + suffix); }
+  // The values that make a key ask for nothing when they are not 0 / false / "" (a
+  // multiplier of 1, attention.causal true); they replace that default.
+  void set_neutral(const std::string &key, std::vector<double> values) {
+    neutral_[key] = std::move(values);
+  }
+
+  // Every key of the file is read, of a namespace with its own reader (general., tokenizer.,
+  // quantize.), or states a neutral value (0, false, "", or set_neutral's; for an array, every
+  // element): it then asks for nothing. Any other key is refused with its value.
+  Status audit() const;
+
+private:
+  std::string key(const std::string &suffix) {
+    read_.insert(p_ + suffix);
+    return p_ + suffix;
+  }
+
+  const GgufFile &f_;
+  std::string p_;
+  std::set<std::string> read_;
+  std::map<std::string, std::vector<double>> neutral_;
+};
+
+// RoPE scaling as llama.cpp reads it (rope.scaling.type linear, its default, or none; YaRN and
+// LongRoPE are refused with the value; rope.scaling.factor divides the frequencies), into
+// c.rope_freq_scale. Architectures that rotate call it.
+Status read_rope_scaling(ConfigReader &keys, ModelConfig &c);
+
+// A key's value as an error message shows it ("2.5", "'yarn'", "[4 x u32: 1, 0, 1, 0]").
+std::string describe_value(const gguf_context *ctx, int64_t key_id);
+
 // Reads and validates the hyperparameters (architecture known, required keys present with the
-// right types, values in range). The vocabulary size comes from token_embd.weight.
+// right types, values in range, every key honoured or neutral). The vocabulary size comes from
+// token_embd.weight.
 Result<ModelConfig> read_config(const GgufFile &file);
 
 } // namespace offgraph::model

@@ -90,9 +90,7 @@ ggml_status Forward::compute(ggml_cgraph *gf) {
 }
 
 Result<std::shared_ptr<const cache::Layout>> make_layout(const Model &model, cache::Policy policy) {
-  auto geo = model.geometry();
-  if (!geo.ok()) return geo.status();
-  return cache::Layout::make(std::move(geo).value(), policy);
+  return cache::Layout::make(model.geometry(), policy);
 }
 
 } // namespace offgraph::model

@@ -1,46 +1,116 @@
 // Llama 3 (general.architecture = llama): pre-norm blocks, GQA, RoPE (NORM mode, with the
-// optional Llama 3.1 frequency factors) on every layer, SwiGLU, a head tied to the embedding when
-// output.weight is absent. No sliding window: the same cache code serves it without a special case.
-#include "model/model.h"
+// optional Llama 3.1 frequency factors and linear scaling) on every layer, SwiGLU, optional
+// projection and FFN biases, a head tied to the embedding when output.weight is absent. No
+// sliding window: the same cache code serves it without a special case. Dense only.
+#include "model/arch.h"
 
 namespace offgraph::model {
 
-Result<ggml_tensor *> build_llama(const Model &model, ggml_context *ctx, const Batch &batch,
-                                  const GraphInputs &in, kv::Step &step) {
-  const ModelConfig &c = model.config();
-  const Weights &w = model.weights();
-  const int64_t n = int64_t(batch.tokens.size());
-  auto norm = [&](ggml_tensor *x, ggml_tensor *gain) {
-    return ggml_mul(ctx, ggml_rms_norm(ctx, x, c.rms_eps), gain);
-  };
-  auto rope = [&](ggml_tensor *x) {
-    return ggml_rope_ext(ctx, x, in.positions, w.rope_freqs, c.n_rot, GGML_ROPE_TYPE_NORMAL,
-                         c.n_ctx_train, c.rope_base, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
-  };
+namespace {
 
-  const bool keep_rows = int64_t(batch.logit_rows.size()) < n; // else every row is wanted
-  ggml_tensor *x = ggml_get_rows(ctx, w.tok_embd, in.tokens);
+#define TRY(expr)                                                                                  \
+  do {                                                                                             \
+    if (Status _s = (expr); !_s.ok()) return _s;                                                   \
+  } while (0)
+
+Status read_config(ConfigReader &keys, ModelConfig &c) {
+  const std::string &path = keys.file().path();
+  int32_t n_expert = 0;
+  TRY(keys.u32("expert_count", n_expert, 0, 1 << 16, false));
+  if (n_expert > 0)
+    return Status::error(path + ": key '" + keys.prefix() +
+                         "expert_count' = " + std::to_string(n_expert) +
+                         ": mixture-of-experts llama files are not supported (dense only)");
+  if (c.n_rot != c.head_dim_k) // llama.cpp refuses these too ("invalid n_rot")
+    return Status::error(path + ": llama rotates whole heads, but rope.dimension_count = " +
+                         std::to_string(c.n_rot) + " and the head dim is " +
+                         std::to_string(c.head_dim_k));
+  if (c.head_dim_k != c.head_dim_v)
+    return Status::error(path + ": llama needs equal K and V head dims, got " +
+                         std::to_string(c.head_dim_k) + " and " + std::to_string(c.head_dim_v));
+  // llama.cpp's llama graph applies neither; its saver writes 0 (logit_scale) and the hparams
+  // default 30 (final_logit_softcapping) into every llama file.
+  keys.set_neutral(keys.prefix() + "logit_scale", {0, 1});
+  keys.set_neutral(keys.prefix() + "final_logit_softcapping", {0, 30});
+  keys.mark_read("rope.freq_base_swa"); // no sliding layers: nothing it could apply to
+  return read_rope_scaling(keys, c);
+}
+
+Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
+  const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff;
+  const int64_t QW = int64_t(c.n_head) * c.head_dim_k, KW = int64_t(c.n_head_kv) * c.head_dim_k,
+                VW = int64_t(c.n_head_kv) * c.head_dim_v, OW = int64_t(c.n_head) * c.head_dim_v;
+  auto tensor = [&](ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
+                    Role role, bool required = true) -> Status {
+    auto t = b.tensor(name, std::move(shape), role, required);
+    if (!t.ok()) return t.status();
+    out = *t;
+    return ok_status();
+  };
+  auto linear = [&](Linear &out, const std::string &prefix, int64_t in, int64_t n_out,
+                    bool bias_before_scale, bool required = true) -> Status {
+    auto l = b.linear(prefix, in, n_out, required);
+    if (!l.ok()) return l.status();
+    out = *l;
+    out.bias_before_scale = bias_before_scale;
+    return ok_status();
+  };
+  TRY(tensor(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
+  TRY(tensor(w.output_norm, "output_norm.weight", {E}, Role::Vector));
+  // Without output.weight the head is the embedding (tied), with no scale or bias of its own.
+  TRY(linear(w.output, "output", E, V, false, false));
+  if (!w.output) w.output.w = w.tok_embd;
+  TRY(tensor(w.rope_freqs, "rope_freqs.weight", {c.n_rot / 2}, Role::Vector, false));
+  for (int32_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights l;
+    const std::string p = "blk." + std::to_string(i) + ".";
+    // llama.cpp's per-layer rope_freqs copies are one tensor under other names; none is stored.
+    TRY(tensor(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
+    TRY(linear(l.wq, p + "attn_q", E, QW, false));
+    TRY(linear(l.wk, p + "attn_k", E, KW, false));
+    TRY(linear(l.wv, p + "attn_v", E, VW, false));
+    TRY(linear(l.wo, p + "attn_output", OW, E, false));
+    TRY(tensor(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
+    TRY(linear(l.ffn_gate, p + "ffn_gate", E, F, true));
+    TRY(linear(l.ffn_up, p + "ffn_up", E, F, true));
+    TRY(linear(l.ffn_down, p + "ffn_down", F, E, true));
+    w.layers.push_back(l);
+  }
+  return ok_status();
+}
+
+Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
+  const ModelConfig &c = g.config();
+  const Weights &w = g.weights();
+  ggml_context *ctx = g.ctx();
+  const int64_t n = g.n_tokens();
+  const RopeParams rope = c.rope(false);
+
+  ggml_tensor *x = ggml_get_rows(ctx, w.tok_embd, g.token_ids());
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
-    ggml_tensor *a = norm(x, l.attn_norm);
-    ggml_tensor *q =
-        rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, a), c.head_dim_k, c.n_head, n));
-    ggml_tensor *k =
-        rope(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, a), c.head_dim_k, c.n_head_kv, n));
-    ggml_tensor *v = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wv, a), c.head_dim_v, c.n_head_kv, n);
-    auto o = attend_spans(ctx, batch, step, q, k, v, cache::CacheId(il), c.attn_scale);
+    ggml_tensor *a = g.rms_norm(x, l.attn_norm, c.rms_eps);
+    ggml_tensor *q = ggml_reshape_3d(ctx, l.wq.apply(ctx, a), c.head_dim_k, c.n_head, n);
+    ggml_tensor *k = ggml_reshape_3d(ctx, l.wk.apply(ctx, a), c.head_dim_k, c.n_head_kv, n);
+    ggml_tensor *v = ggml_reshape_3d(ctx, l.wv.apply(ctx, a), c.head_dim_v, c.n_head_kv, n);
+    q = g.rope(q, rope, w.rope_freqs);
+    k = g.rope(k, rope, w.rope_freqs);
+    auto o = g.attend(il, q, k, v, c.attn_scale);
     if (!o.ok()) return o.status();
-    if (il == c.n_layer - 1 && keep_rows) { // K/V written: keep only the rows with logits
-      *o = ggml_get_rows(ctx, *o, in.logit_rows);
-      x = ggml_get_rows(ctx, x, in.logit_rows);
+    if (il == c.n_layer - 1 && g.keeps_logit_rows()) {
+      *o = g.logit_rows(*o);
+      x = g.logit_rows(x);
     }
-    x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.wo, *o));
-    ggml_tensor *f = norm(x, l.ffn_norm);
-    ggml_tensor *h =
-        ggml_swiglu_split(ctx, ggml_mul_mat(ctx, l.ffn_gate, f), ggml_mul_mat(ctx, l.ffn_up, f));
-    x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.ffn_down, h));
+    x = ggml_add(ctx, x, l.wo.apply(ctx, *o));
+    ggml_tensor *f = g.rms_norm(x, l.ffn_norm, c.rms_eps);
+    ggml_tensor *h = ggml_swiglu_split(ctx, l.ffn_gate.apply(ctx, f), l.ffn_up.apply(ctx, f));
+    x = ggml_add(ctx, x, l.ffn_down.apply(ctx, h));
   }
-  return ggml_mul_mat(ctx, w.output, norm(x, w.output_norm));
+  return w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps));
 }
+
+} // namespace
+
+const Architecture kLlama = {"llama", Arch::Llama, read_config, bind_weights, build_graph};
 
 } // namespace offgraph::model

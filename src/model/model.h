@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/gguf_file.h"
 #include "model/softcap.h"
+#include "model/weights.h"
 
 #include <memory>
 #include <string>
@@ -17,19 +18,7 @@
 
 namespace offgraph::model {
 
-struct LayerWeights {
-  ggml_tensor *attn_norm = nullptr, *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
-  ggml_tensor *ffn_norm = nullptr, *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;
-  // Muse Glimmer only.
-  ggml_tensor *attn_gate = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-  ggml_tensor *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
-};
-
-struct Weights {
-  ggml_tensor *tok_embd = nullptr, *output_norm = nullptr, *output = nullptr;
-  ggml_tensor *rope_freqs = nullptr; // Llama 3.1 frequency factors, optional
-  std::vector<LayerWeights> layers;
-};
+struct Architecture;
 
 class Model {
 public:
@@ -44,14 +33,18 @@ public:
   const Weights &weights() const { return weights_; }
   // The final soft-cap's constants (cap 0: none), where graphs' softcap ops read them.
   const SoftcapParams *softcap() const { return &softcap_; }
-  Result<cache::Geometry> geometry() const;
+  // Which cache each layer reads and writes; graphs ask it, never assume layer i = cache i.
+  const cache::Geometry &geometry() const { return geometry_; }
+  const Architecture &architecture() const { return *arch_; }
   int64_t n_params() const;
 
 private:
   std::unique_ptr<GgufFile> file_;
+  const Architecture *arch_ = nullptr;
   ModelConfig config_;
   Weights weights_;
   SoftcapParams softcap_;
+  cache::Geometry geometry_;
 };
 
 // The tokens of one forward pass: spans of consecutive tokens, each continuing one sequence.
@@ -77,17 +70,5 @@ struct GraphInputs {
 // indices 0..n-1) and returns the logits [n_vocab, n_rows].
 Result<ggml_tensor *> build_forward(const Model &model, ggml_context *ctx, const Batch &batch,
                                     const GraphInputs &in, kv::Step &step);
-
-// Per-architecture builders (muse_glimmer.cpp, llama.cpp), behind build_forward.
-Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, const Batch &batch,
-                                         const GraphInputs &in, kv::Step &step);
-Result<ggml_tensor *> build_llama(const Model &model, ggml_context *ctx, const Batch &batch,
-                                  const GraphInputs &in, kv::Step &step);
-
-// Attention for every span of the batch at one layer: q [D_k, H_q, n_tokens], k and v
-// [D, H_kv, n_tokens] -> [D_v * H_q, n_tokens]. The only place model code touches the cache.
-Result<ggml_tensor *> attend_spans(ggml_context *ctx, const Batch &batch, kv::Step &step,
-                                   ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
-                                   cache::CacheId cache, float scale);
 
 } // namespace offgraph::model

@@ -2,58 +2,140 @@
 // (pre norms at rms_eps, post norms at 1e-8), gated attention with weightless per-head QK-norm
 // (the 3.87 factor lives in attn_q_norm), RoPE (NORM mode) on sliding layers only, SwiGLU; then
 // the final norm, the head, the logit scale and the tanh soft-cap.
-#include "model/model.h"
+#include "model/arch.h"
 
 namespace offgraph::model {
 
-Result<ggml_tensor *> build_muse_glimmer(const Model &model, ggml_context *ctx, const Batch &batch,
-                                         const GraphInputs &in, kv::Step &step) {
-  const ModelConfig &c = model.config();
-  const Weights &w = model.weights();
-  const int64_t n = int64_t(batch.tokens.size());
-  auto norm = [&](ggml_tensor *x, ggml_tensor *gain, float eps) {
-    x = ggml_rms_norm(ctx, x, eps);
-    return gain ? ggml_mul(ctx, x, gain) : x;
-  };
+namespace {
 
-  const bool keep_rows = int64_t(batch.logit_rows.size()) < n; // else every row is wanted
-  ggml_tensor *x = norm(ggml_get_rows(ctx, w.tok_embd, in.tokens), nullptr, c.rms_eps);
+#define TRY(expr)                                                                                  \
+  do {                                                                                             \
+    if (Status _s = (expr); !_s.ok()) return _s;                                                   \
+  } while (0)
+
+Status read_config(ConfigReader &keys, ModelConfig &c) {
+  const std::string &path = keys.file().path();
+  if (c.head_dim_k != c.head_dim_v)
+    return Status::error(path + ": muse-glimmer needs equal K and V head dims, got " +
+                         std::to_string(c.head_dim_k) + " and " + std::to_string(c.head_dim_v));
+  TRY(keys.f32("rope.freq_base_swa", c.rope_base_swa, 1e-3f, 1e12f, false));
+  // Its RoPE layers are the sliding ones, whose frequencies llama.cpp never scales
+  // (rope_freq_scale_train_swa is 1): a scaling factor would be ignored there, so none is taken.
+  if (Status s = read_rope_scaling(keys, c); !s.ok()) return s;
+  if (c.rope_freq_scale != 1.0f)
+    return Status::error(path + ": RoPE scaling (factor " +
+                         std::to_string(1.0f / c.rope_freq_scale) +
+                         ") is not defined for muse-glimmer, whose rotated layers are the sliding "
+                         "ones; refusing rather than guessing");
+  TRY(keys.u32("attention.sliding_window", c.window, 1, int64_t(1) << 29, true));
+  TRY(keys.f32("logit_scale", c.logit_scale, 0.0f, 1e6f, true));
+  c.softcap = 30.0f; // llama.cpp's default when the key is absent
+  TRY(keys.f32("final_logit_softcapping", c.softcap, 0.0f, 1e6f, false));
+  // sliding_window_pattern: a per-layer bool array (true = sliding), or a scalar period n
+  // (layer i slides iff i % n < n - 1), or absent (period 4).
+  const std::string key = keys.prefix() + "attention.sliding_window_pattern";
+  auto arr = keys.bool_array("attention.sliding_window_pattern");
+  if (!arr.ok()) return arr.status();
+  if (*arr) {
+    if (int32_t((*arr)->size()) != c.n_layer)
+      return Status::error(path + ": key '" + key + "' has " + std::to_string((*arr)->size()) +
+                           " entries for " + std::to_string(c.n_layer) + " layers");
+    c.sliding = **arr;
+  } else {
+    int32_t period = 4;
+    TRY(keys.u32("attention.sliding_window_pattern", period, 1, 4096, false));
+    for (int32_t i = 0; i < c.n_layer; ++i) c.sliding[size_t(i)] = i % period < period - 1;
+  }
+  return ok_status();
+}
+
+Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
+  const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff;
+  const int64_t QW = int64_t(c.n_head) * c.head_dim_k, KW = int64_t(c.n_head_kv) * c.head_dim_k,
+                VW = int64_t(c.n_head_kv) * c.head_dim_v, OW = int64_t(c.n_head) * c.head_dim_v;
+  auto tensor = [&](ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
+                    Role role) -> Status {
+    auto t = b.tensor(name, std::move(shape), role);
+    if (!t.ok()) return t.status();
+    out = *t;
+    return ok_status();
+  };
+  auto linear = [&](Linear &out, const std::string &prefix, int64_t in, int64_t n_out,
+                    bool bias_before_scale) -> Status {
+    auto l = b.linear(prefix, in, n_out);
+    if (!l.ok()) return l.status();
+    out = *l;
+    out.bias_before_scale = bias_before_scale;
+    return ok_status();
+  };
+  TRY(tensor(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
+  TRY(tensor(w.output_norm, "output_norm.weight", {E}, Role::Vector));
+  TRY(linear(w.output, "output", E, V, false)); // never tied
+  for (int32_t i = 0; i < c.n_layer; ++i) {
+    LayerWeights l;
+    const std::string p = "blk." + std::to_string(i) + ".";
+    TRY(tensor(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
+    TRY(linear(l.wq, p + "attn_q", E, QW, false));
+    TRY(linear(l.wk, p + "attn_k", E, KW, false));
+    TRY(linear(l.wv, p + "attn_v", E, VW, false));
+    TRY(linear(l.attn_gate, p + "attn_gate", E, QW, false));
+    TRY(linear(l.wo, p + "attn_output", OW, E, false));
+    TRY(tensor(l.q_norm, p + "attn_q_norm.weight", {c.head_dim_k}, Role::Vector));
+    TRY(tensor(l.k_norm, p + "attn_k_norm.weight", {c.head_dim_k}, Role::Vector));
+    TRY(tensor(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
+    TRY(tensor(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
+    TRY(linear(l.ffn_gate, p + "ffn_gate", E, F, true));
+    TRY(linear(l.ffn_up, p + "ffn_up", E, F, true));
+    TRY(linear(l.ffn_down, p + "ffn_down", F, E, true));
+    TRY(tensor(l.post_ffn_norm, p + "post_ffw_norm.weight", {E}, Role::Vector));
+    w.layers.push_back(l);
+  }
+  return ok_status();
+}
+
+Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
+  const ModelConfig &c = g.config();
+  const Weights &w = g.weights();
+  ggml_context *ctx = g.ctx();
+  const int64_t n = g.n_tokens();
+
+  ggml_tensor *x = g.rms_norm(ggml_get_rows(ctx, w.tok_embd, g.token_ids()), nullptr, c.rms_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
-    ggml_tensor *a = norm(x, l.attn_norm, c.rms_eps);
-    ggml_tensor *q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, a), c.head_dim_k, c.n_head, n);
-    ggml_tensor *k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, a), c.head_dim_k, c.n_head_kv, n);
-    ggml_tensor *v = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wv, a), c.head_dim_v, c.n_head_kv, n);
-    ggml_tensor *gate = ggml_mul_mat(ctx, l.attn_gate, a);
-    q = norm(q, l.q_norm, c.rms_eps);
-    k = norm(k, l.k_norm, c.rms_eps);
-    if (c.sliding[size_t(il)]) {
-      q = ggml_rope_ext(ctx, q, in.positions, nullptr, c.n_rot, GGML_ROPE_TYPE_NORMAL,
-                        c.n_ctx_train, c.rope_base_swa, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
-      k = ggml_rope_ext(ctx, k, in.positions, nullptr, c.n_rot, GGML_ROPE_TYPE_NORMAL,
-                        c.n_ctx_train, c.rope_base_swa, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+    ggml_tensor *a = g.rms_norm(x, l.attn_norm, c.rms_eps);
+    ggml_tensor *q = ggml_reshape_3d(ctx, l.wq.apply(ctx, a), c.head_dim_k, c.n_head, n);
+    ggml_tensor *k = ggml_reshape_3d(ctx, l.wk.apply(ctx, a), c.head_dim_k, c.n_head_kv, n);
+    ggml_tensor *v = ggml_reshape_3d(ctx, l.wv.apply(ctx, a), c.head_dim_v, c.n_head_kv, n);
+    ggml_tensor *gate = l.attn_gate.apply(ctx, a);
+    q = g.rms_norm(q, l.q_norm, c.rms_eps);
+    k = g.rms_norm(k, l.k_norm, c.rms_eps);
+    if (c.sliding[size_t(il)]) { // NoPE on global layers
+      q = g.rope(q, c.rope(true));
+      k = g.rope(k, c.rope(true));
     }
-    auto o = attend_spans(ctx, batch, step, q, k, v, cache::CacheId(il), c.attn_scale);
+    auto o = g.attend(il, q, k, v, c.attn_scale);
     if (!o.ok()) return o.status();
-    if (il == c.n_layer - 1 && keep_rows) {
-      // Every row's K/V is written by now; past this point only the rows whose logits are
-      // wanted matter (a prompt chunk keeps 1 of 512 through the last projection and MLP).
-      *o = ggml_get_rows(ctx, *o, in.logit_rows);
-      gate = ggml_get_rows(ctx, gate, in.logit_rows);
-      x = ggml_get_rows(ctx, x, in.logit_rows);
+    if (il == c.n_layer - 1 && g.keeps_logit_rows()) {
+      *o = g.logit_rows(*o);
+      gate = g.logit_rows(gate);
+      x = g.logit_rows(x);
     }
-    ggml_tensor *attn = ggml_mul_mat(ctx, l.wo, ggml_mul(ctx, *o, ggml_sigmoid(ctx, gate)));
-    x = ggml_add(ctx, x, norm(attn, l.post_attn_norm, c.post_norm_eps));
+    ggml_tensor *attn = l.wo.apply(ctx, ggml_mul(ctx, *o, ggml_sigmoid(ctx, gate)));
+    x = ggml_add(ctx, x, g.rms_norm(attn, l.post_attn_norm, c.post_norm_eps));
 
-    ggml_tensor *f = norm(x, l.ffn_norm, c.rms_eps);
-    ggml_tensor *h =
-        ggml_swiglu_split(ctx, ggml_mul_mat(ctx, l.ffn_gate, f), ggml_mul_mat(ctx, l.ffn_up, f));
-    x = ggml_add(ctx, x, norm(ggml_mul_mat(ctx, l.ffn_down, h), l.post_ffn_norm, c.post_norm_eps));
+    ggml_tensor *f = g.rms_norm(x, l.ffn_norm, c.rms_eps);
+    ggml_tensor *h = ggml_swiglu_split(ctx, l.ffn_gate.apply(ctx, f), l.ffn_up.apply(ctx, f));
+    x = ggml_add(ctx, x, g.rms_norm(l.ffn_down.apply(ctx, h), l.post_ffn_norm, c.post_norm_eps));
   }
-  ggml_tensor *logits = ggml_mul_mat(ctx, w.output, norm(x, w.output_norm, c.rms_eps));
+  ggml_tensor *logits = w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps));
   // cap * tanh(logits * logit_scale / cap) in one pass (softcap.h says why not ggml's ops).
-  if (c.softcap > 0) return softcap_logits(ctx, logits, model.softcap());
+  if (c.softcap > 0) return softcap_logits(ctx, logits, g.model().softcap());
   return ggml_scale(ctx, logits, c.logit_scale);
 }
+
+} // namespace
+
+const Architecture kMuseGlimmer = {"muse-glimmer", Arch::MuseGlimmer, read_config, bind_weights,
+                                   build_graph};
 
 } // namespace offgraph::model

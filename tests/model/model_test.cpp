@@ -136,7 +136,7 @@ void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, 
   }
   std::printf("[ model    ] %s, weights %s: %d positions, worst relative error %.2g (bound %.2g)\n",
               inc.model->config().arch_name.c_str(),
-              ggml_type_name(inc.model->weights().layers[0].wq->type), N, worst, tolerance);
+              ggml_type_name(inc.model->weights().layers[0].wq.w->type), N, worst, tolerance);
 }
 
 // 50 positions: more than three windows of 12.
@@ -165,7 +165,7 @@ TEST(ModelRecompute, EveryWeightType) {
     const std::string path = make_model(s, std::string("type-") + ggml_type_name(t) + ".gguf");
     auto m = Model::open_metadata(path);
     ASSERT_TRUE(m.ok()) << m.message();
-    EXPECT_EQ((*m)->weights().layers[0].wq->type, t) << ggml_type_name(t);
+    EXPECT_EQ((*m)->weights().layers[0].wq.w->type, t) << ggml_type_name(t);
     SCOPED_TRACE(ggml_type_name(t));
     // F16 weights: with GGML_LLAMAFILE (as llama.cpp builds ggml), products of 2+ tokens take
     // llamafile's tiled f16 GEMM and single tokens ggml's vec_dot_f16, which sum in other orders;

@@ -1,0 +1,39 @@
+#include "model/graph.h"
+
+namespace offgraph::model {
+
+ggml_tensor *GraphBuilder::rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps) const {
+  x = ggml_rms_norm(ctx_, x, eps);
+  return gain ? ggml_mul(ctx_, x, gain) : x;
+}
+
+ggml_tensor *GraphBuilder::rope(ggml_tensor *x, const RopeParams &p,
+                                ggml_tensor *freq_factors) const {
+  // YaRN off: no extrapolation mix, magnitude 1; beta_fast/beta_slow are ggml's defaults and
+  // unused without YaRN.
+  constexpr float kExtFactor = 0.0f, kAttnFactor = 1.0f, kBetaFast = 32.0f, kBetaSlow = 1.0f;
+  return ggml_rope_ext(ctx_, x, in_.positions, freq_factors, p.n_rot, GGML_ROPE_TYPE_NORMAL,
+                       p.n_ctx_orig, p.base, p.freq_scale, kExtFactor, kAttnFactor, kBetaFast,
+                       kBetaSlow);
+}
+
+Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_tensor *k,
+                                           ggml_tensor *v, float scale) const {
+  const cache::CacheId cache = model_.geometry().cache_of_layer(layer);
+  ggml_tensor *out = nullptr;
+  int64_t t0 = 0;
+  for (size_t s = 0; s < batch_.spans.size(); ++s) {
+    const int64_t T = batch_.spans[s].n_tokens;
+    auto cols = [&](ggml_tensor *x) {
+      return ggml_view_3d(ctx_, x, x->ne[0], x->ne[1], T, x->nb[1], x->nb[2],
+                          size_t(t0) * x->nb[2]);
+    };
+    auto o = step_.update_and_attend(ctx_, cols(q), cols(k), cols(v), int32_t(s), cache, scale);
+    if (!o.ok()) return o.status();
+    out = out ? ggml_concat(ctx_, out, *o, 2) : *o;
+    t0 += T;
+  }
+  return ggml_reshape_2d(ctx_, out, out->ne[0] * out->ne[1], out->ne[2]);
+}
+
+} // namespace offgraph::model

@@ -1,0 +1,47 @@
+// GraphBuilder: what an architecture's forward graph is built from (the model, the graph's
+// context, the batch and its inputs, the step that owns the cache), and the pieces every
+// architecture's graph uses, so that each is written once: norms, RoPE, attention through the
+// cache of a layer, and keeping only the rows whose logits are wanted.
+#pragma once
+
+#include "model/model.h"
+
+namespace offgraph::model {
+
+class GraphBuilder {
+public:
+  GraphBuilder(const Model &model, ggml_context *ctx, const Batch &batch, const GraphInputs &in,
+               kv::Step &step)
+      : model_(model), ctx_(ctx), batch_(batch), in_(in), step_(step) {}
+
+  const Model &model() const { return model_; }
+  const ModelConfig &config() const { return model_.config(); }
+  const Weights &weights() const { return model_.weights(); }
+  ggml_context *ctx() const { return ctx_; }
+  int64_t n_tokens() const { return int64_t(batch_.tokens.size()); }
+  ggml_tensor *token_ids() const { return in_.tokens; }
+
+  // rms(x, eps) * gain; gain may be absent (a weightless norm).
+  ggml_tensor *rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps) const;
+  // RoPE (ggml's NORM mode: adjacent pairs) at the batch's positions, `freq_factors` optional
+  // ([n_rot/2], Llama 3.1). No YaRN: its files are refused (config.cpp).
+  ggml_tensor *rope(ggml_tensor *x, const RopeParams &p, ggml_tensor *freq_factors = nullptr) const;
+  // q [D_k, H_q, n], k and v [D, H_kv, n] -> [D_v * H_q, n] through the cache the geometry gives
+  // `layer` (its own, or its donor's on an architecture that shares KV). The only place a graph
+  // touches the cache.
+  Result<ggml_tensor *> attend(int32_t layer, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
+                               float scale) const;
+  // True when only some rows' logits are wanted: after the last layer's attention has written
+  // every row's K/V, the graph may keep just those rows (a 512-token prompt chunk keeps 1).
+  bool keeps_logit_rows() const { return int64_t(batch_.logit_rows.size()) < n_tokens(); }
+  ggml_tensor *logit_rows(ggml_tensor *x) const { return ggml_get_rows(ctx_, x, in_.logit_rows); }
+
+private:
+  const Model &model_;
+  ggml_context *ctx_;
+  const Batch &batch_;
+  const GraphInputs &in_;
+  kv::Step &step_;
+};
+
+} // namespace offgraph::model

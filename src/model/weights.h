@@ -1,0 +1,79 @@
+// Weights: the tensors of a model as its graphs use them, and TensorBinder, which looks each one
+// up with its shape and role and keeps count, so that a file holding a tensor no graph reads is
+// refused by name instead of silently computing another model.
+#pragma once
+
+#include "base/status.h"
+#include "model/gguf_file.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace offgraph::model {
+
+// A projection y = W x with the optional pieces a GGUF may carry beside W. Shapes in ggml order.
+struct Linear {
+  ggml_tensor *w = nullptr; // [in, out]
+  ggml_tensor *b = nullptr; // [out] bias, optional
+  ggml_tensor *s = nullptr; // [1] per-tensor weight scale (NVFP4's second-level scale), optional
+  // Where the scale applies when both are present: llama.cpp's attention projections compute
+  // (W x) s + b, its FFN (W x + b) s (llama-graph.cpp build_qkv/build_attn vs build_ffn). With
+  // one of the two absent, as in every quantized file seen, the order cannot matter.
+  bool bias_before_scale = false;
+
+  explicit operator bool() const { return w != nullptr; }
+  // y = W x with scale and bias as above; no node for an absent piece.
+  ggml_tensor *apply(ggml_context *ctx, ggml_tensor *x) const;
+};
+
+// Every architecture's layer tensors; an architecture binds the ones it has (its file says which).
+struct LayerWeights {
+  ggml_tensor *attn_norm = nullptr;      // [E]
+  Linear wq, wk, wv;                     // [E, H_q*D_k], [E, H_kv*D_k], [E, H_kv*D_v]
+  Linear wo;                             // [H_q*D_v, E]
+  ggml_tensor *ffn_norm = nullptr;       // [E]
+  Linear ffn_gate, ffn_up;               // [E, F]
+  Linear ffn_down;                       // [F, E]
+  Linear attn_gate;                      // [E, H_q*D_v] (Muse Glimmer)
+  ggml_tensor *q_norm = nullptr;         // [D_k] (Muse Glimmer; the 3.87 factor lives here)
+  ggml_tensor *k_norm = nullptr;         // [D_k] (Muse Glimmer)
+  ggml_tensor *post_attn_norm = nullptr; // [E] (Muse Glimmer)
+  ggml_tensor *post_ffn_norm = nullptr;  // [E] (Muse Glimmer)
+};
+
+struct Weights {
+  ggml_tensor *tok_embd = nullptr;    // [E, V]
+  ggml_tensor *output_norm = nullptr; // [E]
+  Linear output;                      // [E, V]; w may be tok_embd (a tied head)
+  ggml_tensor *rope_freqs = nullptr;  // [n_rot/2] Llama 3.1 frequency factors, optional
+  std::vector<LayerWeights> layers;
+};
+
+// What a tensor is for decides the types it may have.
+enum class Role { Matrix, Vector, Embedding };
+
+class TensorBinder {
+public:
+  explicit TensorBinder(const GgufFile &file) : file_(file) {}
+
+  // Looks `name` up, checks shape and type for `role`, and counts it as used. Absent and not
+  // required: nullptr and no error.
+  Result<ggml_tensor *> tensor(const std::string &name, std::vector<int64_t> shape, Role role,
+                               bool required = true);
+  // `<prefix>.weight` [in, out] with the optional `.bias` [out], `.scale` [1] and `.input_scale`
+  // [1]. The input scale calibrates W4A4 kernels that quantize activations with it; a product
+  // with dequantized weights (ggml's, and llama.cpp's graphs) has no use for it, so it is
+  // checked (finite) and counted, not applied. docs/model-files.md.
+  Result<Linear> linear(const std::string &prefix, int64_t in, int64_t out, bool required = true);
+  bool has(const std::string &name) const { return file_.tensor(name) != nullptr; }
+
+  // Every tensor of the file was bound, or an error naming those that were not.
+  Status finish(const std::string &arch) const;
+
+private:
+  const GgufFile &file_;
+  std::set<std::string> used_;
+};
+
+} // namespace offgraph::model
