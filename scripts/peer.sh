@@ -3,7 +3,8 @@
 # llama-server, ...) in a cache outside the checkout, once per tree, compiler and CPU; later
 # calls reuse what is built. Prints the build directory as its last line.
 #
-#   scripts/peer.sh [target ...]      default target: llama
+#   scripts/peer.sh [target ...]      default targets: llama, test-llama-archs (the generator of
+#                                     the peer corpus, docs/peer.md)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OFFGRAPH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/offgraph}
@@ -19,7 +20,7 @@ key=$({ echo "$tree"; c++ --version | head -1; grep -m1 '^flags' /proc/cpuinfo |
   | sha256sum | cut -c1-16)
 dir="$cache/peer-${tree:0:12}-$key"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(llama)
+[ ${#targets[@]} -gt 0 ] || targets=(llama test-llama-archs)
 
 if [ ! -f "$dir/.configured" ]; then
   log "configuring the llama.cpp peer in $dir"
