@@ -673,6 +673,73 @@ TEST(MalformedGguf, Tensors) {
                  "tensor 'token_embd.weight' is missing");
 }
 
+// Used or refused (docs/model-files.md): a tensor no graph reads, an optional tensor of the wrong
+// shape for its role, a key whose value asks for a computation offgraph does not have, a key it
+// does not know. Each is refused with the names; neutral values of unknown keys load.
+TEST(MalformedGguf, UsedOrRefused) {
+  expect_refused("unknown_tensor", edit([](Gguf &g) {
+                   g.tensors.push_back({"blk.0.mystery.weight", {8}});
+                 }),
+                 "1 tensor is not used by offgraph's llama graph: 'blk.0.mystery.weight'");
+  expect_refused("unknown_tensors", edit([](Gguf &g) {
+                   for (int i = 0; i < 10; ++i)
+                     g.tensors.push_back({"extra." + std::to_string(i) + ".weight", {8}});
+                 }),
+                 "10 tensors are not used by offgraph's llama graph: 'extra.0.weight', "
+                 "'extra.1.weight', 'extra.2.weight', 'extra.3.weight', 'extra.4.weight', "
+                 "'extra.5.weight', 'extra.6.weight', 'extra.7.weight' and 2 more");
+  expect_refused("bias_wrong_length", edit([](Gguf &g) {
+                   g.tensors.push_back({"blk.0.attn_q.bias", {7}});
+                 }),
+                 "tensor 'blk.0.attn_q.bias' has shape [7], expected [8]");
+  expect_refused("scale_not_scalar", edit([](Gguf &g) {
+                   g.tensors.push_back({"blk.0.ffn_up.scale", {2}});
+                 }),
+                 "tensor 'blk.0.ffn_up.scale' has shape [2], expected [1]");
+  expect_refused("bias_without_weight", edit([](Gguf &g) {
+                   std::erase_if(g.tensors,
+                                 [](const Tensor &t) { return t.name == "output.weight"; });
+                   g.tensors.push_back({"output.bias", {40}}); // a tied head has no bias of its own
+                 }),
+                 "'output' has a bias or scale but no 'output.weight'");
+  expect_refused("rope_scaling_yarn",
+                 edit([](Gguf &g) { g.set(kv_str("llama.rope.scaling.type", "yarn")); }),
+                 "key 'llama.rope.scaling.type' = 'yarn' is not supported");
+  expect_refused(
+      "attention_softcap",
+      edit([](Gguf &g) { g.set(kv_f32("llama.attn_logit_softcapping", 20.0f)); }),
+      "key 'llama.attn_logit_softcapping' = 20 is not something offgraph's llama computes");
+  expect_refused("not_causal", edit([](Gguf &g) { g.set(kv_u32("llama.attention.causal", 0)); }),
+                 "key 'llama.attention.causal' = 0 is not something offgraph's llama computes");
+  expect_refused("embedding_scale",
+                 edit([](Gguf &g) { g.set(kv_f32("llama.embedding_scale", 12.0f)); }),
+                 "key 'llama.embedding_scale' = 12");
+  expect_refused("unknown_namespace",
+                 edit([](Gguf &g) { g.set(kv_u32("clip.vision.block_count", 24)); }),
+                 "key 'clip.vision.block_count' = 24 belongs to no reader offgraph has");
+  expect_refused("vocab_size_disagrees",
+                 edit([](Gguf &g) { g.set(kv_u32("llama.vocab_size", 41)); }),
+                 "key 'llama.vocab_size' = 41 but token_embd.weight has 40 rows");
+  expect_refused("split_part", edit([](Gguf &g) { g.set(kv_u32("split.count", 3)); }),
+                 "this is one part of a split model (split.count = 3)");
+  expect_refused("swa_head_size",
+                 edit([](Gguf &g) { g.set(kv_u32("llama.attention.key_length_swa", 2)); }),
+                 "key 'llama.attention.key_length_swa' = 2 differs from the other layers' 4");
+  expect_refused("moe", edit([](Gguf &g) { g.set(kv_u32("llama.expert_count", 8)); }),
+                 "mixture-of-experts llama files are not supported");
+  // Neutral values ask for nothing: the file loads.
+  Gguf neutral = edit([](Gguf &g) {
+    g.set(kv_f32("llama.attn_logit_softcapping", 0.0f));
+    g.set(kv_u32("llama.attention.causal", 1));
+    g.set(kv_str("llama.rope.scaling.type", "linear"));
+    g.set(kv_u32("llama.expert_count", 0));
+    g.set(kv_u32("quantize.imatrix.chunks_count", 100));
+  });
+  const fs::path path = corpus_dir() / "neutral_keys.gguf";
+  std::ofstream(path, std::ios::binary) << neutral.bytes();
+  expect_clean(isolated([&] { return load_everything(path.string()); }), "neutral_keys.gguf");
+}
+
 // Byte mutations of the header, metadata and tensor table: each byte set to 0x00, 0xFF, 0x80
 // and +1 in turn. Each file loads or is refused with a message; none crashes or allocates much.
 TEST(MalformedGguf, MutatedBytes) {
