@@ -17,6 +17,28 @@ ggml_tensor *GraphBuilder::rope(ggml_tensor *x, const RopeParams &p,
                        kBetaSlow);
 }
 
+GraphBuilder::Qkv GraphBuilder::project_qkv(const LayerWeights &l, ggml_tensor *x) const {
+  const ModelConfig &c = config();
+  const int64_t n = n_tokens();
+  if (!l.wqkv)
+    return {ggml_reshape_3d(ctx_, l.wq.apply(ctx_, x), c.head_dim_k, c.n_head, n),
+            ggml_reshape_3d(ctx_, l.wk.apply(ctx_, x), c.head_dim_k, c.n_head_kv, n),
+            ggml_reshape_3d(ctx_, l.wv.apply(ctx_, x), c.head_dim_v, c.n_head_kv, n)};
+  ggml_tensor *qkv = l.wqkv.apply(ctx_, x); // [QW + KW + VW, n]
+  if (l.wq.b) // separate biases beside the fused weight (the binder checked all three are there)
+    qkv = ggml_add(ctx_, qkv, ggml_concat(ctx_, ggml_concat(ctx_, l.wq.b, l.wk.b, 0), l.wv.b, 0));
+  const int64_t q_width = int64_t(c.n_head) * c.head_dim_k;
+  const int64_t k_width = int64_t(c.n_head_kv) * c.head_dim_k;
+  // Contiguous copies of the three row ranges: the attention kernels and set_rows take
+  // contiguous heads. Only fused files pay for them.
+  auto part = [&](int64_t dim, int64_t heads, int64_t offset) {
+    return ggml_cont(ctx_, ggml_view_3d(ctx_, qkv, dim, heads, n, ggml_row_size(qkv->type, dim),
+                                        qkv->nb[1], ggml_row_size(qkv->type, offset)));
+  };
+  return {part(c.head_dim_k, c.n_head, 0), part(c.head_dim_k, c.n_head_kv, q_width),
+          part(c.head_dim_v, c.n_head_kv, q_width + k_width)};
+}
+
 Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_tensor *k,
                                            ggml_tensor *v, float scale) const {
   const cache::CacheId cache = model_.geometry().cache_of_layer(layer);

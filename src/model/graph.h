@@ -26,6 +26,12 @@ public:
   // RoPE (ggml's NORM mode: adjacent pairs) at the batch's positions, `freq_factors` optional
   // ([n_rot/2], Llama 3.1). No YaRN: its files are refused (config.cpp).
   ggml_tensor *rope(ggml_tensor *x, const RopeParams &p, ggml_tensor *freq_factors = nullptr) const;
+  // The layer's q [D_k, H_q, n], k [D_k, H_kv, n] and v [D_v, H_kv, n] from its input, through
+  // separate projections or the fused one.
+  struct Qkv {
+    ggml_tensor *q, *k, *v;
+  };
+  Qkv project_qkv(const LayerWeights &l, ggml_tensor *x) const;
   // q [D_k, H_q, n], k and v [D, H_kv, n] -> [D_v * H_q, n] through the cache the geometry gives
   // `layer` (its own, or its donor's on an architecture that shares KV). The only place a graph
   // touches the cache.

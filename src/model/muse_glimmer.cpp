@@ -75,9 +75,7 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
     LayerWeights l;
     const std::string p = "blk." + std::to_string(i) + ".";
     TRY(tensor(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
-    TRY(linear(l.wq, p + "attn_q", E, QW, false));
-    TRY(linear(l.wk, p + "attn_k", E, KW, false));
-    TRY(linear(l.wv, p + "attn_v", E, VW, false));
+    TRY(b.attention_qkv(p, E, QW, KW, VW, l));
     TRY(linear(l.attn_gate, p + "attn_gate", E, QW, false));
     TRY(linear(l.wo, p + "attn_output", OW, E, false));
     TRY(tensor(l.q_norm, p + "attn_q_norm.weight", {c.head_dim_k}, Role::Vector));
@@ -97,15 +95,12 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
   const ModelConfig &c = g.config();
   const Weights &w = g.weights();
   ggml_context *ctx = g.ctx();
-  const int64_t n = g.n_tokens();
 
   ggml_tensor *x = g.rms_norm(ggml_get_rows(ctx, w.tok_embd, g.token_ids()), nullptr, c.rms_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
     ggml_tensor *a = g.rms_norm(x, l.attn_norm, c.rms_eps);
-    ggml_tensor *q = ggml_reshape_3d(ctx, l.wq.apply(ctx, a), c.head_dim_k, c.n_head, n);
-    ggml_tensor *k = ggml_reshape_3d(ctx, l.wk.apply(ctx, a), c.head_dim_k, c.n_head_kv, n);
-    ggml_tensor *v = ggml_reshape_3d(ctx, l.wv.apply(ctx, a), c.head_dim_v, c.n_head_kv, n);
+    auto [q, k, v] = g.project_qkv(l, a);
     ggml_tensor *gate = l.attn_gate.apply(ctx, a);
     q = g.rms_norm(q, l.q_norm, c.rms_eps);
     k = g.rms_norm(k, l.k_norm, c.rms_eps);

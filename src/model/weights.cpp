@@ -76,6 +76,42 @@ Result<Linear> TensorBinder::linear(const std::string &prefix, int64_t in, int64
   return l;
 }
 
+Status TensorBinder::attention_qkv(const std::string &p, int64_t in, int64_t q_out, int64_t k_out,
+                                   int64_t v_out, LayerWeights &l) {
+  const bool fused = has(p + "attn_qkv.weight");
+  auto bind = [&](Linear &out, const std::string &name, int64_t n_out) -> Status {
+    auto r = linear(p + name, in, n_out);
+    if (!r.ok()) return r.status();
+    out = *r;
+    return ok_status();
+  };
+  if (!fused) {
+    if (Status s = bind(l.wq, "attn_q", q_out); !s.ok()) return s;
+    if (Status s = bind(l.wk, "attn_k", k_out); !s.ok()) return s;
+    return bind(l.wv, "attn_v", v_out);
+  }
+  if (Status s = bind(l.wqkv, "attn_qkv", q_out + k_out + v_out); !s.ok()) return s;
+  if (has(p + "attn_q.weight") || has(p + "attn_k.weight") || has(p + "attn_v.weight"))
+    return Status::error(file_.path() + ": '" + p +
+                         "attn_qkv.weight' and separate q/k/v weights: one or the other");
+  // Separate biases beside a fused weight (older conversions): all three or none.
+  const std::pair<ggml_tensor **, std::pair<const char *, int64_t>> biases[] = {
+      {&l.wq.b, {"attn_q.bias", q_out}},
+      {&l.wk.b, {"attn_k.bias", k_out}},
+      {&l.wv.b, {"attn_v.bias", v_out}}};
+  int n = 0;
+  for (const auto &[dst, name_len] : biases) {
+    auto b = tensor(p + name_len.first, {name_len.second}, Role::Vector, false);
+    if (!b.ok()) return b.status();
+    *dst = *b;
+    n += *b != nullptr;
+  }
+  if (n != 0 && (n != 3 || l.wqkv.b))
+    return Status::error(file_.path() + ": '" + p +
+                         "attn_qkv.weight' needs its own bias, or all three of attn_q/k/v.bias");
+  return ok_status();
+}
+
 Status TensorBinder::finish(const std::string &arch) const {
   std::vector<std::string> unused;
   for (ggml_tensor *t = ggml_get_first_tensor(file_.tensors()); t;

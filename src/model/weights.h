@@ -29,8 +29,10 @@ struct Linear {
 
 // Every architecture's layer tensors; an architecture binds the ones it has (its file says which).
 struct LayerWeights {
-  ggml_tensor *attn_norm = nullptr;      // [E]
-  Linear wq, wk, wv;                     // [E, H_q*D_k], [E, H_kv*D_k], [E, H_kv*D_v]
+  ggml_tensor *attn_norm = nullptr; // [E]
+  // Either wq, wk, wv ([E, H_q*D_k], [E, H_kv*D_k], [E, H_kv*D_v]) or the fused wqkv
+  // ([E, H_q*D_k + H_kv*D_k + H_kv*D_v]), whose bias may also come as wq.b, wk.b, wv.b.
+  Linear wq, wk, wv, wqkv;
   Linear wo;                             // [H_q*D_v, E]
   ggml_tensor *ffn_norm = nullptr;       // [E]
   Linear ffn_gate, ffn_up;               // [E, F]
@@ -67,6 +69,11 @@ public:
   // checked (finite) and counted, not applied. docs/model-files.md.
   Result<Linear> linear(const std::string &prefix, int64_t in, int64_t out, bool required = true);
   bool has(const std::string &name) const { return file_.tensor(name) != nullptr; }
+
+  // The attention input projections under `p` ("blk.N."): attn_q, attn_k, attn_v, or the fused
+  // attn_qkv (llama.cpp reads both forms), each with its optional bias and scales.
+  Status attention_qkv(const std::string &p, int64_t in, int64_t q_out, int64_t k_out,
+                       int64_t v_out, LayerWeights &l);
 
   // Every tensor of the file was bound, or an error naming those that were not.
   Status finish(const std::string &arch) const;

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 namespace offgraph::model {
@@ -334,6 +336,113 @@ TEST_F(Malformed, PatternArrayOfTheWrongLength) {
                                            GGUF_TYPE_BOOL, three, 3);
                        }),
                "has 3 entries for 5 layers");
+}
+
+// The fused attn_qkv projection (llama.cpp reads both forms): the same weights stored as one
+// [E, QW + KW + VW] tensor, with one fused bias or with the three separate ones, give the logits
+// of separate attn_q/k/v with their biases. Rows of a weight are independent, so the fused tensor
+// is the three tensors' bytes one after another. The biases are drawn once (seeded by name).
+enum class QkvForm { Separate, FusedBias, FusedSeparateBiases };
+
+std::string write_qkv_form(const std::string &src, const std::string &name, QkvForm form) {
+  ggml_context *data_ctx = nullptr;
+  gguf_init_params p = {false, &data_ctx};
+  gguf_context *in = gguf_init_from_file(src.c_str(), p);
+  EXPECT_TRUE(in);
+  gguf_context *out = gguf_init_empty();
+  gguf_set_kv(out, in);
+  ggml_init_params ep = {size_t(64) << 20, nullptr, false};
+  ggml_context *extra = ggml_init(ep);
+  auto get = [&](const std::string &n) { return ggml_get_tensor(data_ctx, n.c_str()); };
+  auto bias = [&](const std::string &n, int64_t len) {
+    ggml_tensor *b = ggml_new_tensor_1d(extra, GGML_TYPE_F32, len);
+    ggml_set_name(b, n.c_str());
+    std::mt19937_64 rng(std::hash<std::string>()(n));
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    for (int64_t i = 0; i < len; ++i) static_cast<float *>(b->data)[i] = d(rng);
+    return b;
+  };
+  auto concat = [&](const std::string &n, std::initializer_list<ggml_tensor *> parts) {
+    int64_t rows = 0;
+    for (ggml_tensor *t : parts) rows += t->ne[1] > 1 ? t->ne[1] : t->ne[0];
+    ggml_tensor *a = *parts.begin();
+    ggml_tensor *f = a->ne[1] > 1 ? ggml_new_tensor_2d(extra, a->type, a->ne[0], rows)
+                                  : ggml_new_tensor_1d(extra, a->type, rows);
+    ggml_set_name(f, n.c_str());
+    size_t at = 0;
+    for (ggml_tensor *t : parts) {
+      std::memcpy(static_cast<char *>(f->data) + at, t->data, ggml_nbytes(t));
+      at += ggml_nbytes(t);
+    }
+    return f;
+  };
+  for (int64_t i = 0; i < gguf_get_n_tensors(in); ++i) {
+    const std::string tn = gguf_get_tensor_name(in, i);
+    const size_t at = tn.find("attn_q.weight");
+    if (at == std::string::npos) {
+      if (tn.find("attn_k.weight") == std::string::npos &&
+          tn.find("attn_v.weight") == std::string::npos)
+        gguf_add_tensor(out, get(tn));
+      continue;
+    }
+    const std::string b = tn.substr(0, at); // "blk.N."
+    ggml_tensor *q = get(tn), *k = get(b + "attn_k.weight"), *v = get(b + "attn_v.weight");
+    ggml_tensor *qb = bias(b + "attn_q.bias", q->ne[1]), *kb = bias(b + "attn_k.bias", k->ne[1]),
+                *vb = bias(b + "attn_v.bias", v->ne[1]);
+    if (form == QkvForm::Separate) {
+      for (ggml_tensor *t : {q, k, v, qb, kb, vb}) gguf_add_tensor(out, t);
+      continue;
+    }
+    gguf_add_tensor(out, concat(b + "attn_qkv.weight", {q, k, v}));
+    if (form == QkvForm::FusedBias)
+      gguf_add_tensor(out, concat(b + "attn_qkv.bias", {qb, kb, vb}));
+    else
+      for (ggml_tensor *t : {qb, kb, vb}) gguf_add_tensor(out, t);
+  }
+  const std::string path = (temp_dir() / name).string();
+  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
+  gguf_free(out);
+  gguf_free(in);
+  ggml_free(data_ctx);
+  ggml_free(extra);
+  return path;
+}
+
+std::vector<float> prompt_logits(const std::string &path, const std::vector<int32_t> &tokens) {
+  Session s(path, int32_t(tokens.size()), 8);
+  std::mt19937_64 rng(3);
+  return incremental(s, *s.store->create_sequence(), tokens, rng, 8);
+}
+
+TEST(ModelFiles, FusedQkvComputesTheSeparateProjections) {
+  for (const char *arch : {"llama", "muse-glimmer"}) {
+    SCOPED_TRACE(arch);
+    const std::string a = arch;
+    const std::string base = make_model(small_spec(arch, true, 21), a + "-base.gguf");
+    std::vector<int32_t> tokens(30);
+    std::mt19937_64 rng(5);
+    for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, 299)(rng);
+    const auto plain = prompt_logits(base, tokens);
+    const auto want =
+        prompt_logits(write_qkv_form(base, a + "-sep.gguf", QkvForm::Separate), tokens);
+    ASSERT_FALSE(want.empty());
+    // The biases matter (else this test could not see them dropped).
+    EXPECT_GT(rel_error(plain.data(), want.data(), want.size()), 1e-3);
+    for (QkvForm form : {QkvForm::FusedBias, QkvForm::FusedSeparateBiases}) {
+      const std::string fused =
+          write_qkv_form(base, a + "-fused" + std::to_string(int(form)) + ".gguf", form);
+      auto m = Model::open_metadata(fused);
+      ASSERT_TRUE(m.ok()) << m.message();
+      ASSERT_TRUE((*m)->weights().layers[0].wqkv.w);
+      const auto got = prompt_logits(fused, tokens);
+      ASSERT_EQ(got.size(), want.size());
+      const double err = rel_error(got.data(), want.data(), got.size());
+      EXPECT_LE(err, 1e-6) << "form " << int(form);
+      std::printf("[ model    ] %s fused qkv (form %d): relative error %.2g against separate "
+                  "(bound 1e-6)\n",
+                  arch, int(form), err);
+    }
+  }
 }
 
 } // namespace
