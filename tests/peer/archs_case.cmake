@@ -4,7 +4,8 @@
 # every logits row and every greedy pick. For muse-glimmer, the per-tensor scales llama.cpp's
 # graph loads but never applies (attn_gate, ffn_gate/up/down .scale) are set to 1 first, so that
 # both sides compute one model (docs/peer.md); archs_scales.cmake checks that offgraph applies them.
-# The generator's MoE llama file must be refused by name.
+# The generator's MoE llama file must be refused by name, and text commands must say that the
+# `test` tokenizer has no text form.
 # -D: GEN OFFGRAPH PEER COMPARE FILL DIR ARCH SEED KV TOL
 set(dir "${DIR}/archs-${ARCH}-${SEED}-${KV}")
 file(REMOVE_RECURSE "${dir}")
@@ -24,6 +25,13 @@ if(ARCH STREQUAL "llama")
     file(REMOVE_RECURSE "${dir}")
     message(FATAL_ERROR "the MoE llama file was not refused by name (${rc}): ${err}")
   endif()
+endif()
+# The `test` tokenizer has no text form: text commands say so, token-id commands run.
+execute_process(COMMAND ${OFFGRAPH} run -m ${model} -p "hello" -n 1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "tokenizer model 'test' .* has no text form: such files run on token ids")
+  file(REMOVE_RECURSE "${dir}")
+  message(FATAL_ERROR "offgraph run on a 'test'-tokenizer file (${rc}): ${err}")
 endif()
 set(common --random 96 --seed ${SEED} --chunk 12 --greedy 32 --ctk ${KV} --ctv ${KV})
 run_step(out ${OFFGRAPH} logits -m ${model} ${common} -o ${dir}/ours)
