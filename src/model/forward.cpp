@@ -37,10 +37,11 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
     if (!span.ok()) return span.status();
   }
   // Tensor objects (views included) the graph may create: about 40 per layer for the
-  // projections and MLP, and per attention span up to ~20 (query view, storage views for both
+  // projections and MLP, up to 2 more per projection with a bias and a scale (16) and 7 for a
+  // fused q/k/v split, and per attention span up to ~20 (query view, storage views for both
   // ring orders, set_rows indices, mask view, attention, reshapes). Counted generously: running
   // out aborts inside ggml, and metadata costs ~0.4 KB per object.
-  const size_t n_nodes = size_t(64 + c.n_layer * (48 + 24 * batch.spans.size()));
+  const size_t n_nodes = size_t(64 + c.n_layer * (72 + 24 * batch.spans.size()));
   ggml_init_params params = {
       n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));
