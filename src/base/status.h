@@ -57,3 +57,10 @@ private:
 };
 
 } // namespace offgraph
+
+// Returns the Status of `expr` from the enclosing function (which returns Status or Result) when
+// it failed.
+#define OFFGRAPH_TRY(expr)                                                                         \
+  do {                                                                                             \
+    if (::offgraph::Status _s = (expr); !_s.ok()) return _s;                                       \
+  } while (0)

@@ -15,7 +15,8 @@ int32_t ModelConfig::n_sliding() const {
 }
 
 RopeParams ModelConfig::rope(bool sliding_layer) const {
-  return {n_rot, sliding_layer ? rope_base_swa : rope_base, rope_freq_scale, n_ctx_train};
+  return {n_rot, sliding_layer ? rope_base_swa : rope_base, rope_freq_scale, rope_attn_factor,
+          n_ctx_train};
 }
 
 std::vector<cache::LayerSpec> ModelConfig::layer_specs() const {
@@ -140,18 +141,24 @@ double array_value(const gguf_context *ctx, int64_t id, size_t i) {
 
 std::string number(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e18) // integers in full
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
 }
 
 // True when the key states one of `neutral` (scalars), is empty, or every element does.
 bool is_neutral(const gguf_context *ctx, int64_t id, const std::vector<double> &neutral) {
+  const gguf_type t = gguf_get_kv_type(ctx, id);
+  // An f32 key holds the float rounding of a listed value (0.05f); other types compare exactly.
+  const bool f32 = t == GGUF_TYPE_FLOAT32 ||
+                   (t == GGUF_TYPE_ARRAY && gguf_get_arr_type(ctx, id) == GGUF_TYPE_FLOAT32);
   auto neutral_value = [&](double v) {
-    for (double n : neutral) // f32 keys hold float roundings of the listed values
-      if (v == n || float(v) == float(n)) return true;
+    for (double n : neutral)
+      if (f32 ? float(v) == float(n) : v == n) return true;
     return false;
   };
-  const gguf_type t = gguf_get_kv_type(ctx, id);
   if (t == GGUF_TYPE_STRING) return std::string(gguf_get_val_str(ctx, id)).empty();
   if (t != GGUF_TYPE_ARRAY) return neutral_value(*scalar_value(ctx, id));
   const size_t n = gguf_get_arr_n(ctx, id);
@@ -194,7 +201,7 @@ Status ConfigReader::audit() const {
     if (k.rfind("general.", 0) == 0 || k.rfind("tokenizer.", 0) == 0 ||
         k.rfind("quantize.", 0) == 0)
       continue;
-    if (k == "split.count" && !is_neutral(ctx, id, {1.0}))
+    if (k == "split.count" && !is_neutral(ctx, id, {0.0, 1.0}))
       return Status::error(f_.path() + ": this is one part of a split model (split.count = " +
                            describe_value(ctx, id) +
                            "); offgraph loads single files: merge the parts first (llama.cpp's "
@@ -214,11 +221,6 @@ Status ConfigReader::audit() const {
 
 // ---- the keys every architecture shares --------------------------------------------------------
 
-#define TRY(expr)                                                                                  \
-  do {                                                                                             \
-    if (Status _s = (expr); !_s.ok()) return _s;                                                   \
-  } while (0)
-
 Status read_rope_scaling(ConfigReader &keys, ModelConfig &c) {
   auto type = keys.str("rope.scaling.type");
   if (!type.ok()) return type.status();
@@ -227,10 +229,10 @@ Status read_rope_scaling(ConfigReader &keys, ModelConfig &c) {
     return Status::error(keys.file().path() + ": key '" + keys.prefix() + "rope.scaling.type' = '" +
                          t + "' is not supported (offgraph applies 'linear' and 'none')");
   float factor = 0.0f; // 0: none, as llama.cpp reads it
-  TRY(keys.f32("rope.scaling.factor", factor, 0.0f, 1e6f, false));
+  OFFGRAPH_TRY(keys.f32("rope.scaling.factor", factor, 0.0f, 1e6f, false));
   if (factor == 0.0f && !keys.has("rope.scaling.factor")) {
     float old = 0.0f; // the key's old name
-    TRY(keys.f32("rope.scale_linear", old, 0.0f, 1e6f, false));
+    OFFGRAPH_TRY(keys.f32("rope.scale_linear", old, 0.0f, 1e6f, false));
     factor = old;
   } else {
     keys.mark_read("rope.scale_linear");
@@ -239,6 +241,7 @@ Status read_rope_scaling(ConfigReader &keys, ModelConfig &c) {
     return Status::error(keys.file().path() + ": rope scaling factor " + std::to_string(factor) +
                          " is too small");
   c.rope_freq_scale = t == "none" || factor == 0.0f ? 1.0f : 1.0f / factor;
+  OFFGRAPH_TRY(keys.f32("rope.scaling.attn_factor", c.rope_attn_factor, 0.0f, 1e3f, false));
   // YaRN's keys are inert without YaRN; the original context only feeds YaRN's ranges.
   keys.mark_read("rope.scaling.original_context_length");
   keys.mark_read("rope.scaling.finetuned");
@@ -291,29 +294,28 @@ Result<ModelConfig> read_config(const GgufFile &f) {
   ConfigReader keys(f, c.arch_name + ".");
   constexpr int64_t kBig = int64_t(1) << 24;
 
-  TRY(keys.u32("block_count", c.n_layer, 1, 4096, true));
-  TRY(keys.u32("embedding_length", c.n_embd, 1, kBig, true));
-  TRY(keys.u32("feed_forward_length", c.n_ff, 1, kBig, true));
-  TRY(keys.u32("attention.head_count", c.n_head, 1, 65536, true));
+  OFFGRAPH_TRY(keys.u32("block_count", c.n_layer, 1, 4096, true));
+  OFFGRAPH_TRY(keys.u32("embedding_length", c.n_embd, 1, kBig, true));
+  OFFGRAPH_TRY(keys.u32("feed_forward_length", c.n_ff, 1, kBig, true));
+  OFFGRAPH_TRY(keys.u32("attention.head_count", c.n_head, 1, 65536, true));
   c.n_head_kv = c.n_head;
-  TRY(keys.u32("attention.head_count_kv", c.n_head_kv, 1, 65536, false));
-  TRY(keys.u32("context_length", c.n_ctx_train, 1, int64_t(1) << 29, true));
+  OFFGRAPH_TRY(keys.u32("attention.head_count_kv", c.n_head_kv, 1, 65536, false));
+  OFFGRAPH_TRY(keys.u32("context_length", c.n_ctx_train, 1, int64_t(1) << 29, true));
   if (c.n_head % c.n_head_kv != 0)
     return Status::error(f.path() + ": " + std::to_string(c.n_head) +
                          " attention heads are not a multiple of " + std::to_string(c.n_head_kv) +
                          " KV heads");
   c.head_dim_k = c.n_embd / c.n_head;
-  TRY(keys.u32("attention.key_length", c.head_dim_k, 1, 65536, false));
+  OFFGRAPH_TRY(keys.u32("attention.key_length", c.head_dim_k, 1, 65536, false));
   c.head_dim_v = c.head_dim_k;
-  TRY(keys.u32("attention.value_length", c.head_dim_v, 1, 65536, false));
+  OFFGRAPH_TRY(keys.u32("attention.value_length", c.head_dim_v, 1, 65536, false));
   if (c.head_dim_k < 1)
     return Status::error(f.path() + ": head dim is 0 (embedding_length < head_count)");
   c.n_rot = c.head_dim_k;
-  TRY(keys.u32("rope.dimension_count", c.n_rot, 2, c.head_dim_k, false));
-  TRY(keys.f32("attention.layer_norm_rms_epsilon", c.rms_eps, 0.0f, 1.0f, true));
-  TRY(keys.f32("rope.freq_base", c.rope_base, 1e-3f, 1e12f, false));
+  OFFGRAPH_TRY(keys.u32("rope.dimension_count", c.n_rot, 2, c.head_dim_k, false));
+  OFFGRAPH_TRY(keys.f32("attention.layer_norm_rms_epsilon", c.rms_eps, 0.0f, 1.0f, true));
+  OFFGRAPH_TRY(keys.f32("rope.freq_base", c.rope_base, 1e-3f, 1e12f, false));
   c.rope_base_swa = c.rope_base;
-  TRY(read_rope_scaling(keys, c));
   c.attn_scale = 1.0f / std::sqrt(float(c.head_dim_k));
   c.sliding.assign(size_t(c.n_layer), false);
   set_saver_defaults(keys);
@@ -324,7 +326,7 @@ Result<ModelConfig> read_config(const GgufFile &f) {
         {"attention.value_length_swa", c.head_dim_v},
         {"rope.dimension_count_swa", c.n_rot}}) {
     int32_t swa = full;
-    TRY(keys.u32(suffix, swa, 1, 65536, false));
+    OFFGRAPH_TRY(keys.u32(suffix, swa, 1, 65536, false));
     if (swa != full)
       return Status::error(f.path() + ": key '" + keys.prefix() + suffix +
                            "' = " + std::to_string(swa) + " differs from the other layers' " +
@@ -339,14 +341,14 @@ Result<ModelConfig> read_config(const GgufFile &f) {
                          "], expected [" + std::to_string(c.n_embd) + ", n_vocab]");
   c.n_vocab = int32_t(embd->ne[1]);
   int32_t vocab_size = c.n_vocab;
-  TRY(keys.u32("vocab_size", vocab_size, 1, kBig, false));
+  OFFGRAPH_TRY(keys.u32("vocab_size", vocab_size, 1, kBig, false));
   if (vocab_size != c.n_vocab)
     return Status::error(f.path() + ": key '" + keys.prefix() +
                          "vocab_size' = " + std::to_string(vocab_size) +
                          " but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
 
-  TRY(arch->read_config(keys, c));
-  TRY(keys.audit());
+  OFFGRAPH_TRY(arch->read_config(keys, c));
+  OFFGRAPH_TRY(keys.audit());
   return c;
 }
 

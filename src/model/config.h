@@ -21,10 +21,11 @@ enum class Arch { MuseGlimmer, Llama };
 
 // ggml_rope_ext's parameters that a file can set (the YaRN ones stay off: YaRN is refused).
 struct RopeParams {
-  int32_t n_rot = 0;       // rotated dims per head (rope.dimension_count)
-  float base = 10000.0f;   // rope.freq_base (rope.freq_base_swa on sliding layers)
-  float freq_scale = 1.0f; // 1 / rope.scaling.factor (linear scaling)
-  int32_t n_ctx_orig = 0;  // rope.scaling.original_context_length (YaRN only; kept for ggml)
+  int32_t n_rot = 0;        // rotated dims per head (rope.dimension_count)
+  float base = 10000.0f;    // rope.freq_base (rope.freq_base_swa on sliding layers)
+  float freq_scale = 1.0f;  // 1 / rope.scaling.factor (linear scaling)
+  float attn_factor = 1.0f; // rope.scaling.attn_factor: multiplies cos and sin (as llama.cpp)
+  int32_t n_ctx_orig = 0;   // the training context; only YaRN, which is refused, reads it
 };
 
 struct ModelConfig {
@@ -36,14 +37,20 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float post_norm_eps = 1e-8f; // Muse Glimmer's post-attention and post-FFN norms (no GGUF key)
   float rope_base = 10000.0f, rope_base_swa = 10000.0f;
-  float rope_freq_scale = 1.0f; // 1 / rope.scaling.factor
-  int32_t window = 0;           // sliding window of the sliding layers (0: none)
-  std::vector<bool> sliding;    // per layer
+  float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor
+  float rope_attn_factor = 1.0f; // rope.scaling.attn_factor
+  int32_t window = 0;            // sliding window of the sliding layers (0: none)
+  std::vector<bool> sliding;     // per layer
   float logit_scale = 1.0f;
   float softcap = 0.0f;    // final logit soft-cap (0: none)
   float attn_scale = 1.0f; // softmax scale, 1/sqrt(head_dim_k)
 
   int32_t n_sliding() const;
+  // Projection widths: q and the attention gate, k, v, and the attention output's input.
+  int64_t q_width() const { return int64_t(n_head) * head_dim_k; }
+  int64_t k_width() const { return int64_t(n_head_kv) * head_dim_k; }
+  int64_t v_width() const { return int64_t(n_head_kv) * head_dim_v; }
+  int64_t o_width() const { return int64_t(n_head) * head_dim_v; }
   // RoPE of a full-attention or a sliding layer.
   RopeParams rope(bool sliding_layer) const;
   // One cache layer description per model layer (no KV sharing in these architectures).
@@ -93,8 +100,9 @@ private:
 };
 
 // RoPE scaling as llama.cpp reads it (rope.scaling.type linear, its default, or none; YaRN and
-// LongRoPE are refused with the value; rope.scaling.factor divides the frequencies), into
-// c.rope_freq_scale. Architectures that rotate call it.
+// LongRoPE are refused with the value; rope.scaling.factor divides the frequencies, none or 0
+// meaning 1; rope.scaling.attn_factor scales cos and sin), into c.rope_freq_scale and
+// c.rope_attn_factor. Each architecture calls it from its read_config.
 Status read_rope_scaling(ConfigReader &keys, ModelConfig &c);
 
 // A key's value as an error message shows it ("2.5", "'yarn'", "[4 x u32: 1, 0, 1, 0]").

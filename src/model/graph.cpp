@@ -9,11 +9,10 @@ ggml_tensor *GraphBuilder::rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps
 
 ggml_tensor *GraphBuilder::rope(ggml_tensor *x, const RopeParams &p,
                                 ggml_tensor *freq_factors) const {
-  // YaRN off: no extrapolation mix, magnitude 1; beta_fast/beta_slow are ggml's defaults and
-  // unused without YaRN.
-  constexpr float kExtFactor = 0.0f, kAttnFactor = 1.0f, kBetaFast = 32.0f, kBetaSlow = 1.0f;
+  // YaRN off: no extrapolation mix; beta_fast/beta_slow are ggml's defaults, unused without it.
+  constexpr float kExtFactor = 0.0f, kBetaFast = 32.0f, kBetaSlow = 1.0f;
   return ggml_rope_ext(ctx_, x, in_.positions, freq_factors, p.n_rot, GGML_ROPE_TYPE_NORMAL,
-                       p.n_ctx_orig, p.base, p.freq_scale, kExtFactor, kAttnFactor, kBetaFast,
+                       p.n_ctx_orig, p.base, p.freq_scale, kExtFactor, p.attn_factor, kBetaFast,
                        kBetaSlow);
 }
 
@@ -25,18 +24,18 @@ GraphBuilder::Qkv GraphBuilder::project_qkv(const LayerWeights &l, ggml_tensor *
             ggml_reshape_3d(ctx_, l.wk.apply(ctx_, x), c.head_dim_k, c.n_head_kv, n),
             ggml_reshape_3d(ctx_, l.wv.apply(ctx_, x), c.head_dim_v, c.n_head_kv, n)};
   ggml_tensor *qkv = l.wqkv.apply(ctx_, x); // [QW + KW + VW, n]
-  if (l.wq.b) // separate biases beside the fused weight (the binder checked all three are there)
-    qkv = ggml_add(ctx_, qkv, ggml_concat(ctx_, ggml_concat(ctx_, l.wq.b, l.wk.b, 0), l.wv.b, 0));
-  const int64_t q_width = int64_t(c.n_head) * c.head_dim_k;
-  const int64_t k_width = int64_t(c.n_head_kv) * c.head_dim_k;
   // Contiguous copies of the three row ranges: the attention kernels and set_rows take
-  // contiguous heads. Only fused files pay for them.
-  auto part = [&](int64_t dim, int64_t heads, int64_t offset) {
-    return ggml_cont(ctx_, ggml_view_3d(ctx_, qkv, dim, heads, n, ggml_row_size(qkv->type, dim),
-                                        qkv->nb[1], ggml_row_size(qkv->type, offset)));
+  // contiguous heads. Only fused files pay for them. Separate biases beside the fused weight
+  // (the binder checked that all three are there) are added to each part.
+  auto part = [&](int64_t dim, int64_t heads, int64_t offset, ggml_tensor *bias) {
+    ggml_tensor *y =
+        ggml_cont(ctx_, ggml_view_3d(ctx_, qkv, dim, heads, n, ggml_row_size(qkv->type, dim),
+                                     qkv->nb[1], ggml_row_size(qkv->type, offset)));
+    return bias ? ggml_add(ctx_, y, ggml_reshape_2d(ctx_, bias, dim, heads)) : y;
   };
-  return {part(c.head_dim_k, c.n_head, 0), part(c.head_dim_k, c.n_head_kv, q_width),
-          part(c.head_dim_v, c.n_head_kv, q_width + k_width)};
+  return {part(c.head_dim_k, c.n_head, 0, l.wq.b),
+          part(c.head_dim_k, c.n_head_kv, c.q_width(), l.wk.b),
+          part(c.head_dim_v, c.n_head_kv, c.q_width() + c.k_width(), l.wv.b)};
 }
 
 Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_tensor *k,

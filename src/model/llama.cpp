@@ -8,15 +8,10 @@ namespace offgraph::model {
 
 namespace {
 
-#define TRY(expr)                                                                                  \
-  do {                                                                                             \
-    if (Status _s = (expr); !_s.ok()) return _s;                                                   \
-  } while (0)
-
 Status read_config(ConfigReader &keys, ModelConfig &c) {
   const std::string &path = keys.file().path();
   int32_t n_expert = 0;
-  TRY(keys.u32("expert_count", n_expert, 0, 1 << 16, false));
+  OFFGRAPH_TRY(keys.u32("expert_count", n_expert, 0, 1 << 16, false));
   if (n_expert > 0)
     return Status::error(path + ": key '" + keys.prefix() +
                          "expert_count' = " + std::to_string(n_expert) +
@@ -36,42 +31,27 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
   return read_rope_scaling(keys, c);
 }
 
+// llama.cpp's llama loader: biases on q, k, v, the attention output and the FFN; the head has
+// none (a tied head has no scale either); rope_freqs optional.
 Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
   const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff;
-  const int64_t QW = int64_t(c.n_head) * c.head_dim_k, KW = int64_t(c.n_head_kv) * c.head_dim_k,
-                VW = int64_t(c.n_head_kv) * c.head_dim_v, OW = int64_t(c.n_head) * c.head_dim_v;
-  auto tensor = [&](ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
-                    Role role, bool required = true) -> Status {
-    auto t = b.tensor(name, std::move(shape), role, required);
-    if (!t.ok()) return t.status();
-    out = *t;
-    return ok_status();
-  };
-  auto linear = [&](Linear &out, const std::string &prefix, int64_t in, int64_t n_out,
-                    bool bias_before_scale, bool required = true) -> Status {
-    auto l = b.linear(prefix, in, n_out, required);
-    if (!l.ok()) return l.status();
-    out = *l;
-    out.bias_before_scale = bias_before_scale;
-    return ok_status();
-  };
-  TRY(tensor(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
-  TRY(tensor(w.output_norm, "output_norm.weight", {E}, Role::Vector));
-  // Without output.weight the head is the embedding (tied), with no scale or bias of its own.
-  TRY(linear(w.output, "output", E, V, false, false));
-  if (!w.output) w.output.w = w.tok_embd;
-  TRY(tensor(w.rope_freqs, "rope_freqs.weight", {c.n_rot / 2}, Role::Vector, false));
+  constexpr Projection kAttn = Projection::Attention, kFfn = Projection::Ffn;
+  OFFGRAPH_TRY(b.bind(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
+  OFFGRAPH_TRY(b.bind(w.output_norm, "output_norm.weight", {E}, Role::Vector));
+  OFFGRAPH_TRY(b.bind(w.output, "output", E, V, Projection::ScaleOnly, false));
+  if (!w.output) w.output.w = w.tok_embd; // tied: the embedding is the head
+  OFFGRAPH_TRY(b.bind(w.rope_freqs, "rope_freqs.weight", {c.n_rot / 2}, Role::Vector, false));
   for (int32_t i = 0; i < c.n_layer; ++i) {
     LayerWeights l;
     const std::string p = "blk." + std::to_string(i) + ".";
     // llama.cpp's per-layer rope_freqs copies are one tensor under other names; none is stored.
-    TRY(tensor(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
-    TRY(b.attention_qkv(p, E, QW, KW, VW, l));
-    TRY(linear(l.wo, p + "attn_output", OW, E, false));
-    TRY(tensor(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
-    TRY(linear(l.ffn_gate, p + "ffn_gate", E, F, true));
-    TRY(linear(l.ffn_up, p + "ffn_up", E, F, true));
-    TRY(linear(l.ffn_down, p + "ffn_down", F, E, true));
+    OFFGRAPH_TRY(b.bind(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.attention_qkv(p, E, c.q_width(), c.k_width(), c.v_width(), l));
+    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", c.o_width(), E, kAttn));
+    OFFGRAPH_TRY(b.bind(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.ffn_gate, p + "ffn_gate", E, F, kFfn));
+    OFFGRAPH_TRY(b.bind(l.ffn_up, p + "ffn_up", E, F, kFfn));
+    OFFGRAPH_TRY(b.bind(l.ffn_down, p + "ffn_down", F, E, kFfn));
     w.layers.push_back(l);
   }
   return ok_status();

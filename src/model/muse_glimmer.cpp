@@ -8,29 +8,25 @@ namespace offgraph::model {
 
 namespace {
 
-#define TRY(expr)                                                                                  \
-  do {                                                                                             \
-    if (Status _s = (expr); !_s.ok()) return _s;                                                   \
-  } while (0)
-
 Status read_config(ConfigReader &keys, ModelConfig &c) {
   const std::string &path = keys.file().path();
   if (c.head_dim_k != c.head_dim_v)
     return Status::error(path + ": muse-glimmer needs equal K and V head dims, got " +
                          std::to_string(c.head_dim_k) + " and " + std::to_string(c.head_dim_v));
-  TRY(keys.f32("rope.freq_base_swa", c.rope_base_swa, 1e-3f, 1e12f, false));
+  OFFGRAPH_TRY(keys.f32("rope.freq_base_swa", c.rope_base_swa, 1e-3f, 1e12f, false));
   // Its RoPE layers are the sliding ones, whose frequencies llama.cpp never scales
   // (rope_freq_scale_train_swa is 1): a scaling factor would be ignored there, so none is taken.
-  if (Status s = read_rope_scaling(keys, c); !s.ok()) return s;
+  // (rope.scaling.attn_factor it does apply to them.)
+  OFFGRAPH_TRY(read_rope_scaling(keys, c));
   if (c.rope_freq_scale != 1.0f)
     return Status::error(path + ": RoPE scaling (factor " +
                          std::to_string(1.0f / c.rope_freq_scale) +
                          ") is not defined for muse-glimmer, whose rotated layers are the sliding "
                          "ones; refusing rather than guessing");
-  TRY(keys.u32("attention.sliding_window", c.window, 1, int64_t(1) << 29, true));
-  TRY(keys.f32("logit_scale", c.logit_scale, 0.0f, 1e6f, true));
+  OFFGRAPH_TRY(keys.u32("attention.sliding_window", c.window, 1, int64_t(1) << 29, true));
+  OFFGRAPH_TRY(keys.f32("logit_scale", c.logit_scale, 0.0f, 1e6f, true));
   c.softcap = 30.0f; // llama.cpp's default when the key is absent
-  TRY(keys.f32("final_logit_softcapping", c.softcap, 0.0f, 1e6f, false));
+  OFFGRAPH_TRY(keys.f32("final_logit_softcapping", c.softcap, 0.0f, 1e6f, false));
   // sliding_window_pattern: a per-layer bool array (true = sliding), or a scalar period n
   // (layer i slides iff i % n < n - 1), or absent (period 4).
   const std::string key = keys.prefix() + "attention.sliding_window_pattern";
@@ -43,49 +39,35 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
     c.sliding = **arr;
   } else {
     int32_t period = 4;
-    TRY(keys.u32("attention.sliding_window_pattern", period, 1, 4096, false));
+    OFFGRAPH_TRY(keys.u32("attention.sliding_window_pattern", period, 1, 4096, false));
     for (int32_t i = 0; i < c.n_layer; ++i) c.sliding[size_t(i)] = i % period < period - 1;
   }
   return ok_status();
 }
 
+// llama.cpp's muse-glimmer loader creates biases only for q, k and v (create_tensor_qkv); the
+// other projections take scales only (Projection::ScaleOnly), so any other bias is refused.
 Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
   const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff;
-  const int64_t QW = int64_t(c.n_head) * c.head_dim_k, KW = int64_t(c.n_head_kv) * c.head_dim_k,
-                VW = int64_t(c.n_head_kv) * c.head_dim_v, OW = int64_t(c.n_head) * c.head_dim_v;
-  auto tensor = [&](ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
-                    Role role) -> Status {
-    auto t = b.tensor(name, std::move(shape), role);
-    if (!t.ok()) return t.status();
-    out = *t;
-    return ok_status();
-  };
-  auto linear = [&](Linear &out, const std::string &prefix, int64_t in, int64_t n_out,
-                    bool bias_before_scale) -> Status {
-    auto l = b.linear(prefix, in, n_out);
-    if (!l.ok()) return l.status();
-    out = *l;
-    out.bias_before_scale = bias_before_scale;
-    return ok_status();
-  };
-  TRY(tensor(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
-  TRY(tensor(w.output_norm, "output_norm.weight", {E}, Role::Vector));
-  TRY(linear(w.output, "output", E, V, false)); // never tied
+  constexpr Projection kScaleOnly = Projection::ScaleOnly;
+  OFFGRAPH_TRY(b.bind(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
+  OFFGRAPH_TRY(b.bind(w.output_norm, "output_norm.weight", {E}, Role::Vector));
+  OFFGRAPH_TRY(b.bind(w.output, "output", E, V, kScaleOnly)); // never tied
   for (int32_t i = 0; i < c.n_layer; ++i) {
     LayerWeights l;
     const std::string p = "blk." + std::to_string(i) + ".";
-    TRY(tensor(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
-    TRY(b.attention_qkv(p, E, QW, KW, VW, l));
-    TRY(linear(l.attn_gate, p + "attn_gate", E, QW, false));
-    TRY(linear(l.wo, p + "attn_output", OW, E, false));
-    TRY(tensor(l.q_norm, p + "attn_q_norm.weight", {c.head_dim_k}, Role::Vector));
-    TRY(tensor(l.k_norm, p + "attn_k_norm.weight", {c.head_dim_k}, Role::Vector));
-    TRY(tensor(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
-    TRY(tensor(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
-    TRY(linear(l.ffn_gate, p + "ffn_gate", E, F, true));
-    TRY(linear(l.ffn_up, p + "ffn_up", E, F, true));
-    TRY(linear(l.ffn_down, p + "ffn_down", F, E, true));
-    TRY(tensor(l.post_ffn_norm, p + "post_ffw_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.attention_qkv(p, E, c.q_width(), c.k_width(), c.v_width(), l));
+    OFFGRAPH_TRY(b.bind(l.attn_gate, p + "attn_gate", E, c.q_width(), kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", c.o_width(), E, kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.q_norm, p + "attn_q_norm.weight", {c.head_dim_k}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.k_norm, p + "attn_k_norm.weight", {c.head_dim_k}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.ffn_gate, p + "ffn_gate", E, F, kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.ffn_up, p + "ffn_up", E, F, kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.ffn_down, p + "ffn_down", F, E, kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.post_ffn_norm, p + "post_ffw_norm.weight", {E}, Role::Vector));
     w.layers.push_back(l);
   }
   return ok_status();

@@ -2,8 +2,6 @@
 
 #include "ggml-cpu.h"
 
-#include <cmath>
-
 namespace offgraph::model {
 
 ggml_tensor *Linear::apply(ggml_context *ctx, ggml_tensor *x) const {
@@ -24,12 +22,13 @@ std::string shape_str(const int64_t *ne, int n) {
 
 } // namespace
 
-Result<ggml_tensor *> TensorBinder::tensor(const std::string &name, std::vector<int64_t> shape,
-                                           Role role, bool required) {
+Status TensorBinder::bind(ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
+                          Role role, bool required) {
   const std::string &path = file_.path();
+  out = nullptr;
   ggml_tensor *t = file_.tensor(name);
   if (!t) {
-    if (!required) return static_cast<ggml_tensor *>(nullptr);
+    if (!required) return ok_status();
     return Status::error(path + ": tensor '" + name + "' is missing (expected shape " +
                          shape_str(shape.data(), int(shape.size())) + ")");
   }
@@ -54,58 +53,49 @@ Result<ggml_tensor *> TensorBinder::tensor(const std::string &name, std::vector<
     break;
   }
   used_.insert(name);
-  return t;
+  out = t;
+  return ok_status();
 }
 
-Result<Linear> TensorBinder::linear(const std::string &prefix, int64_t in, int64_t out,
-                                    bool required) {
-  Linear l;
-  auto w = tensor(prefix + ".weight", {in, out}, Role::Matrix, required);
-  if (!w.ok()) return w.status();
-  l.w = *w;
-  auto b = tensor(prefix + ".bias", {out}, Role::Vector, false);
-  auto s = tensor(prefix + ".scale", {1}, Role::Vector, false);
-  auto in_s = tensor(prefix + ".input_scale", {1}, Role::Vector, false);
-  for (auto *r : {&b, &s, &in_s})
-    if (!r->ok()) return r->status();
-  if (!l.w && (*b || *s || *in_s))
+Status TensorBinder::bind(Linear &out, const std::string &prefix, int64_t in, int64_t n_out,
+                          Projection kind, bool required) {
+  out = Linear{};
+  out.bias_before_scale = kind == Projection::Ffn;
+  ggml_tensor *input_scale = nullptr;
+  OFFGRAPH_TRY(bind(out.w, prefix + ".weight", {in, n_out}, Role::Matrix, required));
+  if (kind != Projection::ScaleOnly)
+    OFFGRAPH_TRY(bind(out.b, prefix + ".bias", {n_out}, Role::Vector, false));
+  OFFGRAPH_TRY(bind(out.s, prefix + ".scale", {1}, Role::Vector, false));
+  OFFGRAPH_TRY(bind(input_scale, prefix + ".input_scale", {1}, Role::Vector, false));
+  if (!out.w && (out.b || out.s || input_scale))
     return Status::error(file_.path() + ": '" + prefix + "' has a bias or scale but no '" + prefix +
                          ".weight'");
-  l.b = *b;
-  l.s = *s;
-  return l;
+  // llama.cpp refuses these (build_ffn asserts): its FFN applies the scale after the bias,
+  // which is wrong for an NVFP4 weight, whose scale belongs to W.
+  if (out.b && out.s && out.bias_before_scale && out.w->type == GGML_TYPE_NVFP4)
+    return Status::error(file_.path() + ": '" + prefix +
+                         "' is NVFP4 with both a bias and a scale: the order of the two is not "
+                         "defined for FFN projections (llama.cpp refuses it too)");
+  return ok_status();
 }
 
 Status TensorBinder::attention_qkv(const std::string &p, int64_t in, int64_t q_out, int64_t k_out,
                                    int64_t v_out, LayerWeights &l) {
-  const bool fused = has(p + "attn_qkv.weight");
-  auto bind = [&](Linear &out, const std::string &name, int64_t n_out) -> Status {
-    auto r = linear(p + name, in, n_out);
-    if (!r.ok()) return r.status();
-    out = *r;
-    return ok_status();
-  };
-  if (!fused) {
-    if (Status s = bind(l.wq, "attn_q", q_out); !s.ok()) return s;
-    if (Status s = bind(l.wk, "attn_k", k_out); !s.ok()) return s;
-    return bind(l.wv, "attn_v", v_out);
+  constexpr Projection kAttn = Projection::Attention;
+  if (!has(p + "attn_qkv.weight")) {
+    OFFGRAPH_TRY(bind(l.wq, p + "attn_q", in, q_out, kAttn));
+    OFFGRAPH_TRY(bind(l.wk, p + "attn_k", in, k_out, kAttn));
+    return bind(l.wv, p + "attn_v", in, v_out, kAttn);
   }
-  if (Status s = bind(l.wqkv, "attn_qkv", q_out + k_out + v_out); !s.ok()) return s;
+  OFFGRAPH_TRY(bind(l.wqkv, p + "attn_qkv", in, q_out + k_out + v_out, kAttn));
   if (has(p + "attn_q.weight") || has(p + "attn_k.weight") || has(p + "attn_v.weight"))
     return Status::error(file_.path() + ": '" + p +
                          "attn_qkv.weight' and separate q/k/v weights: one or the other");
   // Separate biases beside a fused weight (older conversions): all three or none.
-  const std::pair<ggml_tensor **, std::pair<const char *, int64_t>> biases[] = {
-      {&l.wq.b, {"attn_q.bias", q_out}},
-      {&l.wk.b, {"attn_k.bias", k_out}},
-      {&l.wv.b, {"attn_v.bias", v_out}}};
-  int n = 0;
-  for (const auto &[dst, name_len] : biases) {
-    auto b = tensor(p + name_len.first, {name_len.second}, Role::Vector, false);
-    if (!b.ok()) return b.status();
-    *dst = *b;
-    n += *b != nullptr;
-  }
+  OFFGRAPH_TRY(bind(l.wq.b, p + "attn_q.bias", {q_out}, Role::Vector, false));
+  OFFGRAPH_TRY(bind(l.wk.b, p + "attn_k.bias", {k_out}, Role::Vector, false));
+  OFFGRAPH_TRY(bind(l.wv.b, p + "attn_v.bias", {v_out}, Role::Vector, false));
+  const int n = (l.wq.b != nullptr) + (l.wk.b != nullptr) + (l.wv.b != nullptr);
   if (n != 0 && (n != 3 || l.wqkv.b))
     return Status::error(file_.path() + ": '" + p +
                          "attn_qkv.weight' needs its own bias, or all three of attn_q/k/v.bias");

@@ -17,15 +17,19 @@ struct Linear {
   ggml_tensor *w = nullptr; // [in, out]
   ggml_tensor *b = nullptr; // [out] bias, optional
   ggml_tensor *s = nullptr; // [1] per-tensor weight scale (NVFP4's second-level scale), optional
-  // Where the scale applies when both are present: llama.cpp's attention projections compute
-  // (W x) s + b, its FFN (W x + b) s (llama-graph.cpp build_qkv/build_attn vs build_ffn). With
-  // one of the two absent, as in every quantized file seen, the order cannot matter.
-  bool bias_before_scale = false;
+  bool bias_before_scale = false; // (W x + b) s instead of (W x) s + b: see Projection
 
   explicit operator bool() const { return w != nullptr; }
   // y = W x with scale and bias as above; no node for an absent piece.
   ggml_tensor *apply(ggml_context *ctx, ggml_tensor *x) const;
 };
+
+// What llama.cpp's graphs (llama-graph.cpp in the pinned tree) do with a projection's optional
+// pieces, which offgraph follows: attention projections compute (W x) s + b (build_qkv,
+// build_attn), FFN projections (W x + b) s (build_ffn); a projection whose bias llama.cpp's
+// loader never creates takes none here either (the bias is left unbound, so the file is
+// refused). Per-tensor scales are taken on every projection.
+enum class Projection { Attention, Ffn, ScaleOnly };
 
 // Every architecture's layer tensors; an architecture binds the ones it has (its file says which).
 struct LayerWeights {
@@ -37,7 +41,7 @@ struct LayerWeights {
   ggml_tensor *ffn_norm = nullptr;       // [E]
   Linear ffn_gate, ffn_up;               // [E, F]
   Linear ffn_down;                       // [F, E]
-  Linear attn_gate;                      // [E, H_q*D_v] (Muse Glimmer)
+  Linear attn_gate;                      // [E, H_q*D_k] (Muse Glimmer)
   ggml_tensor *q_norm = nullptr;         // [D_k] (Muse Glimmer; the 3.87 factor lives here)
   ggml_tensor *k_norm = nullptr;         // [D_k] (Muse Glimmer)
   ggml_tensor *post_attn_norm = nullptr; // [E] (Muse Glimmer)
@@ -60,20 +64,20 @@ public:
   explicit TensorBinder(const GgufFile &file) : file_(file) {}
 
   // Looks `name` up, checks shape and type for `role`, and counts it as used. Absent and not
-  // required: nullptr and no error.
-  Result<ggml_tensor *> tensor(const std::string &name, std::vector<int64_t> shape, Role role,
-                               bool required = true);
-  // `<prefix>.weight` [in, out] with the optional `.bias` [out], `.scale` [1] and `.input_scale`
-  // [1]. The input scale calibrates W4A4 kernels that quantize activations with it; a product
-  // with dequantized weights (ggml's, and llama.cpp's graphs) has no use for it, so it is
-  // checked (finite) and counted, not applied. docs/model-files.md.
-  Result<Linear> linear(const std::string &prefix, int64_t in, int64_t out, bool required = true);
-  bool has(const std::string &name) const { return file_.tensor(name) != nullptr; }
-
+  // required: `out` is nullptr and no error.
+  Status bind(ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape, Role role,
+              bool required = true);
+  // `<prefix>.weight` [in, out] with its optional `.bias` [out] (as `kind` allows), `.scale`
+  // [1] and `.input_scale` [1]. The input scale calibrates W4A4 kernels that quantize
+  // activations with it; a product with dequantized weights (ggml's, and llama.cpp's graphs)
+  // has no use for it, so only its shape is checked and it counts as read.
+  Status bind(Linear &out, const std::string &prefix, int64_t in, int64_t n_out, Projection kind,
+              bool required = true);
   // The attention input projections under `p` ("blk.N."): attn_q, attn_k, attn_v, or the fused
   // attn_qkv (llama.cpp reads both forms), each with its optional bias and scales.
   Status attention_qkv(const std::string &p, int64_t in, int64_t q_out, int64_t k_out,
                        int64_t v_out, LayerWeights &l);
+  bool has(const std::string &name) const { return file_.tensor(name) != nullptr; }
 
   // Every tensor of the file was bound, or an error naming those that were not.
   Status finish(const std::string &arch) const;

@@ -696,12 +696,35 @@ TEST(MalformedGguf, UsedOrRefused) {
                    g.tensors.push_back({"blk.0.ffn_up.scale", {2}});
                  }),
                  "tensor 'blk.0.ffn_up.scale' has shape [2], expected [1]");
-  expect_refused("bias_without_weight", edit([](Gguf &g) {
-                   std::erase_if(g.tensors,
-                                 [](const Tensor &t) { return t.name == "output.weight"; });
-                   g.tensors.push_back({"output.bias", {40}}); // a tied head has no bias of its own
+  expect_refused(
+      "scale_without_weight", edit([](Gguf &g) {
+        std::erase_if(g.tensors, [](const Tensor &t) { return t.name == "output.weight"; });
+        g.tensors.push_back({"output.scale", {1}}); // a tied head has no scale of its own
+      }),
+      "'output' has a bias or scale but no 'output.weight'");
+  // llama.cpp's loaders create no bias for the head: one in the file is refused as unread.
+  expect_refused("head_bias", edit([](Gguf &g) {
+                   g.tensors.push_back({"output.bias", {40}});
                  }),
-                 "'output' has a bias or scale but no 'output.weight'");
+                 "1 tensor is not used by offgraph's llama graph: 'output.bias'");
+  expect_refused("input_scale_not_scalar", edit([](Gguf &g) {
+                   g.tensors.push_back({"blk.0.attn_v.input_scale", {4}});
+                 }),
+                 "tensor 'blk.0.attn_v.input_scale' has shape [4], expected [1]");
+  expect_refused("fused_and_separate", edit([](Gguf &g) {
+                   g.tensors.push_back({"blk.0.attn_qkv.weight", {8, 16}});
+                 }),
+                 "'blk.0.attn_qkv.weight' and separate q/k/v weights: one or the other");
+  expect_refused("fused_with_two_biases", edit([](Gguf &g) {
+                   std::erase_if(g.tensors, [](const Tensor &t) {
+                     return t.name == "blk.0.attn_q.weight" || t.name == "blk.0.attn_k.weight" ||
+                            t.name == "blk.0.attn_v.weight";
+                   });
+                   g.tensors.push_back({"blk.0.attn_qkv.weight", {8, 16}});
+                   g.tensors.push_back({"blk.0.attn_q.bias", {8}});
+                   g.tensors.push_back({"blk.0.attn_k.bias", {4}});
+                 }),
+                 "needs its own bias, or all three of attn_q/k/v.bias");
   expect_refused("rope_scaling_yarn",
                  edit([](Gguf &g) { g.set(kv_str("llama.rope.scaling.type", "yarn")); }),
                  "key 'llama.rope.scaling.type' = 'yarn' is not supported");
@@ -725,6 +748,14 @@ TEST(MalformedGguf, UsedOrRefused) {
   expect_refused("swa_head_size",
                  edit([](Gguf &g) { g.set(kv_u32("llama.attention.key_length_swa", 2)); }),
                  "key 'llama.attention.key_length_swa' = 2 differs from the other layers' 4");
+  expect_refused("pooling_near_unspecified",
+                 edit([](Gguf &g) { g.set(kv_u32("llama.pooling_type", 4294967294u)); }),
+                 "key 'llama.pooling_type' = 4294967294");
+  expect_refused("array_not_neutral", edit([](Gguf &g) {
+                   g.set(
+                       kv_arr("llama.swiglu_clamp_exp", F32, 3, raw(0.0f) + raw(7.0f) + raw(0.0f)));
+                 }),
+                 "key 'llama.swiglu_clamp_exp' = [3 x f32: 0, 7, 0]");
   expect_refused("moe", edit([](Gguf &g) { g.set(kv_u32("llama.expert_count", 8)); }),
                  "mixture-of-experts llama files are not supported");
   // Neutral values ask for nothing: the file loads.
@@ -734,6 +765,11 @@ TEST(MalformedGguf, UsedOrRefused) {
     g.set(kv_str("llama.rope.scaling.type", "linear"));
     g.set(kv_u32("llama.expert_count", 0));
     g.set(kv_u32("quantize.imatrix.chunks_count", 100));
+    g.set(kv_u32("split.count", 1));
+    g.set(kv_u32("llama.pooling_type", 4294967295u)); // llama.cpp's saver: unspecified
+    g.set(kv_strs("llama.classifier.output_labels", {"", ""}));
+    g.set(kv_arr("llama.swiglu_clamp_exp", F32, 2, raw(0.0f) + raw(0.0f)));
+    g.tensors.push_back({"blk.0.attn_q.input_scale", {1}}); // counted, not applied
   });
   const fs::path path = corpus_dir() / "neutral_keys.gguf";
   std::ofstream(path, std::ios::binary) << neutral.bytes();
