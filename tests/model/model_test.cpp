@@ -339,9 +339,10 @@ TEST_F(Malformed, PatternArrayOfTheWrongLength) {
 }
 
 // The fused attn_qkv projection (llama.cpp reads both forms): the same weights stored as one
-// [E, QW + KW + VW] tensor, with one fused bias or with the three separate ones, give the logits
-// of separate attn_q/k/v with their biases. Rows of a weight are independent, so the fused tensor
-// is the three tensors' bytes one after another. The biases are drawn once (seeded by name).
+// [E, QW + KW + VW] tensor, with one fused bias or with the three separate ones, and one scale,
+// give the logits of separate attn_q/k/v with their biases and that scale each. Rows of a weight
+// are independent, so the fused tensor is the three tensors' bytes one after another. The
+// biases are drawn once (seeded by name).
 enum class QkvForm { Separate, FusedBias, FusedSeparateBiases };
 
 std::string write_qkv_form(const std::string &src, const std::string &name, QkvForm form) {
@@ -364,10 +365,10 @@ std::string write_qkv_form(const std::string &src, const std::string &name, QkvF
   };
   auto concat = [&](const std::string &n, std::initializer_list<ggml_tensor *> parts) {
     int64_t rows = 0;
-    for (ggml_tensor *t : parts) rows += t->ne[1] > 1 ? t->ne[1] : t->ne[0];
+    for (ggml_tensor *t : parts) rows += ggml_n_dims(t) == 2 ? t->ne[1] : t->ne[0];
     ggml_tensor *a = *parts.begin();
-    ggml_tensor *f = a->ne[1] > 1 ? ggml_new_tensor_2d(extra, a->type, a->ne[0], rows)
-                                  : ggml_new_tensor_1d(extra, a->type, rows);
+    ggml_tensor *f = ggml_n_dims(a) == 2 ? ggml_new_tensor_2d(extra, a->type, a->ne[0], rows)
+                                         : ggml_new_tensor_1d(extra, a->type, rows);
     ggml_set_name(f, n.c_str());
     size_t at = 0;
     for (ggml_tensor *t : parts) {
@@ -375,6 +376,12 @@ std::string write_qkv_form(const std::string &src, const std::string &name, QkvF
       at += ggml_nbytes(t);
     }
     return f;
+  };
+  auto scale = [&](const std::string &n) {
+    ggml_tensor *s = ggml_new_tensor_1d(extra, GGML_TYPE_F32, 1);
+    ggml_set_name(s, n.c_str());
+    *static_cast<float *>(s->data) = 1.7f;
+    return s;
   };
   for (int64_t i = 0; i < gguf_get_n_tensors(in); ++i) {
     const std::string tn = gguf_get_tensor_name(in, i);
@@ -391,9 +398,12 @@ std::string write_qkv_form(const std::string &src, const std::string &name, QkvF
                 *vb = bias(b + "attn_v.bias", v->ne[1]);
     if (form == QkvForm::Separate) {
       for (ggml_tensor *t : {q, k, v, qb, kb, vb}) gguf_add_tensor(out, t);
+      for (const char *x : {"attn_q.scale", "attn_k.scale", "attn_v.scale"})
+        gguf_add_tensor(out, scale(b + x));
       continue;
     }
     gguf_add_tensor(out, concat(b + "attn_qkv.weight", {q, k, v}));
+    gguf_add_tensor(out, scale(b + "attn_qkv.scale"));
     if (form == QkvForm::FusedBias)
       gguf_add_tensor(out, concat(b + "attn_qkv.bias", {qb, kb, vb}));
     else
@@ -426,7 +436,7 @@ TEST(ModelFiles, FusedQkvComputesTheSeparateProjections) {
     const auto want =
         prompt_logits(write_qkv_form(base, a + "-sep.gguf", QkvForm::Separate), tokens);
     ASSERT_FALSE(want.empty());
-    // The biases matter (else this test could not see them dropped).
+    // The biases and scales matter (else this test could not see them dropped).
     EXPECT_GT(rel_error(plain.data(), want.data(), want.size()), 1e-3);
     for (QkvForm form : {QkvForm::FusedBias, QkvForm::FusedSeparateBiases}) {
       const std::string fused =
