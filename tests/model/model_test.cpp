@@ -216,6 +216,18 @@ TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
 // ---- malformed files ----------------------------------------------------------------------
 
 // Rewrites a GGUF through the gguf API, letting `edit` change metadata; `skip` drops a tensor.
+// Writes `out` as temp_dir()/name and frees the contexts of a rewrite; returns the path.
+std::string write_and_free(gguf_context *out, gguf_context *in, ggml_context *data_ctx,
+                           ggml_context *extra, const std::string &name) {
+  const std::string path = (temp_dir() / name).string();
+  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
+  gguf_free(out);
+  gguf_free(in);
+  ggml_free(data_ctx);
+  ggml_free(extra);
+  return path;
+}
+
 std::string rewrite(const std::string &src, const std::string &name,
                     const std::function<void(gguf_context *)> &edit, const std::string &skip = "",
                     const std::string &reshape = "") {
@@ -240,13 +252,7 @@ std::string rewrite(const std::string &src, const std::string &name,
     }
     gguf_add_tensor(out, t);
   }
-  const std::string path = (temp_dir() / name).string();
-  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
-  gguf_free(out);
-  gguf_free(in);
-  ggml_free(data_ctx);
-  ggml_free(extra);
-  return path;
+  return write_and_free(out, in, data_ctx, extra, name);
 }
 
 void expect_error(const std::string &path, const std::string &mentions) {
@@ -409,13 +415,7 @@ std::string write_qkv_form(const std::string &src, const std::string &name, QkvF
     else
       for (ggml_tensor *t : {qb, kb, vb}) gguf_add_tensor(out, t);
   }
-  const std::string path = (temp_dir() / name).string();
-  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
-  gguf_free(out);
-  gguf_free(in);
-  ggml_free(data_ctx);
-  ggml_free(extra);
-  return path;
+  return write_and_free(out, in, data_ctx, extra, name);
 }
 
 std::vector<float> prompt_logits(const std::string &path, const std::vector<int32_t> &tokens) {

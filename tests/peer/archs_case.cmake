@@ -7,12 +7,8 @@
 # The generator's MoE llama file must be refused by name, and text commands must say that the
 # `test` tokenizer has no text form.
 # -D: GEN OFFGRAPH PEER COMPARE FILL DIR ARCH SEED KV TOL
-set(dir "${DIR}/archs-${ARCH}-${SEED}-${KV}")
-file(REMOVE_RECURSE "${dir}")
-file(MAKE_DIRECTORY "${dir}")
-include(${CMAKE_CURRENT_LIST_DIR}/../run_step.cmake)
-set(CLEANUP "${dir}")
-run_step(out ${GEN} -a "^${ARCH}$" -s ${SEED} -o ${dir})
+include(${CMAKE_CURRENT_LIST_DIR}/archs_files.cmake)
+archs_files("${ARCH}-${SEED}-${KV}" "^${ARCH}$")
 set(model "${dir}/${ARCH}-dense.gguf")
 if(ARCH STREQUAL "muse-glimmer")
   run_step(out ${FILL} ${model} ${dir}/same.gguf "blk\\.[0-9]+\\.(attn_gate|ffn_gate|ffn_up|ffn_down)\\.scale=1")

@@ -4,12 +4,8 @@
 # attn_factor 0.5 must agree, and a muse-glimmer scaling factor (which llama.cpp never applies to
 # its rotated, sliding layers) must be refused by name.
 # -D: GEN OFFGRAPH PEER COMPARE FILL DIR SEED
-set(dir "${DIR}/archs-rope-${SEED}")
-file(REMOVE_RECURSE "${dir}")
-file(MAKE_DIRECTORY "${dir}")
-include(${CMAKE_CURRENT_LIST_DIR}/../run_step.cmake)
-set(CLEANUP "${dir}")
-run_step(out ${GEN} -a "^(llama|muse-glimmer)$" -s ${SEED} -o ${dir})
+include(${CMAKE_CURRENT_LIST_DIR}/archs_files.cmake)
+archs_files("rope-${SEED}" "^(llama|muse-glimmer)$")
 set(common --random 96 --seed ${SEED} --chunk 12 --greedy 32)
 
 # The generator's weights (stdev 0.1) make attention nearly uniform, where positions hardly

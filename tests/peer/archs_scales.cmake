@@ -5,12 +5,8 @@
 # llama.cpp on the file with scales 1 and weights unchanged (so the check fails if the scales were
 # ignored).
 # -D: GEN OFFGRAPH PEER COMPARE FILL DIR SEED
-set(dir "${DIR}/archs-scales-${SEED}")
-file(REMOVE_RECURSE "${dir}")
-file(MAKE_DIRECTORY "${dir}")
-include(${CMAKE_CURRENT_LIST_DIR}/../run_step.cmake)
-set(CLEANUP "${dir}")
-run_step(out ${GEN} -a "^muse-glimmer$" -s ${SEED} -o ${dir})
+include(${CMAKE_CURRENT_LIST_DIR}/archs_files.cmake)
+archs_files("scales-${SEED}" "^muse-glimmer$")
 set(base "${dir}/muse-glimmer-dense.gguf")
 set(scaled_rules)
 set(folded_rules)
