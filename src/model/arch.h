@@ -4,13 +4,18 @@
 #pragma once
 
 #include "model/config.h"
-#include "model/graph.h"
-#include "model/weights.h"
 
 #include <span>
+#include <string>
 #include <string_view>
 
+struct ggml_tensor;
+
 namespace offgraph::model {
+
+class GraphBuilder;
+class TensorBinder;
+struct Weights;
 
 struct Architecture {
   std::string_view name; // general.architecture

@@ -3,6 +3,8 @@
 // projection and FFN biases, a head tied to the embedding when output.weight is absent. No
 // sliding window: the same cache code serves it without a special case. Dense only.
 #include "model/arch.h"
+#include "model/graph.h"
+#include "model/weights.h"
 
 namespace offgraph::model {
 

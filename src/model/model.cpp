@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include "model/arch.h"
+#include "model/graph.h"
 
 namespace offgraph::model {
 

@@ -3,6 +3,8 @@
 // (the 3.87 factor lives in attn_q_norm), RoPE (NORM mode) on sliding layers only, SwiGLU; then
 // the final norm, the head, the logit scale and the tanh soft-cap.
 #include "model/arch.h"
+#include "model/graph.h"
+#include "model/weights.h"
 
 namespace offgraph::model {
 
