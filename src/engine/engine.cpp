@@ -43,7 +43,7 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
     if (!c.ok()) return c.status();
     constraint = std::move(c).value();
   }
-  auto a = std::make_unique<Active>();
+  auto a = std::make_unique<Generation>();
   a->constraint = std::move(constraint);
   a->request = std::move(request);
   a->on_event = std::move(on_event);
@@ -134,14 +134,14 @@ void Engine::evict_over_budget() {
     evict_lru();
 }
 
-int64_t Engine::peak_bytes(const Active &a) const {
+int64_t Engine::peak_bytes(const Generation &a) const {
   // Each choice may grow to the full length and keep a prompt-end snapshot (at most the rings).
   const int32_t length = int32_t(a.request.prompt.size()) + a.request.max_tokens;
   const int64_t snapshot = store_->layout().has_ring() ? store_->peak_bytes_at_length(0) : 0;
   return int64_t(a.request.n) * (store_->peak_bytes_at_length(length) + snapshot);
 }
 
-Result<bool> Engine::memory_allows(const Active &a) {
+Result<bool> Engine::memory_allows(const Generation &a) {
   if (options_.kv_budget <= 0) return true;
   const int64_t need = peak_bytes(a);
   if (need > options_.kv_budget)
@@ -159,7 +159,7 @@ Result<bool> Engine::memory_allows(const Active &a) {
   return reserved + need <= options_.kv_budget;
 }
 
-Status Engine::admit(Active &a) {
+Status Engine::admit(Generation &a) {
   const std::vector<int32_t> &prompt = a.request.prompt;
   // The cached sequence that saves the most work: rewound to the common prefix where its rings
   // still hold it, else brought back to its prompt's end by the snapshot taken there.
@@ -230,7 +230,7 @@ Status Engine::admit(Active &a) {
   }
 }
 
-void Engine::end_events(Active &a, FinishReason reason, const std::string &error) {
+void Engine::end_events(Generation &a, FinishReason reason, const std::string &error) {
   Event e;
   e.request = a.id;
   e.finish = reason;
@@ -248,7 +248,7 @@ void Engine::end_events(Active &a, FinishReason reason, const std::string &error
     }
 }
 
-void Engine::finish(Active &a, FinishReason reason, const std::string &error) {
+void Engine::finish(Generation &a, FinishReason reason, const std::string &error) {
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
   Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
@@ -269,9 +269,26 @@ bool Engine::step() {
 
 bool Engine::step_inner() {
   take_inbox();
-  // Cancelled requests leave first; queued ones join while there is room. Callbacks run after
-  // the containers are updated: they may submit or cancel.
-  std::vector<std::unique_ptr<Active>> dropped;
+  drop_cancelled();
+  admit_queued();
+  const bool sampled = sample_restored_prompts();
+  if (active_.empty()) return sampled;
+  run_batch(plan_batch());
+  return true;
+}
+
+void Engine::settle(const std::vector<Generation *> &gone,
+                    std::vector<std::unique_ptr<Generation>> born) {
+  std::erase_if(active_, [&](const auto &a) {
+    return std::find(gone.begin(), gone.end(), a.get()) != gone.end();
+  });
+  for (auto &b : born) active_.push_back(std::move(b));
+}
+
+// Cancelled requests leave first. Callbacks run after the containers are updated: they may
+// submit or cancel.
+void Engine::drop_cancelled() {
+  std::vector<std::unique_ptr<Generation>> dropped;
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled) {
       dropped.push_back(std::move(*it));
@@ -290,6 +307,10 @@ bool Engine::step_inner() {
       ++it;
     }
   }
+}
+
+// Queued requests join while there is room.
+void Engine::admit_queued() {
   while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
     // First come, first served: the head waits for memory rather than being overtaken.
     auto fits = memory_allows(*queue_.front());
@@ -300,7 +321,7 @@ bool Engine::step_inner() {
       }
       fits = Status::error("the KV memory budget cannot hold this request even alone");
     }
-    std::unique_ptr<Active> a = std::move(queue_.front());
+    std::unique_ptr<Generation> a = std::move(queue_.front());
     queue_.pop_front();
     --waiting_;
     if (!fits.ok()) {
@@ -314,41 +335,36 @@ bool Engine::step_inner() {
     stats_.prompt_tokens += int64_t(a->request.prompt.size());
     active_.push_back(std::move(a));
   }
-  // Requests whose whole prompt came back with its logits take their first token now.
-  bool sampled = false;
-  {
-    std::vector<Active *> done;
-    std::vector<std::unique_ptr<Active>> born;
-    for (auto &a : active_) {
-      if (!a->logits_ready) continue;
-      a->logits_ready = false;
-      sampled = true;
-      const std::vector<float> logits = a->prompt_logits;
-      if (a->request.n > 1) spawn_choices(*a, logits, born);
-      if (!advance(*a, logits)) done.push_back(a.get());
-    }
-    std::erase_if(active_, [&](const auto &a) {
-      return std::find(done.begin(), done.end(), a.get()) != done.end();
-    });
-    for (auto &b : born) active_.push_back(std::move(b));
-  }
-  if (active_.empty()) return sampled;
+}
 
-  // The batch: each request's next decode token or prefill chunk, in turn, under the budget.
-  struct Part {
-    Active *a;
-    int32_t n;
-    bool wants_logits;
-  };
-  // Requests take turns at the head of the line, so a budget smaller than the number of active
-  // requests delays each by a few steps instead of starving the last ones.
-  std::vector<Active *> order;
+// Requests whose whole prompt came back with its logits take their first token now.
+bool Engine::sample_restored_prompts() {
+  bool sampled = false;
+  std::vector<Generation *> done;
+  std::vector<std::unique_ptr<Generation>> born;
+  for (auto &a : active_) {
+    if (!a->logits_ready) continue;
+    a->logits_ready = false;
+    sampled = true;
+    const std::vector<float> logits = a->prompt_logits;
+    if (a->request.n > 1) spawn_choices(*a, logits, born);
+    if (!advance(*a, logits)) done.push_back(a.get());
+  }
+  settle(done, std::move(born));
+  return sampled;
+}
+
+// The batch: each generation's next decode token or prefill chunk, in turn, under the budget.
+// Generations take turns at the head of the line, so a budget smaller than the number of active
+// ones delays each by a few steps instead of starving the last ones.
+std::vector<Engine::Part> Engine::plan_batch() {
+  std::vector<Generation *> order;
   const size_t start = size_t(stats_.steps) % active_.size();
   for (size_t i = 0; i < active_.size(); ++i)
     order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
   int32_t budget = options_.step_tokens;
-  for (Active *a : order) {
+  for (Generation *a : order) {
     if (budget <= 0) break;
     if (a->computed >= a->request.prompt.size()) {
       if (a->computed + 1 == a->tokens.size()) parts.push_back({a, 1, true}), --budget; // decode
@@ -359,12 +375,18 @@ bool Engine::step_inner() {
     parts.push_back({a, n, a->computed + size_t(n) == a->request.prompt.size()});
     budget -= n;
   }
+  return parts;
+}
+
+// One forward pass over `parts`, then each generation's cache length, prompt-end snapshot and
+// next token.
+void Engine::run_batch(const std::vector<Part> &parts) {
   model::Batch batch;
   for (const Part &p : parts) {
     const int32_t first = int32_t(batch.tokens.size());
-    batch.tokens.insert(batch.tokens.end(), p.a->tokens.begin() + long(p.a->computed),
-                        p.a->tokens.begin() + long(p.a->computed) + p.n);
-    batch.spans.push_back({p.a->seq, int32_t(p.a->computed), p.n});
+    batch.tokens.insert(batch.tokens.end(), p.g->tokens.begin() + long(p.g->computed),
+                        p.g->tokens.begin() + long(p.g->computed) + p.n);
+    batch.spans.push_back({p.g->seq, int32_t(p.g->computed), p.n});
     if (p.wants_logits) batch.logit_rows.push_back(first + p.n - 1);
   }
   // A step of prefill chunks alone still asks for one row (unused): the graph needs an output.
@@ -376,27 +398,25 @@ bool Engine::step_inner() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int32_t prefill_tokens = 0;
   for (const Part &p : parts)
-    if (p.a->computed < p.a->request.prompt.size()) prefill_tokens += p.n;
+    if (p.g->computed < p.g->request.prompt.size()) prefill_tokens += p.n;
   const double share = double(prefill_tokens) / double(batch.tokens.size());
   stats_.prefill_seconds += seconds * share;
   stats_.decode_seconds += seconds * (1 - share);
   if (!logits.ok()) {
     // Nothing was committed; the requests of this step end with the reason, the others go on
     // (a request cancelled meanwhile is finished by the next step, not dropped here).
-    std::vector<Active *> failed;
+    std::vector<Generation *> failed;
     for (const Part &p : parts)
-      failed.push_back(p.a), finish(*p.a, FinishReason::Error, logits.message());
-    std::erase_if(active_, [&](const auto &a) {
-      return std::find(failed.begin(), failed.end(), a.get()) != failed.end();
-    });
-    return true;
+      failed.push_back(p.g), finish(*p.g, FinishReason::Error, logits.message());
+    settle(failed);
+    return;
   }
   const int32_t n_vocab = model_.config().n_vocab;
   size_t row = 0;
-  std::vector<Active *> done;
-  std::vector<std::unique_ptr<Active>> born;
+  std::vector<Generation *> done;
+  std::vector<std::unique_ptr<Generation>> born;
   for (const Part &p : parts) {
-    Active &a = *p.a;
+    Generation &a = *p.g;
     const bool prefill = a.computed < a.request.prompt.size();
     a.computed += size_t(p.n);
     if (prefill) stats_.computed_prompt_tokens += p.n;
@@ -414,14 +434,10 @@ bool Engine::step_inner() {
     if (prefill && a.request.n > 1) spawn_choices(a, l, born);
     if (!advance(a, l)) done.push_back(&a);
   }
-  std::erase_if(active_, [&](const auto &a) {
-    return std::find(done.begin(), done.end(), a.get()) != done.end();
-  });
-  for (auto &b : born) active_.push_back(std::move(b));
-  return true;
+  settle(done, std::move(born));
 }
 
-bool Engine::advance(Active &a, std::span<const float> logits) {
+bool Engine::advance(Generation &a, std::span<const float> logits) {
   std::vector<float> masked;
   if (a.constraint && a.constraint->active()) {
     masked.assign(logits.begin(), logits.end());
@@ -453,11 +469,11 @@ bool Engine::advance(Active &a, std::span<const float> logits) {
   return true;
 }
 
-void Engine::spawn_choices(Active &a, std::span<const float> logits,
-                           std::vector<std::unique_ptr<Active>> &born) {
+void Engine::spawn_choices(Generation &a, std::span<const float> logits,
+                           std::vector<std::unique_ptr<Generation>> &born) {
   a.spawned = true;
   for (int32_t c = 1; c < a.request.n; ++c) {
-    auto child = std::make_unique<Active>();
+    auto child = std::make_unique<Generation>();
     child->id = a.id;
     child->choice = c;
     child->request = a.request;

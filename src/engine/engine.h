@@ -120,7 +120,9 @@ public:
   const kv::KvStore &store() const { return *store_; }
 
 private:
-  struct Active {
+  // One choice of one request, from the queue through the batch to its end: the request's first
+  // choice is queued and admitted; its others are forked from it once the prompt is computed.
+  struct Generation {
     uint64_t id = 0;
     Request request;
     std::function<void(const Event &)> on_event;
@@ -149,39 +151,54 @@ private:
   };
 
   Engine(const model::Model &model, EngineOptions options) : model_(model), options_(options) {}
+  // A step's work to the batch: `n` tokens of `g` (a decode token or a prefill chunk).
+  struct Part {
+    Generation *g;
+    int32_t n;
+    bool wants_logits;
+  };
+  // step()'s phases, in order; each says whether it did anything.
   bool step_inner();
+  void drop_cancelled();
+  void admit_queued();
+  bool sample_restored_prompts(); // prompts that came back whole, with their logits
+  std::vector<Part> plan_batch(); // each generation's next tokens under the step budget
+  void run_batch(const std::vector<Part> &parts);
+  // Removes the generations in `gone` from active_ and adds `born` (forked choices).
+  void settle(const std::vector<Generation *> &gone,
+              std::vector<std::unique_ptr<Generation>> born = {});
   // Moves submitted requests into the queue and applies cancellations.
   void take_inbox();
   void publish();
-  Status admit(Active &a);
+  Status admit(Generation &a);
   // Whether `a` may start now under the memory budget (dropping cached conversations for room);
   // an error when it could never fit.
-  Result<bool> memory_allows(const Active &a);
-  int64_t peak_bytes(const Active &a) const;
+  Result<bool> memory_allows(const Generation &a);
+  int64_t peak_bytes(const Generation &a) const;
   void evict_lru();
   void evict_over_budget();
-  void finish(Active &a, FinishReason reason, const std::string &error = "");
+  void finish(Generation &a, FinishReason reason, const std::string &error = "");
   // The last event of a (and of its choices not forked yet).
-  void end_events(Active &a, FinishReason reason, const std::string &error = "");
+  void end_events(Generation &a, FinishReason reason, const std::string &error = "");
   // Samples a's next token from `logits` and streams it; false once a is finished.
-  bool advance(Active &a, std::span<const float> logits);
+  bool advance(Generation &a, std::span<const float> logits);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.
-  void spawn_choices(Active &a, std::span<const float> logits,
-                     std::vector<std::unique_ptr<Active>> &born);
+  void spawn_choices(Generation &a, std::span<const float> logits,
+                     std::vector<std::unique_ptr<Generation>> &born);
 
   const model::Model &model_;
   EngineOptions options_;
   std::unique_ptr<kv::KvStore> store_;
   std::unique_ptr<model::Forward> forward_;
-  std::deque<std::unique_ptr<Active>> queue_;
-  std::vector<std::unique_ptr<Active>> active_;
+  std::deque<std::unique_ptr<Generation>> queue_;
+  std::vector<std::unique_ptr<Generation>> active_;
   std::vector<Cached> cached_;
   uint64_t next_id_ = 1, clock_ = 0;
   EngineStats stats_;
 
   // What other threads hand in (under inbox_mutex_) and read (under published_mutex_).
   std::mutex inbox_mutex_;
-  std::deque<std::unique_ptr<Active>> inbox_;
+  std::deque<std::unique_ptr<Generation>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;
   bool cancel_all_ = false;
   std::atomic<size_t> waiting_{0}; // inbox_ + queue_
