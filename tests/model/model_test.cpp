@@ -216,43 +216,53 @@ TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
 // ---- malformed files ----------------------------------------------------------------------
 
 // Rewrites a GGUF through the gguf API, letting `edit` change metadata; `skip` drops a tensor.
-// Writes `out` as temp_dir()/name and frees the contexts of a rewrite; returns the path.
-std::string write_and_free(gguf_context *out, gguf_context *in, ggml_context *data_ctx,
-                           ggml_context *extra, const std::string &name) {
-  const std::string path = (temp_dir() / name).string();
-  EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
-  gguf_free(out);
-  gguf_free(in);
-  ggml_free(data_ctx);
-  ggml_free(extra);
-  return path;
-}
+// A copy of a GGUF being written: its tensors (with data) and keys in `in`/`data`, the new file
+// in `out` (the keys copied), new tensors in `extra`. write() saves it under temp_dir().
+struct Rewrite {
+  ggml_context *data = nullptr, *extra = nullptr;
+  gguf_context *in = nullptr, *out = nullptr;
+  Rewrite(const std::string &src, ggml_init_params extra_params) {
+    gguf_init_params p = {false, &data};
+    in = gguf_init_from_file(src.c_str(), p);
+    EXPECT_TRUE(in);
+    out = gguf_init_empty();
+    gguf_set_kv(out, in);
+    extra = ggml_init(extra_params);
+  }
+  ~Rewrite() {
+    gguf_free(out);
+    gguf_free(in);
+    ggml_free(data);
+    ggml_free(extra);
+  }
+  ggml_tensor *get(const std::string &name) const { return ggml_get_tensor(data, name.c_str()); }
+  std::string write(const std::string &name) const {
+    const std::string path = (temp_dir() / name).string();
+    EXPECT_TRUE(gguf_write_to_file(out, path.c_str(), false));
+    return path;
+  }
+};
 
 std::string rewrite(const std::string &src, const std::string &name,
                     const std::function<void(gguf_context *)> &edit, const std::string &skip = "",
                     const std::string &reshape = "") {
-  ggml_context *data_ctx = nullptr;
-  gguf_init_params p = {false, &data_ctx};
-  gguf_context *in = gguf_init_from_file(src.c_str(), p);
-  EXPECT_TRUE(in);
-  gguf_context *out = gguf_init_empty();
-  gguf_set_kv(out, in);
+  Rewrite r(src, {ggml_tensor_overhead() * 4, nullptr, true});
+  gguf_context *in = r.in, *out = r.out;
+  ggml_context *extra = r.extra;
   edit(out);
-  ggml_init_params ep = {ggml_tensor_overhead() * 4, nullptr, true};
-  ggml_context *extra = ggml_init(ep);
   for (int64_t i = 0; i < gguf_get_n_tensors(in); ++i) {
     const std::string tn = gguf_get_tensor_name(in, i);
     if (tn == skip) continue;
-    ggml_tensor *t = ggml_get_tensor(data_ctx, tn.c_str());
+    ggml_tensor *t = r.get(tn);
     if (tn == reshape) { // same bytes, other shape: [ne0 / 2, ne1 * 2]
-      ggml_tensor *r = ggml_new_tensor_2d(extra, t->type, t->ne[0] / 2, t->ne[1] * 2);
-      ggml_set_name(r, tn.c_str());
-      r->data = t->data;
-      t = r;
+      ggml_tensor *re = ggml_new_tensor_2d(extra, t->type, t->ne[0] / 2, t->ne[1] * 2);
+      ggml_set_name(re, tn.c_str());
+      re->data = t->data;
+      t = re;
     }
     gguf_add_tensor(out, t);
   }
-  return write_and_free(out, in, data_ctx, extra, name);
+  return r.write(name);
 }
 
 void expect_error(const std::string &path, const std::string &mentions) {
@@ -352,15 +362,10 @@ TEST_F(Malformed, PatternArrayOfTheWrongLength) {
 enum class QkvForm { Separate, FusedBias, FusedSeparateBiases };
 
 std::string write_qkv_form(const std::string &src, const std::string &name, QkvForm form) {
-  ggml_context *data_ctx = nullptr;
-  gguf_init_params p = {false, &data_ctx};
-  gguf_context *in = gguf_init_from_file(src.c_str(), p);
-  EXPECT_TRUE(in);
-  gguf_context *out = gguf_init_empty();
-  gguf_set_kv(out, in);
-  ggml_init_params ep = {size_t(64) << 20, nullptr, false};
-  ggml_context *extra = ggml_init(ep);
-  auto get = [&](const std::string &n) { return ggml_get_tensor(data_ctx, n.c_str()); };
+  Rewrite r(src, {size_t(64) << 20, nullptr, false});
+  gguf_context *in = r.in, *out = r.out;
+  ggml_context *extra = r.extra;
+  auto get = [&](const std::string &n) { return r.get(n); };
   auto bias = [&](const std::string &n, int64_t len) {
     ggml_tensor *b = ggml_new_tensor_1d(extra, GGML_TYPE_F32, len);
     ggml_set_name(b, n.c_str());
@@ -415,7 +420,7 @@ std::string write_qkv_form(const std::string &src, const std::string &name, QkvF
     else
       for (ggml_tensor *t : {qb, kb, vb}) gguf_add_tensor(out, t);
   }
-  return write_and_free(out, in, data_ctx, extra, name);
+  return r.write(name);
 }
 
 std::vector<float> prompt_logits(const std::string &path, const std::vector<int32_t> &tokens) {
