@@ -24,9 +24,10 @@ Result<std::shared_ptr<const Layout>> Layout::make(Geometry geometry, Policy pol
     return Status::error(where + "max_write " + std::to_string(policy.max_write) +
                          " exceeds the capacity " + std::to_string(policy.capacity) +
                          " (a step can never write more than a sequence holds)");
-  if (policy.initial_rows < 0)
-    return Status::error(where + "initial_rows " + std::to_string(policy.initial_rows) +
-                         " is negative (0 allocates flat storage on first use)");
+  if (policy.page_rows < 1)
+    return Status::error(where + "page_rows " + std::to_string(policy.page_rows) +
+                         " must be at least 1 row");
+  policy.page_rows = std::min(policy.page_rows, policy.capacity);
 
   auto layout = std::make_shared<Layout>();
   for (const CacheSpec &spec : geometry.caches()) {
@@ -36,12 +37,10 @@ Result<std::shared_ptr<const Layout>> Layout::make(Geometry geometry, Policy pol
     if (spec.attention.sliding() && ring_rows < policy.capacity) {
       c.storage = Storage::Ring;
       c.max_rows = int32_t(ring_rows);
-      c.initial_rows = c.max_rows;
       layout->has_ring_ = true;
     } else {
       c.storage = Storage::Flat;
       c.max_rows = policy.capacity;
-      c.initial_rows = std::min(policy.initial_rows, policy.capacity);
     }
     layout->caches_.push_back(c);
   }
@@ -55,14 +54,6 @@ int32_t Layout::rows_required(CacheId id, int32_t end) const {
   return c.ring() ? c.max_rows : std::min(end, c.max_rows);
 }
 
-int32_t Layout::grown_rows(int32_t current, int32_t required) const {
-  required = std::min(required, policy_.capacity);
-  if (current >= required) return current;
-  int64_t rows = std::max(current, 1);
-  while (rows < required) rows *= 2;
-  return int32_t(std::min<int64_t>(rows, policy_.capacity));
-}
-
 int64_t Layout::min_rows(CacheId id, int32_t length) const {
   const CacheLayout &c = cache(id);
   if (!c.spec.attention.sliding()) return length;
@@ -72,7 +63,7 @@ int64_t Layout::min_rows(CacheId id, int32_t length) const {
 std::string Layout::describe() const {
   std::string s = "capacity " + std::to_string(policy_.capacity) + ", max_write " +
                   std::to_string(policy_.max_write) + ", " + std::to_string(caches_.size()) +
-                  " caches:";
+                  " caches, pages of " + std::to_string(policy_.page_rows) + " rows:";
   for (size_t i = 0; i < caches_.size(); ++i) {
     const CacheLayout &c = caches_[i];
     s += "\n  cache " + std::to_string(i) + " (layer " + std::to_string(c.spec.owner_layer) +

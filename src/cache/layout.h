@@ -18,7 +18,9 @@ namespace offgraph::cache {
 struct Policy {
   int32_t capacity = 0;       // hard logical bound on one sequence's length (positions)
   int32_t max_write = 0;      // most tokens one step may write (prefill is chunked to this)
-  int32_t initial_rows = 512; // starting rows of a flat cache's storage; 0 allowed; clamped
+  // Rows of one page of flat storage (cache/pages.h); clamped to the capacity. 64: the tiled
+  // kernel's tile, and a fork or prefix match shares all but at most 63 rows (docs/kv-paging.md).
+  int32_t page_rows = 64;
 };
 
 enum class Storage : uint8_t { Flat = 0, Ring = 1 };
@@ -26,11 +28,9 @@ enum class Storage : uint8_t { Flat = 0, Ring = 1 };
 struct CacheLayout {
   CacheSpec spec;
   Storage storage = Storage::Flat;
-  // Rows storage may ever hold: the ring size R for rings, the capacity for flat caches.
+  // Rows storage may ever hold: the ring size R for rings (allocated in full when a sequence
+  // starts), the capacity for flat caches (which grow a page at a time).
   int32_t max_rows = 0;
-  // Rows allocated when a sequence starts: R for rings (allocated in full), the clamped initial
-  // size for flat caches (which grow lazily).
-  int32_t initial_rows = 0;
 
   int32_t window() const { return spec.attention.window; }
   bool ring() const { return storage == Storage::Ring; }
@@ -49,16 +49,13 @@ public:
   const Policy &policy() const { return policy_; }
   int32_t capacity() const { return policy_.capacity; }
   int32_t max_write() const { return policy_.max_write; }
+  int32_t page_rows() const { return policy_.page_rows; }
   int32_t n_caches() const { return int32_t(caches_.size()); }
   const CacheLayout &cache(CacheId id) const { return caches_.at(size_t(id)); }
   bool has_ring() const { return has_ring_; }
 
   // Storage rows cache `id` must hold so that positions [0, end) can be written and read.
   int32_t rows_required(CacheId id, int32_t end) const;
-  // Flat growth: from `current` rows, double (starting from at least 1) until `required` fits,
-  // clamped to the capacity. Returns `current` when it already suffices. Append-only: a row's
-  // index stays its position.
-  int32_t grown_rows(int32_t current, int32_t required) const;
   // The fewest rows any cache could hold and still serve a sequence of `length` tokens whose
   // next step writes up to max_write tokens: all of them on a full-attention layer, the last
   // window - 1 plus room for max_write on a sliding one. The floor our memory is measured against.

@@ -63,9 +63,9 @@ std::function<int()> add_bench(CLI::App &app) {
   struct Opts {
     std::string model, prompts = "512", gens = "128", depths = "0", kv_at, ctk = "f16", ctv = "f16",
                        attention = "grouped";
-    int32_t reps = 5, threads = 2, batch = 512;
+    int32_t reps = 5, threads = 2, batch = 512, kv_page = 64, kv_ctx = 0;
     uint64_t seed = 1;
-    bool no_warmup = false, paced = false, profile_ops = false;
+    bool no_warmup = false, paced = false, profile_ops = false, kv_scatter = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand(
@@ -97,6 +97,15 @@ std::function<int()> add_bench(CLI::App &app) {
                 "(weight matrix or op) to stderr; slows every step, so its t/s are not speeds");
   cmd->add_option("--kv-at", o->kv_at,
                   "only report the K/V bytes held at these context lengths (comma-separated)");
+  cmd->add_option("--kv-ctx", o->kv_ctx,
+                  "with --kv-at: the context (capacity) of the store; 0: each length itself")
+      ->capture_default_str();
+  cmd->add_flag("--kv-scatter", o->kv_scatter,
+                "interleave the measured sequence's pages with another's, so that no two of its "
+                "pages are adjacent (the worst layout for reading through page tables)");
+  cmd->add_option("--kv-page", o->kv_page,
+                  "rows of a page of flat KV storage; 0: one page per sequence (contiguous)")
+      ->capture_default_str();
   return [o]() -> int {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph bench: %s\n", m.c_str()), 1;
@@ -107,6 +116,12 @@ std::function<int()> add_bench(CLI::App &app) {
       if (!r->ok()) return fail(r->message());
     if (o->reps < 1 || o->threads < 1 || o->batch < 1)
       return fail("-r, -t and -b must be at least 1");
+    if (o->kv_page < 0 || o->kv_ctx < 0) return fail("--kv-page and --kv-ctx must not be negative");
+    // Pages of kv_page rows, or one page holding the whole capacity.
+    auto policy = [&](int32_t capacity) {
+      return cache::Policy{capacity, std::min(o->batch, capacity),
+                           o->kv_page > 0 ? o->kv_page : capacity};
+    };
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     auto kernel = kv::parse_attention_kernel(o->attention);
@@ -135,22 +150,28 @@ std::function<int()> add_bench(CLI::App &app) {
     if (!kv_at->empty()) {
       for (int32_t len : *kv_at) {
         if (len < 1) return fail("--kv-at lengths must be positive");
-        auto layout = model::make_layout(model, {len, std::min(o->batch, len), 256});
+        if (o->kv_ctx > 0 && len > o->kv_ctx)
+          return fail("--kv-at length " + std::to_string(len) + " exceeds --kv-ctx " +
+                      std::to_string(o->kv_ctx));
+        auto layout = model::make_layout(model, policy(o->kv_ctx > 0 ? o->kv_ctx : len));
         if (!layout.ok()) return fail(layout.message());
         auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
         if (!store.ok()) return fail(store.message());
         const kv::SeqId seq = *(*store)->create_sequence();
         if (Status st = (*store)->reserve(seq, len); !st.ok()) return fail(st.message());
-        // The accounting at length `len`: storage as grown to hold it; minimum at that length.
+        // The accounting at length `len`: the pages that hold it and the rings; the minimum at
+        // that length.
         const kv::MemoryUse mu = (*store)->memory(seq);
         const auto &lay = (*store)->layout();
         int64_t minimum = 0;
         for (cache::CacheId id = 0; id < lay.n_caches(); ++id)
           minimum += lay.min_rows(id, len) * int64_t(kv::k_row_bytes(lay, id, {*ctk, *ctv}) +
                                                      kv::v_row_bytes(lay, id, {*ctk, *ctv}));
-        std::printf("%s,\"test\":\"kv\",\"context\":%d,\"kv_held\":%lld,\"kv_min\":%lld,"
+        std::printf("%s,\"test\":\"kv\",\"context\":%d,\"kv_ctx\":%d,\"kv_page\":%d,"
+                    "\"kv_held\":%lld,\"kv_min\":%lld,"
                     "\"kv_buffers\":%lld,\"kv_ring\":%lld,\"kv_flat\":%lld,\"peak_rss\":%lld}\n",
-                    head.c_str(), len, (long long)mu.held, (long long)minimum,
+                    head.c_str(), len, lay.capacity(), lay.page_rows(), (long long)mu.held,
+                    (long long)minimum,
                     (long long)mu.buffers, (long long)mu.ring, (long long)mu.flat,
                     (long long)peak_rss_bytes());
         std::fflush(stdout);
@@ -173,7 +194,7 @@ std::function<int()> add_bench(CLI::App &app) {
       for (int32_t p : *prompts) longest = std::max(longest, p);
       for (int32_t n : *gens) longest = std::max(longest, n);
       const int32_t capacity = d + longest;
-      auto layout = model::make_layout(model, {capacity, std::min(o->batch, capacity), 256});
+      auto layout = model::make_layout(model, policy(capacity));
       if (!layout.ok()) return fail(layout.message());
       auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
       if (!store.ok()) return fail(store.message());
@@ -216,6 +237,13 @@ std::function<int()> add_bench(CLI::App &app) {
         }
         return ok_status();
       };
+      if (o->kv_scatter) { // pages taken in turn by seq and a bystander: seq gets every other one
+        const kv::SeqId other = *kv.create_sequence();
+        for (int32_t end = kv.page_rows(); end < capacity + kv.page_rows(); end += kv.page_rows())
+          for (kv::SeqId s : {seq, other})
+            if (Status st = kv.reserve(s, std::min(end, capacity)); !st.ok())
+              return fail(st.message());
+      }
       if (Status st = kv.reserve(seq, capacity); !st.ok()) return fail(st.message());
       if (!o->no_warmup) {
         const int32_t wp = prompts->empty() ? 0 : std::min((*prompts)[0], capacity - 1);

@@ -80,7 +80,7 @@ std::function<int()> add_logits(CLI::App &app) {
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     const int32_t capacity = int32_t(prompt.size()) + std::max(o->greedy, 1);
-    auto layout = model::make_layout(**m, {capacity, std::min(o->chunk, capacity), 256});
+    auto layout = model::make_layout(**m, {capacity, std::min(o->chunk, capacity)});
     if (!layout.ok()) return fail(layout.message());
     auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
     if (!store.ok()) return fail(store.message());

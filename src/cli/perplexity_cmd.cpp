@@ -88,7 +88,7 @@ std::function<int()> add_perplexity(CLI::App &app) {
     const int32_t n_batch = std::min(o->batch, n_ctx);
     // A step may write up to max_write rows; with max_write = n_ctx no sliding cache can be a ring
     // (window + n_ctx - 1 >= n_ctx), so every layer is stored in full, fed the same batches.
-    auto layout = model::make_layout(**m, {n_ctx, o->full ? n_ctx : n_batch, n_ctx});
+    auto layout = model::make_layout(**m, {n_ctx, o->full ? n_ctx : n_batch});
     if (!layout.ok()) return fail(layout.message());
     int n_ring = 0;
     for (int32_t i = 0; i < (*layout)->n_caches(); ++i) n_ring += (*layout)->cache(i).ring();

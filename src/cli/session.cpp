@@ -12,7 +12,7 @@ Result<std::unique_ptr<Session>> Session::create(const model::Model &model,
   options.max_write = std::min(options.max_write, options.ctx);
   s->options_ = options;
   auto layout =
-      model::make_layout(model, {options.ctx, options.max_write, std::min(options.ctx, 512)});
+      model::make_layout(model, {options.ctx, options.max_write});
   if (!layout.ok()) return layout.status();
   auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
   if (!store.ok()) return store.status();

@@ -14,8 +14,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
         "engine: context >= 2, max_write, step_tokens and max_active >= 1, max_cached >= 0");
   options.max_write = std::min(options.max_write, options.context);
   std::unique_ptr<Engine> e(new Engine(model, options));
-  auto layout = model::make_layout(
-      model, {options.context, options.max_write, std::min(options.context, 256)});
+  auto layout =
+      model::make_layout(model, {options.context, options.max_write, options.page_rows});
   if (!layout.ok()) return layout.status();
   auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
   if (!store.ok()) return store.status();
@@ -191,7 +191,7 @@ Status Engine::admit(Generation &a) {
     Cached c = std::move(cached_[best]);
     cached_.erase(cached_.begin() + long(best));
     Status s = best_by_snapshot ? store_->restore(c.seq, *c.prompt_snapshot)
-                                : store_->sequence(c.seq)->rewind(best_reuse);
+                                : store_->rewind(c.seq, best_reuse);
     if (s.ok()) {
       if (size_t(best_reuse) == prompt.size()) {
         // Nothing to compute: the first token is sampled from the stored logits, and the

@@ -11,6 +11,8 @@
 // merges the chunks' partials (the split-softmax identity). No approximation beyond f32 rounding.
 #pragma once
 
+#include "kv/row_map.h"
+
 #include "ggml.h"
 
 #include <cstdint>
@@ -20,28 +22,25 @@ namespace offgraph::kv {
 // Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take the tiled
 // kernel (kv/tiled_attention.h), whose products pay off at those shapes.
 inline constexpr int64_t kGroupedAttentionMaxTokens = 8;
-// And where at least this many query heads share a KV head; groups of 2-3 only over at least
-// kGroupedAttentionSmallGroupMinRows rows. Measured with paired, interleaved runs of the 0.4B
-// model (8 query heads on 4 KV heads, decode, docs/performance-log.md entry 16): at 16K rows the
-// grouped kernel is 4-5% faster than ggml's, at 4K 1% slower, at 0 equal; with 1-2 heads a group,
-// ggml's kernel streams the rows without converting them, which wins until the history is long.
-inline constexpr int64_t kGroupedAttentionMinGroup = 4;
-inline constexpr int64_t kGroupedAttentionSmallGroupMinRows = 8192;
-inline bool grouped_attention_applies(int64_t n_tokens, int64_t group, int64_t n_rows) {
-  return n_tokens <= kGroupedAttentionMaxTokens &&
-         (group >= kGroupedAttentionMinGroup ||
-          (group >= 2 && n_rows >= kGroupedAttentionSmallGroupMinRows));
+// And where query heads share a KV head (groups of 2 and more). Groups of 2-3 once went to ggml's
+// kernel below 8,192 rows, where it was up to 1% faster (docs/performance-log.md entry 16); with
+// paged storage that choice would have depended on where a sequence's pages lie (ggml's kernel
+// reads scattered pages as a masked range of pool rows, twice as many or more), and so would its
+// results. Groups of 1 (MHA) go to ggml's kernel, which streams rows without converting them.
+inline bool grouped_attention_applies(int64_t n_tokens, int64_t group) {
+  return n_tokens <= kGroupedAttentionMaxTokens && group >= 2;
 }
 
 // Parameters the ops read at compute time; must outlive the graph's computation.
 struct GroupedAttentionParams {
   float scale = 1.0f;
   int32_t chunk_rows = 256; // rows per work item (per KV head)
+  RowMap rows;              // where k and v's rows are (paged flat storage)
 };
 
 // q [D_k, H_q, T] f32 (any strides); k [D_k, n_rows, H_kv] and v [D_v, n_rows, H_kv] in any
 // storage type with a row conversion to f32 (views of the cache: row j of head g at
-// j * nb[1] + g * nb[2]); mask [n_rows, >= T] f16 added to the scores, or null (all visible).
+// params->rows(j) * nb[1] + g * nb[2]); mask [n_rows, >= T] f16 added to the scores, or null (all visible).
 // Returns [D_v, H_q, T] f32, as ggml_flash_attn_ext does.
 ggml_tensor *grouped_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
                                ggml_tensor *mask, const GroupedAttentionParams *params);

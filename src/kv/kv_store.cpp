@@ -1,6 +1,10 @@
 #include "kv/kv_store.h"
 
 #include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -15,17 +19,8 @@ Result<AttentionKernel> parse_attention_kernel(std::string_view name) {
 }
 
 using cache::CacheId;
-
-MemoryUse &MemoryUse::operator+=(const MemoryUse &o) {
-  held += o.held;
-  minimum += o.minimum;
-  buffers += o.buffers;
-  flat += o.flat;
-  ring += o.ring;
-  k += o.k;
-  v += o.v;
-  return *this;
-}
+using cache::PageId;
+using cache::PageTable;
 
 int64_t Pool::buffer_bytes() const {
   return buffer ? int64_t(ggml_backend_buffer_get_size(buffer.get())) : 0;
@@ -54,17 +49,95 @@ void copy_rows(ggml_tensor *src, int32_t src_row, ggml_tensor *dst, int32_t dst_
   ggml_backend_tensor_copy(from, to);
 }
 
+KvStore::Mapping::~Mapping() {
+  if (addr) munmap(addr, bytes);
+}
+
 KvStore::KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
-                 ggml_backend_buffer_type_t buft)
-    : layout_(std::move(layout)), types_(types), buft_(buft) {}
+                 ggml_backend_buffer_type_t buft, int32_t max_pages)
+    : layout_(std::move(layout)), types_(types), buft_(buft), allocator_(max_pages) {}
+
+KvStore::~KvStore() = default;
 
 Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::Layout> layout,
                                                  StorageTypes types,
-                                                 ggml_backend_buffer_type_t buft) {
+                                                 ggml_backend_buffer_type_t buft,
+                                                 int32_t max_pages) {
   if (!layout) return Status::error("kv store: no layout");
   if (!buft) return Status::error("kv store: no backend buffer type");
+  if (max_pages < 0) return Status::error("kv store: max_pages must not be negative");
   if (Status s = check_storage_types(*layout, types); !s.ok()) return s;
-  return std::unique_ptr<KvStore>(new KvStore(std::move(layout), types, buft));
+  int64_t page_bytes = 0;
+  for (CacheId c = 0; c < layout->n_caches(); ++c)
+    if (!layout->cache(c).ring())
+      page_bytes += int64_t(layout->page_rows()) *
+                    int64_t(k_row_bytes(*layout, c, types) + v_row_bytes(*layout, c, types));
+  if (max_pages == 0 && page_bytes > 0) {
+    const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+    max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
+  }
+  std::unique_ptr<KvStore> store(new KvStore(std::move(layout), types, buft, max_pages));
+  store->page_bytes_ = page_bytes;
+  if (Status s = store->make_page_pool(); !s.ok()) return s;
+  return store;
+}
+
+Status KvStore::make_page_pool() {
+  const int32_t n = layout_->n_caches();
+  pages_.k.assign(size_t(n), nullptr);
+  pages_.v.assign(size_t(n), nullptr);
+  if (page_bytes_ == 0) return ok_status(); // no flat caches
+  ggml_init_params params = {size_t(2 * n) * ggml_tensor_overhead(), nullptr, true};
+  pages_.ctx.reset(ggml_init(params));
+  if (!pages_.ctx) return Status::error("kv store: could not create a ggml context");
+  const bool reserve = buft_ == ggml_backend_cpu_buffer_type();
+  for (int32_t max_pages = allocator_.max_pages(); max_pages > 0; max_pages /= 2) {
+    const int64_t rows = int64_t(max_pages) * layout_->page_rows();
+    std::vector<ggml_tensor *> tensors;
+    for (CacheId c = 0; c < n; ++c) {
+      if (layout_->cache(c).ring()) continue;
+      const cache::CacheSpec &s = layout_->cache(c).spec;
+      pages_.k[size_t(c)] =
+          ggml_new_tensor_2d(pages_.ctx.get(), types_.k, s.k_elements_per_token(), rows);
+      pages_.v[size_t(c)] =
+          ggml_new_tensor_2d(pages_.ctx.get(), types_.v, s.v_elements_per_token(), rows);
+      ggml_format_name(pages_.k[size_t(c)], "cache_k_%d", c);
+      ggml_format_name(pages_.v[size_t(c)], "cache_v_%d", c);
+      tensors.push_back(pages_.k[size_t(c)]);
+      tensors.push_back(pages_.v[size_t(c)]);
+    }
+    if (reserve) {
+      // Address space only: the OS backs a page of it when first written (anonymous memory reads
+      // as zeros, so rows never written are finite, as the tiled kernel's sums need).
+      constexpr size_t kAlign = 4096;
+      size_t bytes = 0;
+      for (ggml_tensor *t : tensors) bytes += GGML_PAD(ggml_nbytes(t), kAlign);
+      void *addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (addr != MAP_FAILED) {
+        mapping_.addr = addr, mapping_.bytes = bytes;
+        pages_.buffer.reset(ggml_backend_cpu_buffer_from_ptr(addr, bytes));
+        size_t at = 0;
+        for (ggml_tensor *t : tensors) {
+          GGML_ASSERT(ggml_backend_tensor_alloc(pages_.buffer.get(), t,
+                                                static_cast<char *>(addr) + at) ==
+                      GGML_STATUS_SUCCESS);
+          at += GGML_PAD(ggml_nbytes(t), kAlign);
+        }
+      }
+    } else {
+      pages_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(pages_.ctx.get(), buft_));
+      if (pages_.buffer) ggml_backend_buffer_clear(pages_.buffer.get(), 0);
+    }
+    if (pages_.buffer) {
+      allocator_ = cache::PageAllocator(max_pages);
+      return ok_status();
+    }
+    // Too large for this machine's address space or device: try half as many pages.
+    pages_.ctx.reset(ggml_init(params));
+  }
+  return Status::error("kv store: could not reserve a page pool of even one page (" +
+                       std::to_string(page_bytes_) + " bytes)");
 }
 
 Status KvStore::set_ring_order(RingOrder order) {
@@ -78,42 +151,45 @@ Status KvStore::set_ring_order(RingOrder order) {
   return ok_status();
 }
 
-int32_t KvStore::pool_rows(CacheId c, bool ring, int32_t flat_rows) const {
-  return ring ? layout_->cache(c).max_rows : flat_rows;
-}
-
-int64_t KvStore::pool_bytes(bool ring, int32_t flat_rows) const {
+int64_t KvStore::ring_pool_bytes() const {
   int64_t bytes = 0;
   for (CacheId c = 0; c < layout_->n_caches(); ++c)
-    if (layout_->cache(c).ring() == ring)
-      bytes += int64_t(pool_rows(c, ring, flat_rows)) *
+    if (layout_->cache(c).ring())
+      bytes += int64_t(layout_->cache(c).max_rows) *
                int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
   return bytes;
 }
 
-Result<Pool> KvStore::make_pool(bool ring, int32_t rows, int64_t extra_bytes_in_use) {
+int64_t KvStore::bytes_in_use() const {
+  int64_t bytes = int64_t(allocator_.in_use()) * page_bytes_ + *snapshot_bytes_;
+  for (const auto &[id, e] : entries_) bytes += e->ring.buffer_bytes();
+  return bytes;
+}
+
+Status KvStore::check_budget(int64_t more, const char *what) const {
+  if (budget_ <= 0 || more <= 0) return ok_status();
+  const int64_t in_use = bytes_in_use();
+  if (in_use + more <= budget_) return ok_status();
+  return Status::error("kv store: " + std::to_string(more) + " more bytes of " + what +
+                       " would exceed the memory budget of " + std::to_string(budget_) +
+                       " bytes (" + std::to_string(in_use) + " in use)");
+}
+
+Result<Pool> KvStore::make_ring_pool() {
   Pool pool;
-  pool.rows = ring ? 0 : rows;
   pool.k.assign(size_t(layout_->n_caches()), nullptr);
   pool.v.assign(size_t(layout_->n_caches()), nullptr);
   int n_tensors = 0;
-  for (CacheId c = 0; c < layout_->n_caches(); ++c)
-    n_tensors += 2 * (layout_->cache(c).ring() == ring);
-  if ((!ring && rows == 0) || n_tensors == 0) return pool;
-
-  const int64_t need = pool_bytes(ring, rows);
-  if (budget_ > 0 && memory().buffers + memory().snapshots + extra_bytes_in_use + need > budget_)
-    return Status::error("kv store: " + std::to_string(need) + " more bytes of " +
-                         (ring ? "ring" : "flat") + " storage would exceed the memory budget of " +
-                         std::to_string(budget_) + " bytes (" + std::to_string(memory().buffers) +
-                         " in use)");
+  for (CacheId c = 0; c < layout_->n_caches(); ++c) n_tensors += 2 * layout_->cache(c).ring();
+  if (n_tensors == 0) return pool;
+  if (Status s = check_budget(ring_pool_bytes(), "ring storage"); !s.ok()) return s;
   ggml_init_params params = {size_t(n_tensors) * ggml_tensor_overhead(), nullptr, true};
   pool.ctx.reset(ggml_init(params));
   if (!pool.ctx) return Status::error("kv store: could not create a ggml context");
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
-    if (layout_->cache(c).ring() != ring) continue;
+    if (!layout_->cache(c).ring()) continue;
     const cache::CacheSpec &s = layout_->cache(c).spec;
-    const int32_t n = pool_rows(c, ring, rows);
+    const int32_t n = layout_->cache(c).max_rows;
     pool.k[size_t(c)] = ggml_new_tensor_2d(pool.ctx.get(), types_.k, s.k_elements_per_token(), n);
     pool.v[size_t(c)] = ggml_new_tensor_2d(pool.ctx.get(), types_.v, s.v_elements_per_token(), n);
     ggml_format_name(pool.k[size_t(c)], "cache_k_%d", c);
@@ -121,12 +197,28 @@ Result<Pool> KvStore::make_pool(bool ring, int32_t rows, int64_t extra_bytes_in_
   }
   pool.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(pool.ctx.get(), buft_));
   if (!pool.buffer)
-    return Status::error("kv store: could not allocate " + std::to_string(need) + " bytes of " +
-                         (ring ? "ring" : "flat") + " storage");
+    return Status::error("kv store: could not allocate " + std::to_string(ring_pool_bytes()) +
+                         " bytes of ring storage");
   // Rows never written must hold finite values: attention skips masked rows, but a NaN in one
   // would still poison a tiled kernel's sums.
   ggml_backend_buffer_clear(pool.buffer.get(), 0);
   return pool;
+}
+
+void KvStore::copy_page(PageId from, PageId to, int32_t n) {
+  const int32_t p = layout_->page_rows();
+  for (CacheId c = 0; c < layout_->n_caches(); ++c) {
+    if (!pages_.k[size_t(c)]) continue;
+    copy_rows(pages_.k[size_t(c)], from * p, pages_.k[size_t(c)], to * p, n);
+    copy_rows(pages_.v[size_t(c)], from * p, pages_.v[size_t(c)], to * p, n);
+  }
+}
+
+void KvStore::release_pages(PageTable &table, size_t keep) {
+  while (table.pages.size() > keep) {
+    allocator_.release(table.pages.back());
+    table.pages.pop_back();
+  }
 }
 
 Result<SeqId> KvStore::insert(Entry entry) {
@@ -138,17 +230,17 @@ Result<SeqId> KvStore::insert(Entry entry) {
 
 Result<SeqId> KvStore::create_sequence() {
   Entry e(layout_);
-  auto ring = make_pool(true, 0, 0);
+  auto ring = make_ring_pool();
   if (!ring.ok()) return ring.status();
-  auto flat = make_pool(false, flat_initial_rows(), ring->buffer_bytes());
-  if (!flat.ok()) return flat.status();
   e.ring = std::move(ring).value();
-  e.flat = std::move(flat).value();
   return insert(std::move(e));
 }
 
 Status KvStore::remove_sequence(SeqId id) {
-  if (!entries_.erase(id)) return Status::error(unknown(id));
+  Entry *e = find(id);
+  if (!e) return Status::error(unknown(id));
+  release_pages(e->table, 0);
+  entries_.erase(id);
   return ok_status();
 }
 
@@ -187,19 +279,38 @@ Status KvStore::reserve(SeqId id, int32_t end) {
   if (end > layout_->capacity())
     return Status::error("kv store: " + std::to_string(end) + " positions exceed the capacity " +
                          std::to_string(layout_->capacity()));
-  const int32_t rows = layout_->grown_rows(e->flat.rows, end);
-  if (rows == e->flat.rows) return ok_status();
-  auto grown = make_pool(false, rows, 0);
-  if (!grown.ok()) return grown.status();
-  // Rows at or above the length hold nothing anyone will read again, so only the live prefix
-  // moves. Flat rows are indexed by position: growth is append-only.
-  const int32_t live = std::min(e->seq.length(), e->flat.rows);
-  for (CacheId c = 0; c < layout_->n_caches(); ++c) {
-    if (!e->flat.k[size_t(c)]) continue;
-    copy_rows(e->flat.k[size_t(c)], 0, grown->k[size_t(c)], 0, live);
-    copy_rows(e->flat.v[size_t(c)], 0, grown->v[size_t(c)], 0, live);
+  if (page_bytes_ == 0) return ok_status();
+  const int32_t p = layout_->page_rows(), length = e->seq.length();
+  std::vector<PageId> &pages = e->table.pages;
+  // Held pages from the one the first write lands in are written; shared ones are copied first.
+  const size_t first = size_t(length / p), need = size_t(PageTable::pages_for(end, p));
+  int32_t fresh = int32_t(need > pages.size() ? need - pages.size() : 0);
+  for (size_t i = first; i < std::min(need, pages.size()); ++i)
+    fresh += allocator_.refs(pages[i]) > 1;
+  if (fresh == 0) return ok_status();
+  if (Status s = check_budget(int64_t(fresh) * page_bytes_, "flat pages"); !s.ok()) return s;
+  if (allocator_.in_use() + fresh > allocator_.max_pages())
+    return Status::error("kv store: the page pool is exhausted (" +
+                         std::to_string(allocator_.in_use()) + " of " +
+                         std::to_string(allocator_.max_pages()) + " pages of " +
+                         std::to_string(page_bytes_) + " bytes in use; " + std::to_string(fresh) +
+                         " more needed)");
+  for (size_t i = first; i < std::min(need, pages.size()); ++i) {
+    if (allocator_.refs(pages[i]) < 2) continue;
+    const PageId copy = *allocator_.allocate();
+    copy_page(pages[i], copy, std::clamp<int32_t>(length - int32_t(i) * p, 0, p)); // live rows
+    allocator_.release(pages[i]);
+    pages[i] = copy;
   }
-  e->flat = std::move(grown).value(); // the old buffer is freed only now, after every copy
+  while (pages.size() < need) pages.push_back(*allocator_.allocate());
+  return ok_status();
+}
+
+Status KvStore::rewind(SeqId id, int32_t length) {
+  Entry *e = find(id);
+  if (!e) return Status::error(unknown(id));
+  if (Status s = e->seq.rewind(length); !s.ok()) return s;
+  release_pages(e->table, size_t(PageTable::pages_for(length, layout_->page_rows())));
   return ok_status();
 }
 
@@ -210,19 +321,21 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
   if (!plan.ok()) return plan.status();
   Entry child(layout_);
   child.seq = s->seq.forked(*plan);
-  auto ring = make_pool(true, 0, 0);
+  auto ring = make_ring_pool();
   if (!ring.ok()) return ring.status();
-  auto flat = make_pool(false, layout_->grown_rows(flat_initial_rows(), n), ring->buffer_bytes());
-  if (!flat.ok()) return flat.status();
   child.ring = std::move(ring).value();
-  child.flat = std::move(flat).value();
+  // Flat caches: the prefix's pages, shared. Rings: the rows the plan lists.
+  const size_t shared = page_bytes_ > 0 ? size_t(PageTable::pages_for(n, layout_->page_rows())) : 0;
+  for (size_t i = 0; i < shared; ++i) {
+    allocator_.retain(s->table.pages[i]);
+    child.table.pages.push_back(s->table.pages[i]);
+  }
   for (const cache::CacheRows &cr : plan->copies) {
+    if (!layout_->cache(cr.cache).ring()) continue;
     const size_t c = size_t(cr.cache);
-    Pool &from = layout_->cache(cr.cache).ring() ? s->ring : s->flat;
-    Pool &to = layout_->cache(cr.cache).ring() ? child.ring : child.flat;
     for (const cache::Run &r : cr.rows) {
-      copy_rows(from.k[c], r.start, to.k[c], r.start, r.len);
-      copy_rows(from.v[c], r.start, to.v[c], r.start, r.len);
+      copy_rows(s->ring.k[c], r.start, child.ring.k[c], r.start, r.len);
+      copy_rows(s->ring.v[c], r.start, child.ring.v[c], r.start, r.len);
     }
   }
   return insert(std::move(child));
@@ -251,10 +364,7 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {
   }
   const int64_t need =
       int64_t(ggml_backend_alloc_ctx_tensors_from_buft_size(snap->rows_.ctx.get(), buft_));
-  if (budget_ > 0 && memory().buffers + memory().snapshots + need > budget_)
-    return Status::error("kv store: a snapshot of " + std::to_string(need) +
-                         " bytes would exceed the memory budget of " + std::to_string(budget_) +
-                         " bytes");
+  if (Status s = check_budget(need, "ring snapshot"); !s.ok()) return s;
   snap->rows_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(snap->rows_.ctx.get(), buft_));
   if (!snap->rows_.buffer) return Status::error("kv store: could not allocate a ring snapshot");
   snap->live_bytes_ = snapshot_bytes_;
@@ -294,49 +404,87 @@ MemoryUse KvStore::memory(SeqId id) const {
   const Entry *e = find(id);
   if (!e) return m;
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
-    const bool ring = layout_->cache(c).ring();
     const int64_t rows = storage_rows(id, c);
     const int64_t kb = int64_t(k_row_bytes(*layout_, c, types_));
     const int64_t vb = int64_t(v_row_bytes(*layout_, c, types_));
     m.k += rows * kb;
     m.v += rows * vb;
-    (ring ? m.ring : m.flat) += rows * (kb + vb);
+    (layout_->cache(c).ring() ? m.ring : m.flat) += rows * (kb + vb);
     m.minimum += layout_->min_rows(c, e->seq.length()) * (kb + vb);
   }
   m.held = m.k + m.v;
-  m.buffers = e->flat.buffer_bytes() + e->ring.buffer_bytes();
+  m.pages = int64_t(e->table.pages.size());
+  for (PageId page : e->table.pages) m.shared_pages += allocator_.refs(page) > 1;
+  m.buffers = e->ring.buffer_bytes() + m.pages * page_bytes_;
   return m;
 }
 
 MemoryUse KvStore::memory() const {
   MemoryUse m;
-  for (const auto &[id, e] : entries_) m += memory(id);
+  const int32_t p = layout_->page_rows();
+  int64_t flat_row_k = 0, flat_row_v = 0;
+  for (CacheId c = 0; c < layout_->n_caches(); ++c)
+    if (!layout_->cache(c).ring()) {
+      flat_row_k += int64_t(k_row_bytes(*layout_, c, types_));
+      flat_row_v += int64_t(v_row_bytes(*layout_, c, types_));
+    }
+  // Rings per sequence; each flat page once, with the most rows any holder uses of it.
+  std::map<PageId, int32_t> used;
+  for (const auto &[id, e] : entries_) {
+    const MemoryUse one = memory(id);
+    m.ring += one.ring;
+    m.buffers += e->ring.buffer_bytes();
+    for (CacheId c = 0; c < layout_->n_caches(); ++c)
+      if (layout_->cache(c).ring())
+        m.minimum += layout_->min_rows(c, e->seq.length()) *
+                     int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
+    const int32_t length = e->seq.length();
+    for (size_t i = 0; i < e->table.pages.size(); ++i) {
+      int32_t &rows = used[e->table.pages[i]];
+      rows = std::max(rows, std::clamp(length - int32_t(i) * p, 0, p));
+    }
+  }
+  for (const auto &[page, rows] : used) m.minimum += int64_t(rows) * (flat_row_k + flat_row_v);
+  m.pages = allocator_.in_use();
+  m.shared_pages = allocator_.shared();
+  m.flat = m.pages * page_bytes_;
+  m.k = m.pages * p * flat_row_k;
+  m.v = m.pages * p * flat_row_v;
+  for (CacheId c = 0; c < layout_->n_caches(); ++c)
+    if (layout_->cache(c).ring()) {
+      const int64_t seqs = int64_t(entries_.size()) * layout_->cache(c).max_rows;
+      m.k += seqs * int64_t(k_row_bytes(*layout_, c, types_));
+      m.v += seqs * int64_t(v_row_bytes(*layout_, c, types_));
+    }
+  m.held = m.flat + m.ring;
+  m.buffers += m.flat;
   m.snapshots = *snapshot_bytes_;
   return m;
 }
 
 ggml_tensor *KvStore::k_storage(SeqId id, CacheId c) const {
   const Entry *e = find(id);
-  return e ? (layout_->cache(c).ring() ? e->ring : e->flat).k[size_t(c)] : nullptr;
+  return e ? (layout_->cache(c).ring() ? e->ring : pages_).k[size_t(c)] : nullptr;
 }
 ggml_tensor *KvStore::v_storage(SeqId id, CacheId c) const {
   const Entry *e = find(id);
-  return e ? (layout_->cache(c).ring() ? e->ring : e->flat).v[size_t(c)] : nullptr;
+  return e ? (layout_->cache(c).ring() ? e->ring : pages_).v[size_t(c)] : nullptr;
 }
 int32_t KvStore::storage_rows(SeqId id, CacheId c) const {
-  const ggml_tensor *k = k_storage(id, c);
-  return k ? int32_t(k->ne[1]) : 0;
+  const Entry *e = find(id);
+  if (!e) return 0;
+  if (layout_->cache(c).ring()) return layout_->cache(c).max_rows;
+  return int32_t(e->table.pages.size()) * layout_->page_rows();
+}
+
+const PageTable *KvStore::page_table(SeqId id) const {
+  const Entry *e = find(id);
+  return e ? &e->table : nullptr;
 }
 
 int64_t KvStore::peak_bytes_at_length(int32_t length) const {
-  const int32_t initial = flat_initial_rows();
-  const int32_t rows = layout_->grown_rows(initial, std::min(length, layout_->capacity()));
-  const int32_t before = rows > initial ? std::max(initial, rows / 2) : 0;
-  return pool_bytes(true, 0) + pool_bytes(false, rows) + (before ? pool_bytes(false, before) : 0);
-}
-
-int32_t KvStore::flat_initial_rows() const {
-  return std::min(layout_->policy().initial_rows, layout_->capacity());
+  const int32_t rows = std::min(length, layout_->capacity());
+  return ring_pool_bytes() + int64_t(PageTable::pages_for(rows, layout_->page_rows())) * page_bytes_;
 }
 
 } // namespace offgraph::kv

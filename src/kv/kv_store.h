@@ -1,11 +1,14 @@
-// KvStore: the bytes behind the cache core. For each sequence it owns K and V storage per cache
-// id in ggml backend buffers (shared layers own none), grows flat storage by transactional
-// doubling, copies prefixes for forks, saves and restores ring snapshots, and accounts for every
-// byte against the theoretical minimum. The graph side lives in step.h.
+// KvStore: the bytes behind the cache core. Flat caches live in pages of one store-wide pool
+// (cache/pages.h): each sequence has a page table, growth appends pages (no copy), a fork shares
+// every page of the prefix, and a write into a shared page copies it first. Rings stay per
+// sequence (their size is fixed). The store also saves and restores ring snapshots and accounts
+// for every byte against the theoretical minimum, shared pages counted once. The graph side lives
+// in step.h.
 #pragma once
 
 #include "base/status.h"
 #include "cache/layout.h"
+#include "cache/pages.h"
 #include "cache/sequence.h"
 #include "kv/storage_types.h"
 
@@ -38,9 +41,11 @@ enum class AttentionKernel { Grouped, GroupedDecodeOnly, Ggml };
 // "grouped", "grouped-decode" or "ggml"; an error naming the choices otherwise.
 Result<AttentionKernel> parse_attention_kernel(std::string_view name);
 
-// Bytes of K/V storage. `held` counts rows allocated times their row bytes; `minimum` what the
-// current lengths need at the least (cache::Layout::min_rows); `buffers` what the backend
-// buffers take, alignment included.
+// Bytes of K/V storage. `held` counts rows held times their row bytes (flat: whole pages);
+// `minimum` what the current lengths need at the least (cache::Layout::min_rows); `buffers` what
+// the ring buffers take, alignment included, plus the pages in use. Per sequence, every page it
+// holds counts, shared or not; for the whole store a shared page counts once, and so does the
+// minimum of a prefix that several sequences share (per page, the most rows any holder uses).
 struct MemoryUse {
   int64_t snapshots = 0; // buffers of live snapshots (store-wide figure only)
   int64_t held = 0;
@@ -48,17 +53,16 @@ struct MemoryUse {
   int64_t buffers = 0;
   int64_t flat = 0, ring = 0; // held, by cache kind
   int64_t k = 0, v = 0;       // held, by tensor (in the K and V storage types)
-
-  MemoryUse &operator+=(const MemoryUse &o);
+  int64_t pages = 0;          // flat pages held (store-wide: in use)
+  int64_t shared_pages = 0;   // of those, pages another table also holds
 };
 
-// One backend buffer holding the K and V tensors of a set of caches: the flat ones (all with the
-// same row count, which grows) or the rings (each with its own ring size, fixed).
+// One backend buffer holding the ring caches of one sequence (each at its ring size, fixed), or a
+// snapshot's saved rows.
 struct Pool {
   ggml_context_ptr ctx;
   ggml_backend_buffer_ptr buffer;
-  int32_t rows = 0;                // flat pools: rows of every tensor
-  std::vector<ggml_tensor *> k, v; // by cache id; null where the cache lives in the other pool
+  std::vector<ggml_tensor *> k, v; // by cache id (snapshots: by entry); null for flat caches
 
   int64_t buffer_bytes() const;
 };
@@ -81,9 +85,14 @@ private:
 class KvStore {
 public:
   // `buft` is where storage lives (the CPU buffer type now). Types are checked against the layout.
+  // The page pool holds up to `max_pages` pages (0: as many as physical memory can hold). On the
+  // CPU buffer type it is reserved address space that the OS backs only where pages are written,
+  // so an unused reservation costs nothing; on other buffer types it is allocated in full.
   static Result<std::unique_ptr<KvStore>> create(std::shared_ptr<const cache::Layout> layout,
                                                  StorageTypes types,
-                                                 ggml_backend_buffer_type_t buft);
+                                                 ggml_backend_buffer_type_t buft,
+                                                 int32_t max_pages = 0);
+  ~KvStore();
 
   const cache::Layout &layout() const { return *layout_; }
   std::shared_ptr<const cache::Layout> shared_layout() const { return layout_; }
@@ -96,8 +105,7 @@ public:
   void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
   AttentionKernel attention_kernel() const { return attention_kernel_; }
 
-  // A new empty sequence: rings allocated in full, flat caches at the initial size. Ids are the
-  // lowest unused.
+  // A new empty sequence: rings allocated in full, no pages yet. Ids are the lowest unused.
   Result<SeqId> create_sequence();
   Status remove_sequence(SeqId id);
   std::vector<SeqId> sequence_ids() const;
@@ -105,11 +113,16 @@ public:
   cache::Sequence *sequence(SeqId id);
   const cache::Sequence *sequence(SeqId id) const;
 
-  // Grows the flat storage of `id` so that positions [0, end) fit: doubling, clamped to the
-  // capacity, copying the live rows. All or nothing: on failure the sequence is untouched.
+  // Makes positions [length, end) of `id` writable: appends the pages they need and copies every
+  // page they touch that another table also holds (copy on write: its rows before the length).
+  // All or nothing: on failure (budget, pool exhausted, capacity) the sequence is untouched.
   Status reserve(SeqId id, int32_t end);
+  // The core's rewind (refusals and all), then the pages wholly past the new length go back.
+  Status rewind(SeqId id, int32_t length);
 
-  // A new sequence holding the first n positions of `src` (refused per the core's fork rule).
+  // A new sequence holding the first n positions of `src` (refused per the core's fork rule): its
+  // page table shares every page of the prefix (the last one is copied only when either side
+  // writes into it); ring rows are copied.
   Result<SeqId> fork(SeqId src, int32_t n);
   // Saves the ring rows that let restore() return `id` to its current length later.
   Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
@@ -117,31 +130,50 @@ public:
 
   // Per sequence (snapshots not included), and for the whole store (snapshots included).
   MemoryUse memory(SeqId id) const;
-  // The most one sequence holds on its way to `length` positions: rings in full, flat storage
-  // as grown by doubling, plus the old flat storage that lives on during the last growth's copy.
-  // What admission sets aside for a request.
+  // The most one sequence holds on its way to `length` positions: rings in full and the pages of
+  // `length` rows. What admission sets aside for a request.
   int64_t peak_bytes_at_length(int32_t length) const;
   MemoryUse memory() const;
 
-  // Storage of one cache of one sequence, for the graph fragment.
+  // Storage of one cache of one sequence, for the graph fragment: a ring's own tensors, or, for a
+  // flat cache, the pool's (the page table says which rows are the sequence's).
   ggml_tensor *k_storage(SeqId id, cache::CacheId c) const;
   ggml_tensor *v_storage(SeqId id, cache::CacheId c) const;
+  // Rows held: the ring size, or the pages' rows.
   int32_t storage_rows(SeqId id, cache::CacheId c) const;
+  // The flat caches' page table of `id` (null for an unknown id).
+  const cache::PageTable *page_table(SeqId id) const;
+  int32_t page_rows() const { return layout_->page_rows(); }
+  // Bytes of one page: page_rows rows of every flat cache, K and V.
+  int64_t page_bytes() const { return page_bytes_; }
+  const cache::PageAllocator &pages() const { return allocator_; }
 
 private:
   struct Entry {
     explicit Entry(std::shared_ptr<const cache::Layout> l) : seq(std::move(l)) {}
     cache::Sequence seq;
-    Pool flat, ring;
+    Pool ring;
+    cache::PageTable table;
+  };
+  // The pool's memory when it is reserved address space (CPU): unmapped after the buffer is gone.
+  struct Mapping {
+    void *addr = nullptr;
+    size_t bytes = 0;
+    ~Mapping();
   };
 
   KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
-          ggml_backend_buffer_type_t buft);
-  // A pool of the ring caches (each at its ring size) or of the flat caches at flat_rows rows.
-  Result<Pool> make_pool(bool ring, int32_t flat_rows, int64_t extra_bytes_in_use);
-  int32_t pool_rows(cache::CacheId c, bool ring, int32_t flat_rows) const;
-  int64_t pool_bytes(bool ring, int32_t flat_rows) const;
-  int32_t flat_initial_rows() const;
+          ggml_backend_buffer_type_t buft, int32_t max_pages);
+  Status make_page_pool();
+  // The ring caches of one sequence, each at its ring size.
+  Result<Pool> make_ring_pool();
+  int64_t ring_pool_bytes() const;
+  // Refuses `more` bytes beyond what is in use when they would pass the budget.
+  Status check_budget(int64_t more, const char *what) const;
+  int64_t bytes_in_use() const;
+  // Copies rows [0, n) of page `from` into page `to`, on every flat cache.
+  void copy_page(cache::PageId from, cache::PageId to, int32_t n);
+  void release_pages(cache::PageTable &table, size_t keep);
   const Entry *find(SeqId id) const;
   Entry *find(SeqId id);
   Result<SeqId> insert(Entry entry);
@@ -151,6 +183,11 @@ private:
   StorageTypes types_;
   ggml_backend_buffer_type_t buft_;
   int64_t budget_ = 0;
+  // The page pool: per flat cache one K and one V tensor of max_pages * page_rows rows.
+  cache::PageAllocator allocator_;
+  int64_t page_bytes_ = 0;
+  Mapping mapping_; // declared before the buffer, so destroyed after it
+  Pool pages_;
   // Bytes held by live snapshots; shared with them so that dropping one updates the tally.
   std::shared_ptr<std::atomic<int64_t>> snapshot_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   int steps_in_flight_ = 0;

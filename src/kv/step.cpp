@@ -71,8 +71,11 @@ ggml_tensor *Step::write_indices(ggml_context *ctx, int32_t span, const StepPlan
   std::vector<uint8_t> bytes(size_t(plan.n_tokens) * sizeof(int64_t));
   int64_t *rows = reinterpret_cast<int64_t *>(bytes.data());
   int32_t i = 0;
+  // A flat cache's row is its position, found through the page table.
+  const cache::PageTable *table = ring_rows ? nullptr : store_.page_table(spans_[size_t(span)].seq);
   for (const cache::Run &r : plan.write)
-    for (int32_t row = r.start; row < r.end(); ++row) rows[i++] = row;
+    for (int32_t row = r.start; row < r.end(); ++row)
+      rows[i++] = table ? table->pool_row(row, store_.page_rows()) : row;
   ggml_tensor *t = input(ctx, GGML_TYPE_I64, plan.n_tokens, 1, std::move(bytes));
   ggml_format_name(t, "kv_rows_s%d_r%d", span, ring_rows);
   indices_.emplace(key, t);
@@ -82,7 +85,7 @@ ggml_tensor *Step::write_indices(ggml_context *ctx, int32_t span, const StepPlan
 ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan,
                         const RowLabels &rows) {
   const int32_t window = store_.layout().cache(plan.cache).window();
-  auto key = std::tuple{span,           rows.ring_rows,
+  auto key = std::tuple{span,           rows.labels ? -1 : rows.ring_rows,
                         window,         rows.ring_rows ? plan.high_water_after : rows.first_label,
                         rows.first_row, rows.n_rows};
   if (auto it = masks_.find(key); it != masks_.end()) return it->second;
@@ -108,6 +111,14 @@ void Step::fill_mask(const PendingMask &pm, ggml_fp16_t *m) {
   for (int32_t i = 0; i < pm.n_tokens; ++i) {
     const int32_t p = pm.position + i;
     uint16_t *row = reinterpret_cast<uint16_t *>(m) + size_t(i) * n;
+    if (rows.labels) {
+      for (size_t j = 0; j < n; ++j) {
+        const int32_t l = (*rows.labels)[j];
+        const bool see = l >= 0 && l <= p && (pm.window == 0 || p - l < pm.window);
+        row[j] = see ? visible : hidden;
+      }
+      continue;
+    }
     if (rows.ring_rows == 0) {
       // Consecutive labels: the visible rows are one run [lo, hi); fill three runs.
       const int64_t first = rows.first_label;
@@ -175,15 +186,18 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     ggml_tensor *v_written = ggml_set_rows(ctx, v_store, v_rows, write_rows);
 
     // (b) the rows to attend, as views of the written tensors (so attention depends on the
-    // writes): a flat cache's contiguous read run; a ring's slots in physical order (only those
-    // ever written), labelled by position in the mask, with no copy; or, in logical ring order,
-    // the read runs oldest first (two runs joined by a copy when the read wraps).
+    // writes): a ring's slots in physical order (only those ever written), labelled by position
+    // in the mask, with no copy; or, in logical ring order, the read runs oldest first (two runs
+    // joined by a copy when the read wraps); a flat cache's read run through its page table
+    // (offgraph's kernels), or, for ggml's kernel, the pool rows spanning the run's pages with
+    // every row not in the run masked.
     const cache::CacheLayout &cl = layout.cache(id);
     auto rows_view = [&](ggml_tensor *written, ggml_tensor *store, int32_t dim, int32_t first,
                          int32_t n) {
       return ggml_view_3d(ctx, written, dim, n, spec.n_kv_heads, store->nb[1],
                           ggml_row_size(store->type, dim), size_t(first) * store->nb[1]);
     };
+    const int64_t group = q->ne[1] / spec.n_kv_heads;
     RowLabels rows;
     Written w;
     if (cl.ring() && store_.ring_order() == RingOrder::Logical) {
@@ -199,41 +213,88 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
         w.v = ggml_concat(ctx, w.v, rows_view(v_written, v_store, spec.v_head_dim, b.start, b.len),
                           1);
       }
+    } else if (cl.ring()) {
+      rows.ring_rows = cl.max_rows;
+      rows.n_rows = std::min(cl.max_rows, plan->high_water_after);
+      w.k = rows_view(k_written, k_store, spec.k_head_dim, 0, rows.n_rows);
+      w.v = rows_view(v_written, v_store, spec.v_head_dim, 0, rows.n_rows);
     } else {
-      if (cl.ring()) {
-        rows.ring_rows = cl.max_rows;
-        rows.n_rows = std::min(cl.max_rows, plan->high_water_after);
+      const cache::Run &read = plan->read.run[0];
+      const std::vector<int32_t> &pages = span_pages(span);
+      const int32_t page_rows = store_.page_rows();
+      const int32_t first_page = read.start / page_rows;
+      const int32_t end_page = cache::PageTable::pages_for(read.end(), page_rows);
+      bool consecutive = true;
+      for (int32_t i = first_page + 1; i < end_page && consecutive; ++i)
+        consecutive = pages[size_t(i)] == pages[size_t(i - 1)] + 1;
+      w.kernel = choose_kernel(T, group, spec);
+      rows.first_label = read.start;
+      rows.n_rows = read.len;
+      if (consecutive) { // one run of pool rows: a plain view, as contiguous storage would be
+        rows.first_row = pages[size_t(first_page)] * page_rows + read.start % page_rows;
+      } else if (w.kernel != Kernel::Ggml) {
+        w.rows = {pages.data(), page_rows, read.start};
       } else {
-        rows.first_row = plan->read.run[0].start;
-        rows.first_label = rows.first_row;
-        rows.n_rows = plan->read.run[0].len;
+        int32_t lo = pages[size_t(first_page)], hi = lo;
+        for (int32_t i = first_page; i < end_page; ++i)
+          lo = std::min(lo, pages[size_t(i)]), hi = std::max(hi, pages[size_t(i)]);
+        auto labels = std::make_shared<std::vector<int32_t>>(size_t(hi - lo + 1) * page_rows, -1);
+        for (int32_t r = read.start; r < read.end(); ++r)
+          (*labels)[size_t((pages[size_t(r / page_rows)] - lo) * page_rows + r % page_rows)] = r;
+        rows.first_row = lo * page_rows;
+        rows.n_rows = int32_t(labels->size());
+        rows.labels = std::move(labels);
       }
       w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);
       w.v = rows_view(v_written, v_store, spec.v_head_dim, rows.first_row, rows.n_rows);
     }
-    // (c) the mask; a single decode token on a full-attention flat cache sees every row read.
-    const bool all_visible = !cl.ring() && spec.attention.window == 0 && T == 1;
+    // (c) the mask; a single decode token on a full-attention flat cache sees every row read
+    // (unless ggml's kernel reads pool rows that are not the sequence's).
+    const bool all_visible = !cl.ring() && spec.attention.window == 0 && T == 1 && !rows.labels;
     w.mask = all_visible ? nullptr : mask(ctx, span, *plan, rows);
+    w.mask_labels = rows.labels != nullptr;
     found = written_.emplace(key, w).first;
   }
   const Written &w = found->second;
-  const AttentionKernel kernel = store_.attention_kernel();
-  if (kernel != AttentionKernel::Ggml &&
-      grouped_attention_applies(T, q->ne[1] / spec.n_kv_heads, w.k->ne[1])) {
-    // Layers of one model share their scale: one parameter block per distinct scale.
-    if (grouped_params_.empty() || grouped_params_.back().scale != scale)
-      grouped_params_.push_back({scale, 256});
+  // A shared layer may have another group size, hence another kernel; the views built for the
+  // first call suit every kernel except on paged storage, where ggml's reads a masked range.
+  const Kernel kernel = choose_kernel(T, q->ne[1] / spec.n_kv_heads, spec);
+  if (!layout.cache(id).ring() && (w.rows.pages || w.mask_labels) &&
+      (kernel == Kernel::Ggml) != (w.kernel == Kernel::Ggml))
+    return Status::error("update_and_attend: cache " + std::to_string(id) +
+                         " is read by layers whose query head counts need different kernels");
+  switch (kernel) {
+  case Kernel::Grouped:
+    grouped_params_.push_back({scale, 256, w.rows});
     return grouped_attention(ctx, q, w.k, w.v, w.mask, &grouped_params_.back());
-  }
-  if (kernel == AttentionKernel::Grouped && T > kGroupedAttentionMaxTokens &&
-      tiled_attention_applies(q, w.k, w.v)) {
-    if (tiled_params_.empty() || tiled_params_.back().scale != scale)
-      tiled_params_.push_back({scale});
+  case Kernel::Tiled:
+    tiled_params_.push_back({scale, w.rows});
     return tiled_attention(ctx, q, w.k, w.v, w.mask, &tiled_params_.back());
+  case Kernel::Ggml:
+    break;
   }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
   ggml_tensor *out = ggml_flash_attn_ext(ctx, qp, w.k, w.v, w.mask, scale, 0.0f, 0.0f);
   return out; // [D_v, H_q, T]
+}
+
+Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec) const {
+  // The choice depends on shapes only, never on where pages lie: a sequence's results must not
+  // depend on what other sequences did to the pool.
+  const AttentionKernel kernel = store_.attention_kernel();
+  if (kernel != AttentionKernel::Ggml && grouped_attention_applies(T, group)) return Kernel::Grouped;
+  if (kernel == AttentionKernel::Grouped && T > kGroupedAttentionMaxTokens &&
+      tiled_attention_applies(group, spec.k_head_dim, spec.v_head_dim, store_.types().k,
+                              store_.types().v))
+    return Kernel::Tiled;
+  return Kernel::Ggml;
+}
+
+const std::vector<int32_t> &Step::span_pages(int32_t span) {
+  auto it = span_pages_.find(span);
+  if (it == span_pages_.end())
+    it = span_pages_.emplace(span, store_.page_table(spans_[size_t(span)].seq)->pages).first;
+  return it->second;
 }
 
 void Step::set_inputs() {

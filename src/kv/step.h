@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -61,8 +62,12 @@ public:
   const std::vector<Span> &spans() const { return spans_; }
 
 private:
+  enum class Kernel { Grouped, Tiled, Ggml };
   struct Written { // the storage of one cache after the span's write, as views for attention
     ggml_tensor *k = nullptr, *v = nullptr, *mask = nullptr;
+    Kernel kernel = Kernel::Ggml; // flat caches: the kernel the views were built for
+    RowMap rows;                  // scattered pages read by offgraph's kernels
+    bool mask_labels = false;     // scattered pages read by ggml's kernel as a masked range
   };
   struct Pending {
     ggml_tensor *tensor;
@@ -73,10 +78,17 @@ private:
   ggml_tensor *input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
                      std::vector<uint8_t> bytes);
   ggml_tensor *write_indices(ggml_context *ctx, int32_t span, const cache::StepPlan &plan);
+  // Which kernel attends a span of T tokens over n_rows rows with `group` query heads a KV head.
+  Kernel choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec) const;
+  // The span's page table, copied when first used (the kernels read it while the graph computes).
+  const std::vector<int32_t> &span_pages(int32_t span);
   // Which positions the rows read hold: ring slots labelled from the high-water mark
-  // (ring_rows > 0), or consecutive positions from first_label.
+  // (ring_rows > 0), one label per row (labels: pool rows of paged storage that ggml's kernel
+  // reads as a range, -1 where a row is not the sequence's), or consecutive positions from
+  // first_label.
   struct RowLabels {
     int32_t ring_rows = 0, first_label = 0, first_row = 0, n_rows = 0;
+    std::shared_ptr<const std::vector<int32_t>> labels;
   };
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
@@ -95,6 +107,7 @@ private:
   // each once per step and share it across layers.
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
+  std::map<int32_t, std::vector<int32_t>> span_pages_;
   std::vector<Pending> pending_;
   std::vector<PendingMask> pending_masks_;
   // Read by the grouped attention ops while the graph computes (stable addresses).

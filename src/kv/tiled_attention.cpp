@@ -116,11 +116,13 @@ struct Shape {
   int64_t d_k, d_v, n_rows, group, block;
 };
 
-// Converts rows [r0, r0 + n) of KV head g of `x` into `dst` ([kTileRows][dim]), zeros after n.
-void tile_to_f32(const ggml_tensor *x, int64_t g, int64_t r0, int64_t n, float *dst) {
+// Converts rows [r0, r0 + n) of KV head g of `x` (found through `rows`) into `dst`
+// ([kTileRows][dim]), zeros after n.
+void tile_to_f32(const ggml_tensor *x, const RowMap &rows, int64_t g, int64_t r0, int64_t n,
+                 float *dst) {
   const int64_t dim = x->ne[0];
   for (int64_t j = 0; j < n; ++j) {
-    const char *src = static_cast<const char *>(x->data) + (r0 + j) * x->nb[1] + g * x->nb[2];
+    const char *src = static_cast<const char *>(x->data) + rows(r0 + j) * x->nb[1] + g * x->nb[2];
     const float *row = row_to_f32(x->type, src, dst + j * dim, dim);
     if (row != dst + j * dim) std::memcpy(dst + j * dim, row, size_t(dim) * sizeof(float));
   }
@@ -261,8 +263,8 @@ void tiled_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
         every_block_hidden = every_block_hidden && b.all_hidden;
       }
       if (every_block_hidden) continue; // no query of the item sees a row of it
-      tile_to_f32(k, g, r0, n, s.k.data());
-      tile_to_f32(v, g, r0, n, s.v.data());
+      tile_to_f32(k, params.rows, g, r0, n, s.k.data());
+      tile_to_f32(v, params.rows, g, r0, n, s.v.data());
       for (int64_t bi = 0; bi < nb; ++bi)
         if (!blocks[bi].all_hidden) attend_tile(blocks[bi], mask, sh, r0, n, s);
     }
@@ -287,11 +289,9 @@ void tiled_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
 
 } // namespace
 
-bool tiled_attention_applies(const ggml_tensor *q, const ggml_tensor *k, const ggml_tensor *v) {
-  const int64_t group = k->ne[2] > 0 ? q->ne[1] / k->ne[2] : 0;
-  return q->type == GGML_TYPE_F32 && k->ne[0] % kBlockRows == 0 && v->ne[0] % kBlockRows == 0 &&
-         group >= 1 && group <= kQueryRows && has_row_conversion(k->type) &&
-         has_row_conversion(v->type);
+bool tiled_attention_applies(int64_t group, int64_t d_k, int64_t d_v, ggml_type k, ggml_type v) {
+  return d_k % kBlockRows == 0 && d_v % kBlockRows == 0 && group >= 1 && group <= kQueryRows &&
+         has_row_conversion(k) && has_row_conversion(v);
 }
 
 ggml_tensor *tiled_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
@@ -300,7 +300,8 @@ ggml_tensor *tiled_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, 
               k->ne[2] == v->ne[2] && q->ne[1] % k->ne[2] == 0 && q->nb[0] == sizeof(float));
   GGML_ASSERT(!mask ||
               (mask->type == GGML_TYPE_F16 && mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[2]));
-  GGML_ASSERT(params && tiled_attention_applies(q, k, v));
+  GGML_ASSERT(params && tiled_attention_applies(q->ne[1] / k->ne[2], k->ne[0], v->ne[0], k->type,
+                                                v->type));
   ggml_tensor *args[4] = {q, k, v, mask};
   ggml_tensor *out =
       ggml_custom_4d(ctx, GGML_TYPE_F32, v->ne[0], q->ne[1], q->ne[2], 1, args, mask ? 4 : 3,

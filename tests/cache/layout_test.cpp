@@ -19,10 +19,9 @@ TEST(Layout, RingHoldsWindowPlusMaxWriteMinusOneRows) {
   auto l = make_layout({2048, 0}, 131072, 512);
   EXPECT_TRUE(l->cache(0).ring());
   EXPECT_EQ(l->cache(0).max_rows, 2559); // CACHE_CONTRACT.md §11
-  EXPECT_EQ(l->cache(0).initial_rows, 2559);
   EXPECT_FALSE(l->cache(1).ring());
   EXPECT_EQ(l->cache(1).max_rows, 131072);
-  EXPECT_EQ(l->cache(1).initial_rows, 512);
+  EXPECT_EQ(l->page_rows(), 64); // the default page
 }
 
 TEST(Layout, RingThatCouldNeverWrapIsStoredFlat) {
@@ -41,13 +40,14 @@ TEST(Layout, PolicyValidationNamesTheProblem) {
     Policy policy;
     const char *mentions;
   } cases[] = {
-      {{0, 1, 0}, "capacity 0"},
-      {{-5, 1, 0}, "capacity -5"},
-      {{16, 0, 0}, "max_write 0"},
-      {{16, -2, 0}, "max_write -2"},
-      {{16, 17, 0}, "exceeds the capacity"},
-      {{16, 4, -1}, "initial_rows -1"},
-      {{(1 << 29) + 1, 4, 0}, "supported maximum"},
+      {{0, 1, 1}, "capacity 0"},
+      {{-5, 1, 1}, "capacity -5"},
+      {{16, 0, 1}, "max_write 0"},
+      {{16, -2, 1}, "max_write -2"},
+      {{16, 17, 1}, "exceeds the capacity"},
+      {{16, 4, 0}, "page_rows 0"},
+      {{16, 4, -1}, "page_rows -1"},
+      {{(1 << 29) + 1, 4, 1}, "supported maximum"},
   };
   for (const Case &c : cases) {
     auto l = Layout::make(geometry({4, 0}), c.policy);
@@ -56,19 +56,10 @@ TEST(Layout, PolicyValidationNamesTheProblem) {
   }
 }
 
-TEST(Layout, InitialRowsClampToCapacityAndZeroIsAllowed) {
-  EXPECT_EQ(make_layout({0}, 100, 4, 512)->cache(0).initial_rows, 100);
-  EXPECT_EQ(make_layout({0}, 100, 4, 0)->cache(0).initial_rows, 0);
-}
-
-TEST(Layout, FlatGrowthDoublesAndClampsToCapacity) {
-  auto l = make_layout({0}, 1000, 4);
-  EXPECT_EQ(l->grown_rows(0, 1), 1);
-  EXPECT_EQ(l->grown_rows(0, 3), 4);
-  EXPECT_EQ(l->grown_rows(512, 513), 1000); // 1024 clamped
-  EXPECT_EQ(l->grown_rows(512, 300), 512);  // already enough
-  EXPECT_EQ(l->grown_rows(100, 1001), 1000);
-  EXPECT_EQ(l->grown_rows(3, 13), 24);
+TEST(Layout, PageRowsClampToCapacity) {
+  EXPECT_EQ(make_layout({0}, 100, 4, 512)->page_rows(), 100);
+  EXPECT_EQ(make_layout({0}, 100, 4, 7)->page_rows(), 7);
+  EXPECT_EQ(make_layout({0}, 100, 4, 1)->page_rows(), 1);
 }
 
 TEST(Layout, RowsRequiredAndTheoreticalMinimum) {

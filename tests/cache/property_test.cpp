@@ -342,7 +342,7 @@ int64_t Harness::run_geometry(int n_ops) {
 
   const int32_t capacity = uniform(1, 320);
   const int32_t max_write = uniform(1, std::min(capacity, chance(0.5) ? 4 : 70));
-  auto layout = Layout::make(std::move(geo).value(), Policy{capacity, max_write, uniform(0, 64)});
+  auto layout = Layout::make(std::move(geo).value(), Policy{capacity, max_write, uniform(1, 64)});
   EXPECT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
   pool_.clear();

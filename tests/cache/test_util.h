@@ -17,12 +17,12 @@ inline LayerSpec layer(int32_t window, int32_t kv_heads = 2, int32_t k_dim = 8, 
 
 // A layout whose caches are given by their windows (0 = full attention), no sharing.
 inline std::shared_ptr<const Layout> make_layout(std::vector<int32_t> windows, int32_t capacity,
-                                                 int32_t max_write, int32_t initial_rows = 512) {
+                                                 int32_t max_write, int32_t page_rows = 64) {
   std::vector<LayerSpec> layers;
   for (int32_t w : windows) layers.push_back(layer(w));
   auto g = Geometry::build(layers, 0);
   EXPECT_TRUE(g.ok()) << g.message();
-  auto l = Layout::make(std::move(g).value(), Policy{capacity, max_write, initial_rows});
+  auto l = Layout::make(std::move(g).value(), Policy{capacity, max_write, page_rows});
   EXPECT_TRUE(l.ok()) << l.message();
   return std::move(l).value();
 }

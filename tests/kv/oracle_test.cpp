@@ -113,7 +113,7 @@ void Trial::build_geometry() {
   ASSERT_TRUE(geo.ok()) << geo.message();
   const int32_t capacity = uniform(8, 200);
   const int32_t max_write = uniform(1, std::min(capacity, 24));
-  auto layout = cache::Layout::make(std::move(geo).value(), {capacity, max_write, uniform(0, 16)});
+  auto layout = cache::Layout::make(std::move(geo).value(), {capacity, max_write, uniform(1, 16)});
   ASSERT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
   auto store = KvStore::create(layout_, types_, ggml_backend_cpu_buffer_type());

@@ -1,122 +1,50 @@
 // KvStore: growth, donor sharing, memory accounting and refusals, each against an independent
 // expectation (a store allocated at full size, recomputed K/V, hand arithmetic).
-#include "cache/geometry.h"
-#include "kv/kv_store.h"
-#include "runner.h"
+#include "store_util.h"
 
 #include "ggml-cpu.h"
 
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <random>
 
 namespace offgraph::kv {
 namespace {
 
 using cache::CacheId;
-using testing::Call;
+using testing::layer;
+using testing::make_layout;
+using testing::make_store;
+using testing::random_inputs;
+using testing::run_step;
 
-std::shared_ptr<const cache::Layout> make_layout(std::vector<cache::LayerSpec> layers,
-                                                 int32_t shared, cache::Policy policy) {
-  auto geo = cache::Geometry::build(layers, shared);
-  EXPECT_TRUE(geo.ok()) << geo.message();
-  auto layout = cache::Layout::make(std::move(geo).value(), policy);
-  EXPECT_TRUE(layout.ok()) << layout.message();
-  return *layout;
-}
-
-std::unique_ptr<KvStore> make_store(std::shared_ptr<const cache::Layout> layout,
-                                    StorageTypes types) {
-  auto store = KvStore::create(std::move(layout), types, ggml_backend_cpu_buffer_type());
-  EXPECT_TRUE(store.ok()) << store.message();
-  return std::move(store).value();
-}
-
-std::vector<float> randn(std::mt19937_64 &rng, size_t n) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float &f : x) f = d(rng);
-  return x;
-}
-
-// One step of n tokens on `seq` through every layer; layer l's q, k, v come from `inputs(l)`.
-struct LayerInputs {
-  std::vector<float> q, k, v;
-  int32_t n_q_heads;
-};
-std::vector<std::vector<float>> run_step(KvStore &store, SeqId seq, int32_t n,
-                                         const std::vector<LayerInputs> &inputs) {
-  Step step(store);
-  auto span = step.add_span({seq, store.sequence(seq)->length(), n});
-  EXPECT_TRUE(span.ok()) << span.message();
-  if (!span.ok()) return {};
-  std::vector<Call> calls;
-  const cache::Geometry &geo = store.layout().geometry();
-  for (int32_t l = 0; l < geo.n_layers(); ++l) {
-    Call c;
-    c.span = *span;
-    c.cache = geo.cache_of_layer(l);
-    c.n_q_heads = inputs[size_t(l)].n_q_heads;
-    c.scale = 0.125f;
-    c.q = inputs[size_t(l)].q;
-    c.k = inputs[size_t(l)].k;
-    c.v = inputs[size_t(l)].v;
-    calls.push_back(std::move(c));
-  }
-  testing::Runner runner;
-  EXPECT_TRUE(runner.run(step, store.layout(), calls));
-  EXPECT_TRUE(step.commit().ok());
-  std::vector<std::vector<float>> outs;
-  for (Call &c : calls) outs.push_back(std::move(c.out));
-  return outs;
-}
-
-// Random inputs for every layer; a shared layer gets its donor's K/V (what YOCO computes).
-std::vector<LayerInputs> random_inputs(std::mt19937_64 &rng, const cache::Layout &layout, int32_t n,
-                                       int32_t q_heads) {
-  const cache::Geometry &geo = layout.geometry();
-  std::vector<LayerInputs> in(size_t(geo.n_layers()));
-  for (int32_t l = 0; l < geo.n_layers(); ++l) {
-    const cache::CacheSpec &s = layout.cache(geo.cache_of_layer(l)).spec;
-    in[size_t(l)].n_q_heads = q_heads;
-    in[size_t(l)].q = randn(rng, size_t(n * q_heads * s.k_head_dim));
-    if (geo.is_shared_layer(l)) {
-      in[size_t(l)].k = in[size_t(s.owner_layer)].k;
-      in[size_t(l)].v = in[size_t(s.owner_layer)].v;
-    } else {
-      in[size_t(l)].k = randn(rng, size_t(n * s.n_kv_heads * s.k_head_dim));
-      in[size_t(l)].v = randn(rng, size_t(n * s.n_kv_heads * s.v_head_dim));
-    }
-  }
-  return in;
-}
-
-cache::LayerSpec layer(int32_t window, int32_t heads = 2, int32_t k_dim = 64, int32_t v_dim = 32) {
-  return {cache::AttentionKind{window}, heads, k_dim, v_dim};
-}
-
-TEST(KvStore, GrowingFromOneRowGivesTheSameOutputsAsFullSize) {
+TEST(KvStore, PagedStorageGivesTheOutputsOfOnePage) {
+  // Pages of one row, in a store where a second sequence takes every other page, against one page
+  // holding the whole capacity (contiguous rows): the kernels see the same rows, bit for bit.
+  // (Groups of 4 and 8: the grouped kernel on both sides; Pages.EveryKernel* covers the others.)
   const std::vector<cache::LayerSpec> layers = {layer(0), layer(6), layer(0, 1, 32, 96)};
-  auto small = make_store(make_layout(layers, 0, {300, 7, 1}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
-  auto full = make_store(make_layout(layers, 0, {300, 7, 300}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
-  const SeqId a = *small->create_sequence(), b = *full->create_sequence();
-  EXPECT_EQ(small->storage_rows(a, 0), 1);
-  EXPECT_EQ(full->storage_rows(b, 0), 300);
+  auto paged = make_store(make_layout(layers, 0, {300, 7, 1}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
+  auto whole = make_store(make_layout(layers, 0, {300, 7, 300}), {GGML_TYPE_F16, GGML_TYPE_Q8_0});
+  const SeqId a = *paged->create_sequence(), other = *paged->create_sequence();
+  const SeqId b = *whole->create_sequence();
   std::mt19937_64 rng(42);
-  int32_t doublings = 0, last_rows = 1;
-  while (small->sequence(a)->length() < 300) {
-    const int32_t room = 300 - small->sequence(a)->length();
+  while (paged->sequence(a)->length() < 300) {
+    const int32_t room = 300 - paged->sequence(a)->length();
     const int32_t n = std::min(room, std::uniform_int_distribution<int32_t>(1, 7)(rng));
-    auto in = random_inputs(rng, small->layout(), n, 4);
-    auto out_small = run_step(*small, a, n, in);
-    auto out_full = run_step(*full, b, n, in);
-    ASSERT_EQ(out_small, out_full) << "at length " << small->sequence(a)->length();
-    doublings += small->storage_rows(a, 0) != last_rows;
-    last_rows = small->storage_rows(a, 0);
+    auto in = random_inputs(rng, paged->layout(), n, 8);
+    auto out_paged = run_step(*paged, a, n, in);
+    ASSERT_EQ(out_paged, run_step(*whole, b, n, in)) << "at length " << paged->sequence(a)->length();
+    run_step(*paged, other, n, in); // interleaves the two sequences' pages
+    EXPECT_EQ(paged->storage_rows(a, 0), paged->sequence(a)->length()); // a page a row
   }
-  EXPECT_GE(doublings, 6); // each change is one or more doublings: 1 -> ... -> 256 -> 300
-  EXPECT_EQ(small->storage_rows(a, 0), 300);
-  EXPECT_EQ(small->storage_rows(a, 1), 6 + 7 - 1); // the ring never grows
+  EXPECT_EQ(whole->storage_rows(b, 0), 300);
+  EXPECT_EQ(paged->storage_rows(a, 1), 6 + 7 - 1); // the ring never grows
+  // The interleaving scattered a's pages: they are not simply 0, 1, 2, ...
+  const std::vector<cache::PageId> &pages = paged->page_table(a)->pages;
+  std::vector<cache::PageId> in_order(pages.size());
+  std::iota(in_order.begin(), in_order.end(), 0);
+  EXPECT_NE(pages, in_order);
 }
 
 TEST(KvStore, SharedLayersMatchRecomputedKVAndHoldNoStorage) {
@@ -139,36 +67,42 @@ TEST(KvStore, SharedLayersMatchRecomputedKVAndHoldNoStorage) {
 }
 
 TEST(KvStore, BytesHeldFollowTheFormula) {
-  // Two KV heads; K dim 64, V dim 32; window 6 with max_write 7 -> ring of 12 rows.
+  // Two KV heads; K dim 64, V dim 32; window 6 with max_write 7 -> ring of 12 rows; pages of 8.
   const std::vector<cache::LayerSpec> layers = {layer(0), layer(6), layer(0)};
-  auto store = make_store(make_layout(layers, 0, {1024, 7, 1}), {GGML_TYPE_Q8_0, GGML_TYPE_F16});
+  auto store = make_store(make_layout(layers, 0, {1024, 7, 8}), {GGML_TYPE_Q8_0, GGML_TYPE_F16});
   const SeqId s = *store->create_sequence();
   // q8_0 stores 32 values in 34 bytes; f16 2 bytes a value.
   const int64_t k_row = 2 * 64 / 32 * 34, v_row = 2 * 32 * 2, row = k_row + v_row;
   const int64_t ring = 12 * row;
+  EXPECT_EQ(store->page_bytes(), 2 * 8 * row); // a page: 8 rows of both flat caches
   MemoryUse m = store->memory(s);
   EXPECT_EQ(m.ring, ring); // allocated up front
-  EXPECT_EQ(m.flat, 2 * 1 * row);
+  EXPECT_EQ(m.flat, 0);    // no page before the first write
   EXPECT_EQ(m.held, m.flat + m.ring);
-  EXPECT_EQ(m.k + m.v, m.held);
   std::mt19937_64 rng(3);
   for (int32_t length = 0; length < 64;) {
     const int32_t n = std::min(7, 64 - length);
     run_step(*store, s, n, random_inputs(rng, store->layout(), n, 2));
     length += n;
     m = store->memory(s);
-    const int64_t flat_rows = store->storage_rows(s, 0);
-    EXPECT_EQ(m.flat, 2 * flat_rows * row);
-    EXPECT_EQ(m.k, (2 * flat_rows + 12) * k_row);
-    EXPECT_EQ(m.v, (2 * flat_rows + 12) * v_row);
+    const int64_t pages = (length + 7) / 8;
+    EXPECT_EQ(m.pages, pages);
+    EXPECT_EQ(store->storage_rows(s, 0), pages * 8);
+    EXPECT_EQ(m.flat, 2 * pages * 8 * row);
+    EXPECT_EQ(m.k, (2 * pages * 8 + 12) * k_row);
+    EXPECT_EQ(m.v, (2 * pages * 8 + 12) * v_row);
+    EXPECT_EQ(m.k + m.v, m.held);
     // The minimum: every position on full layers, window - 1 + max_write on the ring.
     EXPECT_EQ(m.minimum, (2 * int64_t(length) + std::min<int64_t>(length, 12)) * row);
+    EXPECT_LT(m.held - m.minimum, 2 * 8 * row + 1); // at most a page of slack past the ring's fill
     EXPECT_GE(m.buffers, m.held);
-    EXPECT_LT(m.buffers - m.held, 6 * 64); // only alignment padding
+    EXPECT_LT(m.buffers - m.held, 6 * 64); // only the ring buffer's alignment padding
+    // One sequence: the store-wide figures are its own.
+    EXPECT_EQ(store->memory().held, m.held);
+    EXPECT_EQ(store->memory().minimum, m.minimum);
   }
-  // At a doubling boundary the flat caches hold exactly what they need: bytes held = minimum.
+  // At a page boundary the flat caches hold exactly what they need: bytes held = minimum.
   ASSERT_EQ(store->sequence(s)->length(), 64);
-  EXPECT_EQ(store->storage_rows(s, 0), 64);
   EXPECT_EQ(store->memory(s).held, store->memory(s).minimum);
 }
 
@@ -177,7 +111,7 @@ TEST(KvStore, GrowthPastTheBudgetFailsAndChangesNothing) {
   auto store = make_store(make_layout(layers, 0, {4096, 8, 8}), {GGML_TYPE_F32, GGML_TYPE_F32});
   const SeqId s = *store->create_sequence();
   const int64_t row = 2 * 64 * 4 + 2 * 32 * 4;
-  store->set_memory_budget(20 * row + 4096); // 8 rows fit, and 16 rows beside them, not 32
+  store->set_memory_budget(2 * 8 * row + 8 * row / 2); // two pages fit, not three
   std::mt19937_64 rng(5);
   for (int i = 0; i < 2; ++i) run_step(*store, s, 8, random_inputs(rng, store->layout(), 8, 2));
   ASSERT_EQ(store->storage_rows(s, 0), 16);
@@ -190,7 +124,7 @@ TEST(KvStore, GrowthPastTheBudgetFailsAndChangesNothing) {
   EXPECT_EQ(store->storage_rows(s, 0), 16);
   EXPECT_EQ(store->memory(s).buffers, before.buffers);
   // The sequence still works where its storage allows: rewind and decode again.
-  ASSERT_TRUE(store->sequence(s)->rewind(15).ok());
+  ASSERT_TRUE(store->rewind(s, 15).ok());
   EXPECT_EQ(run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 2)).size(), 1u);
 }
 
@@ -222,7 +156,7 @@ TEST(KvStore, RestoreThenDecodeEqualsNeverHavingMoved) {
   EXPECT_EQ((*snap)->length(), 12);
   const SeqId twin = *store->fork(s, 12); // never moves
   for (int i = 0; i < 10; ++i) run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 4));
-  ASSERT_FALSE(store->sequence(s)->rewind(12).ok()); // the rings wrapped past the boundary
+  ASSERT_FALSE(store->rewind(s, 12).ok()); // the rings wrapped past the boundary
   ASSERT_TRUE(store->restore(s, **snap).ok());
   for (int i = 0; i < 6; ++i) {
     auto in = random_inputs(rng, store->layout(), i % 2 ? 1 : 3, 4);

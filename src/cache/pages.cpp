@@ -1,0 +1,49 @@
+#include "cache/pages.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace offgraph::cache {
+
+namespace {
+// Retaining or releasing a page nobody holds is a bookkeeping bug that would hand one page to two
+// sequences; stop at once rather than corrupt K/V.
+void require_held(int32_t refs, PageId p) {
+  if (refs > 0) return;
+  std::fprintf(stderr, "offgraph: page %d is not in use (refs %d)\n", p, refs);
+  std::abort();
+}
+} // namespace
+
+std::optional<PageId> PageAllocator::allocate() {
+  PageId p;
+  if (!free_.empty()) {
+    p = free_.back();
+    free_.pop_back();
+  } else if (touched() < max_pages_) {
+    p = touched();
+    refs_.push_back(0);
+  } else {
+    return std::nullopt;
+  }
+  refs_[size_t(p)] = 1;
+  ++in_use_;
+  return p;
+}
+
+void PageAllocator::retain(PageId p) {
+  require_held(refs(p), p);
+  if (++refs_[size_t(p)] == 2) ++shared_;
+}
+
+bool PageAllocator::release(PageId p) {
+  require_held(refs(p), p);
+  const int32_t left = --refs_[size_t(p)];
+  if (left == 1) --shared_;
+  if (left > 0) return false;
+  --in_use_;
+  free_.push_back(p);
+  return true;
+}
+
+} // namespace offgraph::cache
