@@ -85,6 +85,11 @@ clean:
 
 # offgraph against the pinned llama.cpp (issue 7): builds what it needs in build-bench/, writes
 # docs/benchmarks.md and docs/plots/ (about 30 min; BENCH_ARGS=--quick for a 5-minute check).
-.PHONY: bench
+.PHONY: bench bench-pages
 bench:
 	python3 bench/run $(BENCH_ARGS)
+	python3 bench/pages
+
+# Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
+bench-pages:
+	python3 bench/pages

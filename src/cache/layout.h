@@ -16,8 +16,8 @@ namespace offgraph::cache {
 
 // Runtime choices, validated against the geometry by Layout::make.
 struct Policy {
-  int32_t capacity = 0;       // hard logical bound on one sequence's length (positions)
-  int32_t max_write = 0;      // most tokens one step may write (prefill is chunked to this)
+  int32_t capacity = 0;  // hard logical bound on one sequence's length (positions)
+  int32_t max_write = 0; // most tokens one step may write (prefill is chunked to this)
   // Rows of one page of flat storage (cache/pages.h); clamped to the capacity. 64: the tiled
   // kernel's tile, and a fork or prefix match shares all but at most 63 rows (docs/kv-paging.md).
   int32_t page_rows = 64;

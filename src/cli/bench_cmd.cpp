@@ -171,9 +171,8 @@ std::function<int()> add_bench(CLI::App &app) {
                     "\"kv_held\":%lld,\"kv_min\":%lld,"
                     "\"kv_buffers\":%lld,\"kv_ring\":%lld,\"kv_flat\":%lld,\"peak_rss\":%lld}\n",
                     head.c_str(), len, lay.capacity(), lay.page_rows(), (long long)mu.held,
-                    (long long)minimum,
-                    (long long)mu.buffers, (long long)mu.ring, (long long)mu.flat,
-                    (long long)peak_rss_bytes());
+                    (long long)minimum, (long long)mu.buffers, (long long)mu.ring,
+                    (long long)mu.flat, (long long)peak_rss_bytes());
         std::fflush(stdout);
       }
       return 0;

@@ -24,6 +24,7 @@ std::function<int()> add_serve(CLI::App &app) {
   struct Opts {
     std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", name, api_key, cors;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
+    int snapshot_every = 0, kv_page = 64;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
@@ -66,6 +67,13 @@ std::function<int()> add_serve(CLI::App &app) {
                   "KV memory in all; requests wait until theirs fits (0: no limit)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
+  cmd->add_option("--snapshot-every", o->snapshot_every,
+                  "also keep a ring snapshot every N prompt tokens, so that a branch inside a "
+                  "long prompt recomputes at most N (0: at prompt ends only; each costs window - 1 "
+                  "rows per sliding layer: docs/prefix-cache.md)")
+      ->capture_default_str();
+  cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
+      ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
@@ -85,9 +93,10 @@ std::function<int()> add_serve(CLI::App &app) {
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->read_timeout < 1 ||
-        o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 || o->cache_budget_mib < 0)
-      return fail("--max-body-mib and the timeouts must be positive; --queue, --max-tokens, "
-                  "--kv-mib and --cache-mib not negative");
+        o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
+        o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1)
+      return fail("--max-body-mib, --kv-page and the timeouts must be positive; --queue, "
+                  "--max-tokens, --kv-mib, --cache-mib and --snapshot-every not negative");
     server::ServerOptions so;
     so.host = o->host;
     so.port = o->port;
@@ -118,6 +127,8 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.max_cached = o->cached;
     eo.max_queue = size_t(o->queue);
     eo.prefix_reuse = !o->no_prefix_reuse;
+    eo.snapshot_every = o->snapshot_every;
+    eo.page_rows = o->kv_page;
     eo.kv_budget = int64_t(o->kv_budget_mib * 1024 * 1024);
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.types = {*ctk, *ctv};

@@ -11,8 +11,7 @@ Result<std::unique_ptr<Session>> Session::create(const model::Model &model,
   std::unique_ptr<Session> s(new Session(model, options));
   options.max_write = std::min(options.max_write, options.ctx);
   s->options_ = options;
-  auto layout =
-      model::make_layout(model, {options.ctx, options.max_write});
+  auto layout = model::make_layout(model, {options.ctx, options.max_write});
   if (!layout.ok()) return layout.status();
   auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
   if (!store.ok()) return store.status();

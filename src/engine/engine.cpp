@@ -4,18 +4,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 namespace offgraph::engine {
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
-      options.max_active < 1 || options.max_cached < 0)
-    return Status::error(
-        "engine: context >= 2, max_write, step_tokens and max_active >= 1, max_cached >= 0");
+      options.max_active < 1 || options.max_cached < 0 || options.snapshot_every < 0 ||
+      options.page_rows < 1)
+    return Status::error("engine: context >= 2, max_write, step_tokens, max_active and page_rows "
+                         ">= 1, max_cached and snapshot_every >= 0");
   options.max_write = std::min(options.max_write, options.context);
   std::unique_ptr<Engine> e(new Engine(model, options));
-  auto layout =
-      model::make_layout(model, {options.context, options.max_write, options.page_rows});
+  auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
   if (!layout.ok()) return layout.status();
   auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
   if (!store.ok()) return store.status();
@@ -95,6 +96,12 @@ void Engine::publish() {
   l.queued = waiting_;
   l.cached = cached_.size();
   l.cached_bytes = cached_bytes();
+  l.tree_nodes = tree_.n_nodes();
+  l.snapshots = saved_.size();
+  const kv::MemoryUse m = store_->memory();
+  l.snapshot_bytes = m.snapshots;
+  l.pages = m.pages;
+  l.shared_pages = m.shared_pages;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;
@@ -111,26 +118,54 @@ EngineStats Engine::published_stats() const {
 }
 
 int64_t Engine::cached_bytes() const {
+  std::set<cache::PageId> active, cached;
+  for (const auto &g : active_)
+    for (cache::PageId p : store_->page_table(g->seq)->pages) active.insert(p);
   int64_t bytes = 0;
-  for (const Cached &c : cached_)
-    bytes += store_->memory(c.seq).buffers + (c.prompt_snapshot ? c.prompt_snapshot->bytes() : 0) +
-             int64_t(c.prompt_logits.size() * sizeof(float));
+  for (const auto &[seq, stamp] : cached_) {
+    bytes += store_->memory(seq).ring;
+    for (cache::PageId p : store_->page_table(seq)->pages)
+      if (!active.count(p)) cached.insert(p);
+  }
+  bytes += int64_t(cached.size()) * store_->page_bytes();
+  for (const auto &[id, saved] : saved_)
+    bytes += saved.snapshot->bytes() + int64_t(saved.logits.size() * sizeof(float));
   return bytes;
 }
 
-void Engine::evict_lru() {
-  auto lru = std::min_element(cached_.begin(), cached_.end(), [](const Cached &x, const Cached &y) {
-    return x.last_used < y.last_used;
+void Engine::free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids) {
+  for (PrefixTree::SnapshotId id : ids) stats_.snapshot_evictions += saved_.erase(id);
+}
+
+void Engine::evict_lru(bool sequences_only) {
+  // The least recently used of the cached sequences and snapshots: a snapshot only loses a
+  // reuse point; a sequence takes its pages and the snapshots no other sequence passes through.
+  auto seq = std::min_element(cached_.begin(), cached_.end(),
+                              [](const auto &x, const auto &y) { return x.second < y.second; });
+  auto snap = std::min_element(saved_.begin(), saved_.end(), [](const auto &x, const auto &y) {
+    return x.second.last_used < y.second.last_used;
   });
-  (void)store_->remove_sequence(lru->seq);
-  cached_.erase(lru);
+  if (!sequences_only && snap != saved_.end() &&
+      (seq == cached_.end() || snap->second.last_used < seq->second)) {
+    tree_.remove_snapshot(snap->first);
+    saved_.erase(snap);
+    ++stats_.snapshot_evictions;
+    return;
+  }
+  if (seq == cached_.end()) return;
+  const kv::SeqId id = seq->first;
+  cached_.erase(seq);
+  free_snapshots(tree_.remove_sequence(id));
+  (void)store_->remove_sequence(id);
   ++stats_.cache_evictions;
 }
 
 void Engine::evict_over_budget() {
-  while (!cached_.empty() &&
-         (int32_t(cached_.size()) > options_.max_cached ||
-          (options_.cache_budget > 0 && cached_bytes() > options_.cache_budget)))
+  // max_cached counts sequences: only they go for it (a snapshot on the path of the sequences
+  // that stay keeps serving them). Bytes: whichever was used least recently.
+  while (int32_t(cached_.size()) > options_.max_cached) evict_lru(true);
+  while ((!cached_.empty() || !saved_.empty()) && options_.cache_budget > 0 &&
+         cached_bytes() > options_.cache_budget)
     evict_lru();
 }
 
@@ -155,78 +190,77 @@ Result<bool> Engine::memory_allows(const Generation &a) {
         b->computed < b->request.prompt.size() ? peak_bytes(*b) : peak_bytes(*b) / b->request.n;
   // Cached conversations give way, least recently used first (the one this request would reuse
   // may go too: correctness does not depend on it, only the work saved).
-  while (reserved + need + cached_bytes() > options_.kv_budget && !cached_.empty()) evict_lru();
+  while (reserved + need + cached_bytes() > options_.kv_budget &&
+         (!cached_.empty() || !saved_.empty()))
+    evict_lru();
   return reserved + need <= options_.kv_budget;
 }
 
-Status Engine::admit(Generation &a) {
+bool Engine::attach(Generation &a) {
   const std::vector<int32_t> &prompt = a.request.prompt;
-  // The cached sequence that saves the most work: rewound to the common prefix where its rings
-  // still hold it, else brought back to its prompt's end by the snapshot taken there.
-  size_t best = cached_.size();
-  int32_t best_reuse = 0;
-  bool best_by_snapshot = false;
-  for (size_t i = 0; i < cached_.size(); ++i) {
-    const Cached &c = cached_[i];
-    size_t lcp = 0;
-    while (lcp < c.tokens.size() && lcp < prompt.size() && c.tokens[lcp] == prompt[lcp]) ++lcp;
-    const int32_t target = int32_t(std::min(lcp, prompt.size() - 1)); // recompute the last token
-    const cache::Sequence &seq = *store_->sequence(c.seq);
-    int32_t reuse = 0;
-    bool by_snapshot = false;
-    const int32_t snap = c.prompt_snapshot ? c.prompt_snapshot->length() : 0;
-    if (snap > 0 && size_t(snap) == prompt.size() && lcp == prompt.size() &&
-        !c.prompt_logits.empty()) {
-      reuse = snap; // the same prompt again: its snapshot and logits serve it whole
-      by_snapshot = true;
-    } else if (target > 0 && target >= seq.rewind_floor()) {
-      reuse = target;
-    } else if (snap > 0 && snap <= target) {
-      reuse = snap;
-      by_snapshot = true;
-    }
-    if (reuse > best_reuse) best = i, best_reuse = reuse, best_by_snapshot = by_snapshot;
+  if (!options_.prefix_reuse || tree_.n_sequences() == 0) return false;
+  // At least the prompt's last token is computed (its logits start the answer), unless a snapshot
+  // at the prompt's end kept them: the same prompt again (a regenerate) computes nothing.
+  const int32_t whole = int32_t(prompt.size()), target = whole - 1;
+  PrefixTree::Match m = tree_.match(prompt, whole);
+  if (m.sequences.empty()) return false;
+  const bool whole_prompt =
+      m.snapshot && m.snapshot_depth == whole && !saved_.at(*m.snapshot).logits.empty();
+  if (!whole_prompt) m = tree_.match(prompt, target); // the deepest snapshot short of the end
+  // The deepest point a cached sequence's rings still hold (every position for a model without
+  // sliding layers): forking there costs no snapshot.
+  kv::SeqId fork_from = -1;
+  int32_t fork_at = 0;
+  for (const auto &[s, stamp] : cached_) {
+    const std::vector<int32_t> &t = *tree_.tokens_of(s);
+    const int32_t at = int32_t(std::min<size_t>(
+        std::mismatch(t.begin(), t.begin() + long(std::min(t.size(), prompt.size())),
+                      prompt.begin())
+                .first -
+            t.begin(),
+        size_t(target)));
+    if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
   }
-  if (best < cached_.size()) {
-    Cached c = std::move(cached_[best]);
-    cached_.erase(cached_.begin() + long(best));
-    Status s = best_by_snapshot ? store_->restore(c.seq, *c.prompt_snapshot)
-                                : store_->rewind(c.seq, best_reuse);
-    if (s.ok()) {
-      if (size_t(best_reuse) == prompt.size()) {
-        // Nothing to compute: the first token is sampled from the stored logits, and the
-        // snapshot stays with the conversation for the next time.
-        a.prompt_logits = std::move(c.prompt_logits);
-        a.prompt_snapshot = std::move(c.prompt_snapshot);
-        a.logits_ready = true;
-      }
-      a.seq = c.seq;
-      a.computed = size_t(best_reuse);
-      a.reused = best_reuse;
-      stats_.reused_prompt_tokens += best_reuse;
-      stats_.snapshot_restores += best_by_snapshot;
-      ++stats_.prefix_hits;
-      a.tokens = prompt;
+  int32_t reuse = 0;
+  if (!whole_prompt && fork_at > 0 && fork_at >= m.snapshot_depth) {
+    auto child = store_->fork(fork_from, fork_at);
+    if (!child.ok()) return false;
+    a.seq = *child, reuse = fork_at;
+    cached_[fork_from] = ++clock_;
+  } else if (m.snapshot) {
+    Saved &saved = saved_.at(*m.snapshot);
+    auto child = store_->fork_at_snapshot(m.sequences.front(), *saved.snapshot);
+    if (!child.ok()) return false;
+    a.seq = *child, reuse = m.snapshot_depth;
+    saved.last_used = ++clock_;
+    cached_[m.sequences.front()] = clock_;
+    ++stats_.snapshot_restores;
+    if (whole_prompt) a.prompt_logits = saved.logits, a.logits_ready = true;
+  }
+  if (reuse == 0) return false;
+  a.computed = size_t(reuse);
+  a.reused = reuse;
+  stats_.reused_prompt_tokens += reuse;
+  ++stats_.prefix_hits;
+  return true;
+}
+
+Status Engine::admit(Generation &a) {
+  a.tokens = a.request.prompt;
+  a.computed = 0;
+  // Sequences in the store: the active ones, the cached ones, and the one this request adds.
+  while (int32_t(active_.size() + cached_.size()) >= options_.max_active + options_.max_cached &&
+         !cached_.empty())
+    evict_lru(true);
+  if (attach(a)) return ok_status();
+  for (;;) {
+    auto seq = store_->create_sequence();
+    if (seq.ok()) {
+      a.seq = *seq;
       return ok_status();
     }
-    (void)store_->remove_sequence(c.seq); // cannot happen by construction; never reuse it
-  }
-  // A fresh sequence; make room by dropping the least recently used cached ones if needed.
-  for (;;) {
-    const bool room =
-        int32_t(active_.size() + cached_.size()) < options_.max_active + options_.max_cached;
-    if (room) {
-      auto seq = store_->create_sequence();
-      if (seq.ok()) {
-        a.seq = *seq;
-        a.tokens = prompt;
-        a.computed = 0;
-        return ok_status();
-      }
-      if (cached_.empty()) return seq.status();
-    }
-    if (cached_.empty()) return Status::error("engine: no sequence available");
-    evict_lru();
+    if (cached_.empty() && saved_.empty()) return seq.status();
+    evict_lru(); // make room: the least recently used cached state goes first
   }
 }
 
@@ -248,16 +282,40 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
     }
 }
 
+bool Engine::cache_sequence(Generation &a) {
+  if (options_.max_cached == 0 || !options_.prefix_reuse || a.computed == 0) return false;
+  const std::span<const int32_t> held(a.tokens.data(), a.computed);
+  // Cached sequences holding a prefix of this one (or the same tokens) add nothing but their
+  // rings' slack: this one shares their pages and passes through their snapshots.
+  std::vector<kv::SeqId> redundant = tree_.prefixes_of(held);
+  for (kv::SeqId s : tree_.match(held, 0).sequences)
+    if (tree_.tokens_of(s)->size() == held.size()) redundant.push_back(s);
+  if (!tree_.insert_sequence(held, a.seq)) return false;
+  cached_[a.seq] = ++clock_;
+  for (Generation::Taken &t : a.taken) {
+    if (size_t(t.depth) > a.computed) continue;
+    const PrefixTree::SnapshotId id = next_snapshot_++;
+    std::optional<PrefixTree::SnapshotId> replaced;
+    if (!tree_.insert_snapshot(held.first(size_t(t.depth)), id, &replaced)) continue;
+    if (replaced) saved_.erase(*replaced); // the same state, taken again
+    saved_[id] = Saved{std::move(t.snapshot), std::move(t.logits), clock_};
+  }
+  a.taken.clear();
+  for (kv::SeqId s : redundant) {
+    cached_.erase(s);
+    free_snapshots(tree_.remove_sequence(s));
+    (void)store_->remove_sequence(s);
+  }
+  return true;
+}
+
 void Engine::finish(Generation &a, FinishReason reason, const std::string &error) {
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first.
-  Cached c{a.seq, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + long(a.computed)),
-           std::move(a.prompt_snapshot), ++clock_, std::move(a.prompt_logits)};
-  if (options_.max_cached == 0 || !options_.prefix_reuse || c.tokens.empty()) {
-    (void)store_->remove_sequence(c.seq);
+  if (!cache_sequence(a)) {
+    (void)store_->remove_sequence(a.seq);
     return;
   }
-  cached_.push_back(std::move(c));
   evict_over_budget();
 }
 
@@ -370,10 +428,12 @@ std::vector<Engine::Part> Engine::plan_batch() {
       if (a->computed + 1 == a->tokens.size()) parts.push_back({a, 1, true}), --budget; // decode
       continue;
     }
-    const int32_t n = int32_t(std::min<size_t>(
-        {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed}));
-    parts.push_back({a, n, a->computed + size_t(n) == a->request.prompt.size()});
-    budget -= n;
+    size_t n = std::min<size_t>(
+        {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
+    if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0)
+      n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
+    parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size()});
+    budget -= int32_t(n);
   }
   return parts;
 }
@@ -420,17 +480,19 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     const bool prefill = a.computed < a.request.prompt.size();
     a.computed += size_t(p.n);
     if (prefill) stats_.computed_prompt_tokens += p.n;
-    if (!p.wants_logits) continue;
-    std::span<const float> l(logits->data() + row * size_t(n_vocab), size_t(n_vocab));
-    ++row;
-    if (prefill && options_.prefix_reuse && options_.max_cached > 0 &&
-        store_->layout().has_ring()) {
-      // The prompt's end: the point a later request resending this history will come back to.
-      if (auto snap = store_->snapshot(a.seq); snap.ok()) {
-        a.prompt_snapshot = std::move(snap).value();
-        a.prompt_logits.assign(l.begin(), l.end()); // serves the same prompt again, whole
-      }
+    const bool periodic =
+        prefill && options_.snapshot_every > 0 && a.computed % size_t(options_.snapshot_every) == 0;
+    std::span<const float> l;
+    if (p.wants_logits) l = {logits->data() + row++ * size_t(n_vocab), size_t(n_vocab)};
+    if (prefill && (p.wants_logits || periodic) && options_.prefix_reuse &&
+        options_.max_cached > 0 && store_->layout().has_ring()) {
+      // A prompt's end (the point a later request resending this history comes back to, with the
+      // logits that serve the same prompt again) or a periodic point inside a long prompt.
+      if (auto snap = store_->snapshot(a.seq); snap.ok())
+        a.taken.push_back(
+            {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
     }
+    if (!p.wants_logits) continue;
     if (prefill && a.request.n > 1) spawn_choices(a, l, born);
     if (!advance(a, l)) done.push_back(&a);
   }

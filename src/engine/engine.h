@@ -3,14 +3,17 @@
 // token budget, runs one forward pass, samples, and streams tokens. New requests join between
 // steps; finished or cancelled ones leave at once.
 //
-// Prefix reuse: a finished request's sequence stays cached (least recently used first out). A new
-// request takes the cached sequence sharing the longest prefix with its prompt, rewinds it where
-// they diverge (or, when the rings have moved on, restores the snapshot taken at that sequence's
-// prompt end) and computes only the rest. This is what makes agent loops cheap on sliding-window
-// models: resending the history with a tool result recomputes only what follows the last prompt.
+// Prefix reuse: a finished request's sequence stays cached, and every prompt end a request reached
+// keeps a ring snapshot, all in one prefix tree (engine/prefix_tree.h). A new request starts as a
+// fork of the deepest reusable point at or before its divergence: a cached sequence whose rings
+// still hold that point, else the deepest snapshot on its path (pages shared from a cached
+// sequence below it). Cached sequences are never taken: any number of requests continue one at
+// once. This is what makes agent loops, regenerations, edits and fan-outs cheap on
+// sliding-window models.
 #pragma once
 
 #include "base/status.h"
+#include "engine/prefix_tree.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
 #include "sample/constraint.h"
@@ -35,8 +38,11 @@ struct EngineOptions {
   int32_t step_tokens = 512; // token budget of one step (decodes first, then prefill chunks)
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
-  bool prefix_reuse = true;  // off: every prompt is computed from scratch (a reference)
-  size_t max_queue = 64;     // waiting requests; more are refused
+  // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
+  // then recomputes at most N tokens. Each costs window - 1 rows per sliding layer.
+  int32_t snapshot_every = 0;
+  bool prefix_reuse = true; // off: every prompt is computed from scratch (a reference)
+  size_t max_queue = 64;    // waiting requests; more are refused
   // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit. A request is
   // admitted only when the most it can grow to fits beside what the active ones may grow to;
   // until then it waits in the queue. Cached conversations make room, least recently used first.
@@ -74,9 +80,10 @@ struct Event {
 struct EngineStats {
   int64_t steps = 0, prompt_tokens = 0, computed_prompt_tokens = 0, reused_prompt_tokens = 0,
           generated_tokens = 0, snapshot_restores = 0;
-  int64_t prefix_hits = 0;      // requests that reused at least one cached token
-  int64_t cache_evictions = 0;  // cached conversations dropped (count, bytes, memory)
-  int64_t waits_for_memory = 0; // steps in which the queue's head waited for KV memory
+  int64_t prefix_hits = 0;        // requests that reused at least one cached token
+  int64_t cache_evictions = 0;    // cached conversations dropped (count, bytes, memory)
+  int64_t snapshot_evictions = 0; // snapshots dropped (budget, or their last sequence went)
+  int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
   double prefill_seconds = 0, decode_seconds = 0;
@@ -111,12 +118,16 @@ public:
   struct Load {
     size_t active = 0, queued = 0, cached = 0;
     int64_t cached_bytes = 0;
+    size_t tree_nodes = 0, snapshots = 0;
+    int64_t snapshot_bytes = 0, pages = 0, shared_pages = 0;
   };
   Load load() const;
   EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
-  // Bytes held by the cached conversations (their sequences and prompt snapshots).
+  // Bytes held by the cached conversations and the snapshots: their rings, the pages no active
+  // request holds (each once), snapshots and their logits.
   int64_t cached_bytes() const;
+  const PrefixTree &tree() const { return tree_; }
   const EngineOptions &options() const { return options_; }
   const kv::KvStore &store() const { return *store_; }
 
@@ -135,20 +146,26 @@ private:
     bool cancelled = false;
     int32_t reused = 0; // prompt tokens found in the cache
     int32_t choice = 0;
-    std::unique_ptr<kv::Snapshot> prompt_snapshot;
+    // Snapshots taken along the prompt (periodic ones, the prompt end's with its logits), for the
+    // tree when this generation's sequence is cached.
+    struct Taken {
+      int32_t depth;
+      std::unique_ptr<kv::Snapshot> snapshot;
+      std::vector<float> logits;
+    };
+    std::vector<Taken> taken;
     std::optional<sample::Constraint> constraint;
     bool spawned = false; // its other choices were forked
-    // The logits at the prompt's end, kept with its snapshot; logits_ready: the whole prompt was
-    // restored and the first token is sampled from these without a forward pass.
+    // logits_ready: the whole prompt came back from a snapshot with its logits, and the first
+    // token is sampled from these without a forward pass.
     std::vector<float> prompt_logits;
     bool logits_ready = false;
   };
-  struct Cached {
-    kv::SeqId seq;
-    std::vector<int32_t> tokens;                   // exactly what the sequence holds
-    std::unique_ptr<kv::Snapshot> prompt_snapshot; // at the end of its prompt, if any
-    uint64_t last_used;
-    std::vector<float> prompt_logits; // with the snapshot
+  // A snapshot in the tree, with the logits at its depth when that was a prompt's end.
+  struct Saved {
+    std::unique_ptr<kv::Snapshot> snapshot;
+    std::vector<float> logits;
+    uint64_t last_used = 0;
   };
 
   Engine(const model::Model &model, EngineOptions options) : model_(model), options_(options) {}
@@ -172,11 +189,17 @@ private:
   void take_inbox();
   void publish();
   Status admit(Generation &a);
+  // Starts `a` from the deepest reusable point the tree holds; false when there is none.
+  bool attach(Generation &a);
+  // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
+  bool cache_sequence(Generation &a);
+  void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
   // Whether `a` may start now under the memory budget (dropping cached conversations for room);
   // an error when it could never fit.
   Result<bool> memory_allows(const Generation &a);
   int64_t peak_bytes(const Generation &a) const;
-  void evict_lru();
+  // The least recently used cached sequence or snapshot (or sequence only).
+  void evict_lru(bool sequences_only = false);
   void evict_over_budget();
   void finish(Generation &a, FinishReason reason, const std::string &error = "");
   // The last event of a (and of its choices not forked yet).
@@ -193,7 +216,10 @@ private:
   std::unique_ptr<model::Forward> forward_;
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<std::unique_ptr<Generation>> active_;
-  std::vector<Cached> cached_;
+  PrefixTree tree_;
+  std::map<kv::SeqId, uint64_t> cached_; // cached sequences, by last use
+  std::map<PrefixTree::SnapshotId, Saved> saved_;
+  PrefixTree::SnapshotId next_snapshot_ = 0;
   uint64_t next_id_ = 1, clock_ = 0;
   EngineStats stats_;
 

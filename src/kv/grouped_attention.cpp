@@ -146,9 +146,10 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
                               s.mask.data() + t * chunk_cap, n);
     // K rows once, then every query's scores.
     for (int64_t j = 0; j < n; ++j)
-      k_rows[j] = row_to_f32(
-          k->type, static_cast<const char *>(k->data) + params.rows(r0 + j) * k->nb[1] + g * k->nb[2],
-          s.k.data() + j * d_k, d_k);
+      k_rows[j] = row_to_f32(k->type,
+                             static_cast<const char *>(k->data) + params.rows(r0 + j) * k->nb[1] +
+                                 g * k->nb[2],
+                             s.k.data() + j * d_k, d_k);
     for (int64_t t = 0; t < n_tok; ++t) {
       const float *qt = s.q.data() + t * group * d_k;
       float *st = s.scores.data() + t * group * chunk_cap;
@@ -191,12 +192,11 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
       bool seen = false;
       for (int64_t query = 0; query < n_queries && !seen; ++query)
         seen = s.scores[size_t(query * chunk_cap + j)] != 0.0f;
-      v_rows[j] =
-          seen ? row_to_f32(v->type,
-                            static_cast<const char *>(v->data) + params.rows(r0 + j) * v->nb[1] +
-                                g * v->nb[2],
-                            s.v.data() + j * d_v, d_v)
-               : nullptr; // masked for every query: weight 0 everywhere, never read
+      v_rows[j] = seen ? row_to_f32(v->type,
+                                    static_cast<const char *>(v->data) +
+                                        params.rows(r0 + j) * v->nb[1] + g * v->nb[2],
+                                    s.v.data() + j * d_v, d_v)
+                       : nullptr; // masked for every query: weight 0 everywhere, never read
     }
     s.acc.assign(size_t(n_queries * d_v), 0.0f);
     for (int64_t query = 0; query < n_queries; ++query) {

@@ -119,9 +119,9 @@ Status KvStore::make_page_pool() {
         pages_.buffer.reset(ggml_backend_cpu_buffer_from_ptr(addr, bytes));
         size_t at = 0;
         for (ggml_tensor *t : tensors) {
-          GGML_ASSERT(ggml_backend_tensor_alloc(pages_.buffer.get(), t,
-                                                static_cast<char *>(addr) + at) ==
-                      GGML_STATUS_SUCCESS);
+          GGML_ASSERT(
+              ggml_backend_tensor_alloc(pages_.buffer.get(), t, static_cast<char *>(addr) + at) ==
+              GGML_STATUS_SUCCESS);
           at += GGML_PAD(ggml_nbytes(t), kAlign);
         }
       }
@@ -214,6 +214,18 @@ void KvStore::copy_page(PageId from, PageId to, int32_t n) {
   }
 }
 
+void KvStore::write_back(const Snapshot &snap, Pool &ring) {
+  for (size_t i = 0; i < snap.spec_.rows.size(); ++i) {
+    const cache::CacheRows &cr = snap.spec_.rows[i];
+    int32_t at = 0;
+    for (const cache::Run &r : cr.rows) {
+      copy_rows(snap.rows_.k[i], at, ring.k[size_t(cr.cache)], r.start, r.len);
+      copy_rows(snap.rows_.v[i], at, ring.v[size_t(cr.cache)], r.start, r.len);
+      at += r.len;
+    }
+  }
+}
+
 void KvStore::release_pages(PageTable &table, size_t keep) {
   while (table.pages.size() > keep) {
     allocator_.release(table.pages.back());
@@ -290,11 +302,10 @@ Status KvStore::reserve(SeqId id, int32_t end) {
   if (fresh == 0) return ok_status();
   if (Status s = check_budget(int64_t(fresh) * page_bytes_, "flat pages"); !s.ok()) return s;
   if (allocator_.in_use() + fresh > allocator_.max_pages())
-    return Status::error("kv store: the page pool is exhausted (" +
-                         std::to_string(allocator_.in_use()) + " of " +
-                         std::to_string(allocator_.max_pages()) + " pages of " +
-                         std::to_string(page_bytes_) + " bytes in use; " + std::to_string(fresh) +
-                         " more needed)");
+    return Status::error(
+        "kv store: the page pool is exhausted (" + std::to_string(allocator_.in_use()) + " of " +
+        std::to_string(allocator_.max_pages()) + " pages of " + std::to_string(page_bytes_) +
+        " bytes in use; " + std::to_string(fresh) + " more needed)");
   for (size_t i = first; i < std::min(need, pages.size()); ++i) {
     if (allocator_.refs(pages[i]) < 2) continue;
     const PageId copy = *allocator_.allocate();
@@ -338,6 +349,28 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
       copy_rows(s->ring.v[c], r.start, child.ring.v[c], r.start, r.len);
     }
   }
+  return insert(std::move(child));
+}
+
+Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap) {
+  Entry *s = find(pages_from);
+  if (!s) return Status::error(unknown(pages_from));
+  const int32_t n = snap.length();
+  if (n > s->seq.length())
+    return Status::error("kv store: a snapshot at " + std::to_string(n) +
+                         " needs the pages of as many positions; sequence " +
+                         std::to_string(pages_from) + " holds " + std::to_string(s->seq.length()));
+  Entry child(layout_);
+  child.seq = s->seq.forked(cache::ForkPlan{n, {}});
+  auto ring = make_ring_pool();
+  if (!ring.ok()) return ring.status();
+  child.ring = std::move(ring).value();
+  const size_t shared = page_bytes_ > 0 ? size_t(PageTable::pages_for(n, layout_->page_rows())) : 0;
+  for (size_t i = 0; i < shared; ++i) {
+    allocator_.retain(s->table.pages[i]);
+    child.table.pages.push_back(s->table.pages[i]);
+  }
+  write_back(snap, child.ring);
   return insert(std::move(child));
 }
 
@@ -386,15 +419,7 @@ Status KvStore::restore(SeqId id, const Snapshot &snap) {
   if (!e) return Status::error(unknown(id));
   cache::Sequence probe = e->seq; // validate on a copy: nothing changes unless all succeeds
   if (Status s = probe.restore(snap.spec_); !s.ok()) return s;
-  for (size_t i = 0; i < snap.spec_.rows.size(); ++i) {
-    const cache::CacheRows &cr = snap.spec_.rows[i];
-    int32_t at = 0;
-    for (const cache::Run &r : cr.rows) {
-      copy_rows(snap.rows_.k[i], at, e->ring.k[size_t(cr.cache)], r.start, r.len);
-      copy_rows(snap.rows_.v[i], at, e->ring.v[size_t(cr.cache)], r.start, r.len);
-      at += r.len;
-    }
-  }
+  write_back(snap, e->ring);
   e->seq = std::move(probe);
   return ok_status();
 }
@@ -484,7 +509,8 @@ const PageTable *KvStore::page_table(SeqId id) const {
 
 int64_t KvStore::peak_bytes_at_length(int32_t length) const {
   const int32_t rows = std::min(length, layout_->capacity());
-  return ring_pool_bytes() + int64_t(PageTable::pages_for(rows, layout_->page_rows())) * page_bytes_;
+  return ring_pool_bytes() +
+         int64_t(PageTable::pages_for(rows, layout_->page_rows())) * page_bytes_;
 }
 
 } // namespace offgraph::kv

@@ -124,6 +124,11 @@ public:
   // page table shares every page of the prefix (the last one is copied only when either side
   // writes into it); ring rows are copied.
   Result<SeqId> fork(SeqId src, int32_t n);
+  // A new sequence at the snapshot's length whose pages are those of `pages_from`'s first
+  // snapshot-length positions (shared) and whose rings are the snapshot's. The caller vouches that
+  // those positions of `pages_from` hold the tokens the snapshot was taken after (the prefix tree
+  // does: both lie on the same path); refused when `pages_from` is shorter.
+  Result<SeqId> fork_at_snapshot(SeqId pages_from, const Snapshot &snapshot);
   // Saves the ring rows that let restore() return `id` to its current length later.
   Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
   Status restore(SeqId id, const Snapshot &snapshot);
@@ -174,6 +179,8 @@ private:
   // Copies rows [0, n) of page `from` into page `to`, on every flat cache.
   void copy_page(cache::PageId from, cache::PageId to, int32_t n);
   void release_pages(cache::PageTable &table, size_t keep);
+  // Writes a snapshot's saved rows back at their slots of `ring`.
+  void write_back(const Snapshot &snap, Pool &ring);
   const Entry *find(SeqId id) const;
   Entry *find(SeqId id);
   Result<SeqId> insert(Entry entry);

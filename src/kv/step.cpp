@@ -282,7 +282,8 @@ Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpe
   // The choice depends on shapes only, never on where pages lie: a sequence's results must not
   // depend on what other sequences did to the pool.
   const AttentionKernel kernel = store_.attention_kernel();
-  if (kernel != AttentionKernel::Ggml && grouped_attention_applies(T, group)) return Kernel::Grouped;
+  if (kernel != AttentionKernel::Ggml && grouped_attention_applies(T, group))
+    return Kernel::Grouped;
   if (kernel == AttentionKernel::Grouped && T > kGroupedAttentionMaxTokens &&
       tiled_attention_applies(group, spec.k_head_dim, spec.v_head_dim, store_.types().k,
                               store_.types().v))

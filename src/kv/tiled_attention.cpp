@@ -300,8 +300,8 @@ ggml_tensor *tiled_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, 
               k->ne[2] == v->ne[2] && q->ne[1] % k->ne[2] == 0 && q->nb[0] == sizeof(float));
   GGML_ASSERT(!mask ||
               (mask->type == GGML_TYPE_F16 && mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[2]));
-  GGML_ASSERT(params && tiled_attention_applies(q->ne[1] / k->ne[2], k->ne[0], v->ne[0], k->type,
-                                                v->type));
+  GGML_ASSERT(params &&
+              tiled_attention_applies(q->ne[1] / k->ne[2], k->ne[0], v->ne[0], k->type, v->type));
   ggml_tensor *args[4] = {q, k, v, mask};
   ggml_tensor *out =
       ggml_custom_4d(ctx, GGML_TYPE_F32, v->ne[0], q->ne[1], q->ne[2], 1, args, mask ? 4 : 3,

@@ -31,8 +31,8 @@ struct TiledAttentionParams {
 };
 
 // q [D_k, H_q, T] f32 (any strides); k [D_k, n_rows, H_kv] and v [D_v, n_rows, H_kv] (views of the
-// cache; row j of head g at params->rows(j) * nb[1] + g * nb[2]); mask [n_rows, >= T] f16 added to the scores, or null (all visible). Returns
-// [D_v, H_q, T] f32, as ggml_flash_attn_ext does.
+// cache; row j of head g at params->rows(j) * nb[1] + g * nb[2]); mask [n_rows, >= T] f16 added to
+// the scores, or null (all visible). Returns [D_v, H_q, T] f32, as ggml_flash_attn_ext does.
 ggml_tensor *tiled_attention(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
                              ggml_tensor *mask, const TiledAttentionParams *params);
 

@@ -8,6 +8,7 @@ KvMetrics kv_metrics(const kv::KvStore &store) {
   KvMetrics m;
   const kv::MemoryUse use = store.memory();
   m.flat = use.flat, m.ring = use.ring, m.snapshots = use.snapshots, m.k = use.k, m.v = use.v;
+  m.pages = use.pages, m.shared_pages = use.shared_pages, m.page_bytes = store.page_bytes();
   m.held = use.held, m.minimum = use.minimum, m.buffers = use.buffers;
   m.k_type = kv::storage_type_name(store.types().k);
   m.v_type = kv::storage_type_name(store.types().v);
@@ -81,6 +82,12 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_cache_evictions_total", "counter",
         "cached conversations dropped for room (count, bytes or memory)",
         double(e.cache_evictions));
+  w.one("offgraph_snapshot_evictions_total", "counter",
+        "snapshots dropped (for bytes, or with the last sequence through them)",
+        double(e.snapshot_evictions));
+  w.one("offgraph_prefix_tree_nodes", "gauge", "nodes of the prefix tree", double(in.tree_nodes));
+  w.one("offgraph_prefix_tree_snapshots", "gauge", "ring snapshots held in the prefix tree",
+        double(in.snapshots));
   w.one("offgraph_generated_tokens_total", "counter", "tokens generated (out)",
         double(e.generated_tokens));
   w.one("offgraph_steps_total", "counter", "engine steps", double(e.steps));
@@ -115,6 +122,12 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
            "tensor=\"v\",dtype=\"" + in.kv.v_type + "\"");
   w.one("offgraph_kv_buffer_bytes", "gauge", "KV backend buffers, alignment included",
         double(in.kv.buffers));
+  w.one("offgraph_kv_pages", "gauge", "flat KV pages in use (each counted once)",
+        double(in.kv.pages));
+  w.one("offgraph_kv_pages_shared", "gauge", "flat KV pages held by more than one sequence",
+        double(in.kv.shared_pages));
+  w.one("offgraph_kv_page_bytes", "gauge", "bytes of one flat KV page (all flat caches, K and V)",
+        double(in.kv.page_bytes));
   w.one("offgraph_kv_min_bytes", "gauge",
         "the theoretical minimum of KV bytes for the lengths held", double(in.kv.minimum));
   w.one("offgraph_kv_budget_bytes", "gauge", "the KV memory budget (0: none)",

@@ -19,6 +19,7 @@ struct HttpCounters {
 // What the KV store holds, by kind and tensor, and how large its rings are.
 struct KvMetrics {
   int64_t flat = 0, ring = 0, snapshots = 0, k = 0, v = 0, held = 0, minimum = 0, buffers = 0;
+  int64_t pages = 0, shared_pages = 0, page_bytes = 0; // flat pages in use, shared, one's size
   std::string k_type, v_type;
   int32_t sequences = 0;
   int32_t ring_rows_max = 0;    // the largest ring any sequence holds
@@ -29,7 +30,7 @@ KvMetrics kv_metrics(const kv::KvStore &store);
 struct MetricsInput {
   bool ready = false;
   engine::EngineStats engine;
-  size_t active = 0, queued = 0, cached = 0;
+  size_t active = 0, queued = 0, cached = 0, tree_nodes = 0, snapshots = 0;
   int64_t cached_bytes = 0, kv_budget = 0;
   KvMetrics kv;
 };

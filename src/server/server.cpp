@@ -590,6 +590,8 @@ std::string Server::metrics_text() {
     in.queued = engine_->queued();
     in.cached = load.cached;
     in.cached_bytes = load.cached_bytes;
+    in.tree_nodes = load.tree_nodes;
+    in.snapshots = load.snapshots;
     in.kv_budget = engine_->options().kv_budget;
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;

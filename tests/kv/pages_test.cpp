@@ -29,9 +29,10 @@ std::vector<cache::LayerSpec> three_layers() { return {layer(0), layer(5), layer
 // grouped kernel through the page table); 16: groups of 8 and 16.
 void forks_share_pages(int32_t q_heads) {
   SCOPED_TRACE("query heads " + std::to_string(q_heads));
-  auto store = make_store(make_layout(three_layers(), 0, {128, 4, 4}), {GGML_TYPE_F16, GGML_TYPE_F16});
-  auto alone = make_store(make_layout(three_layers(), 0, {128, 4, 128}),
-                          {GGML_TYPE_F16, GGML_TYPE_F16});
+  auto store =
+      make_store(make_layout(three_layers(), 0, {128, 4, 4}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  auto alone =
+      make_store(make_layout(three_layers(), 0, {128, 4, 128}), {GGML_TYPE_F16, GGML_TYPE_F16});
   std::mt19937_64 rng(21);
   std::vector<std::vector<LayerInputs>> prefix;
   const SeqId a = *store->create_sequence();
@@ -126,10 +127,41 @@ TEST(Pages, EveryKernelReadsScatteredPagesAsContiguousRows) {
       EXPECT_EQ(seen, std::set<std::string>{"flash_attn_ext"});
     }
     const std::vector<cache::PageId> &pages = paged->page_table(a)->pages;
-    EXPECT_FALSE(std::adjacent_find(pages.begin(), pages.end(), [](cache::PageId x, cache::PageId y) {
-                   return y != x + 1;
-                 }) == pages.end()); // scattered
+    EXPECT_FALSE(std::adjacent_find(pages.begin(), pages.end(),
+                                    [](cache::PageId x, cache::PageId y) { return y != x + 1; }) ==
+                 pages.end()); // scattered
   }
+}
+
+TEST(Pages, AForkAtASnapshotEqualsNeverHavingMoved) {
+  // The prefix tree's resume: a snapshot taken at 12, the sequence moved on past its rings; a new
+  // sequence from its pages and the snapshot decodes as a fork taken at 12 does.
+  const std::vector<cache::LayerSpec> layers = {layer(4), layer(0), layer(3)};
+  auto store = make_store(make_layout(layers, 0, {128, 3, 4}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId s = *store->create_sequence();
+  std::mt19937_64 rng(26);
+  for (int i = 0; i < 4; ++i) run_step(*store, s, 3, random_inputs(rng, store->layout(), 3, 8));
+  auto snap = store->snapshot(s);
+  ASSERT_TRUE(snap.ok());
+  const SeqId twin = *store->fork(s, 12);
+  for (int i = 0; i < 10; ++i) run_step(*store, s, 1, random_inputs(rng, store->layout(), 1, 8));
+  ASSERT_FALSE(store->fork(s, 12).ok()); // the rings moved on
+  auto resumed = store->fork_at_snapshot(s, **snap);
+  ASSERT_TRUE(resumed.ok()) << resumed.message();
+  EXPECT_EQ(store->sequence(*resumed)->length(), 12);
+  EXPECT_EQ(store->memory(*resumed).pages, 3); // shared with s and the twin
+  for (int i = 0; i < 6; ++i) {
+    const int32_t n = i % 2 ? 1 : 3;
+    auto in = random_inputs(rng, store->layout(), n, 8);
+    ASSERT_EQ(run_step(*store, *resumed, n, in), run_step(*store, twin, n, in)) << "step " << i;
+  }
+  // Pages for the snapshot's positions are needed.
+  const SeqId short_one = *store->create_sequence();
+  run_step(*store, short_one, 3, random_inputs(rng, store->layout(), 3, 8));
+  run_step(*store, short_one, 1, random_inputs(rng, store->layout(), 1, 8));
+  auto refused = store->fork_at_snapshot(short_one, **snap);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("holds 4"), std::string::npos) << refused.message();
 }
 
 TEST(Pages, RewindGivesBackPagesPastTheLengthAndKeepsSharedOnes) {

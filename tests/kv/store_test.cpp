@@ -34,7 +34,8 @@ TEST(KvStore, PagedStorageGivesTheOutputsOfOnePage) {
     const int32_t n = std::min(room, std::uniform_int_distribution<int32_t>(1, 7)(rng));
     auto in = random_inputs(rng, paged->layout(), n, 8);
     auto out_paged = run_step(*paged, a, n, in);
-    ASSERT_EQ(out_paged, run_step(*whole, b, n, in)) << "at length " << paged->sequence(a)->length();
+    ASSERT_EQ(out_paged, run_step(*whole, b, n, in))
+        << "at length " << paged->sequence(a)->length();
     run_step(*paged, other, n, in); // interleaves the two sequences' pages
     EXPECT_EQ(paged->storage_rows(a, 0), paged->sequence(a)->length()); // a page a row
   }

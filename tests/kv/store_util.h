@@ -17,7 +17,7 @@
 namespace offgraph::kv::testing {
 
 inline std::shared_ptr<const cache::Layout> make_layout(std::vector<cache::LayerSpec> layers,
-                                                 int32_t shared, cache::Policy policy) {
+                                                        int32_t shared, cache::Policy policy) {
   auto geo = cache::Geometry::build(layers, shared);
   EXPECT_TRUE(geo.ok()) << geo.message();
   auto layout = cache::Layout::make(std::move(geo).value(), policy);
@@ -26,7 +26,7 @@ inline std::shared_ptr<const cache::Layout> make_layout(std::vector<cache::Layer
 }
 
 inline std::unique_ptr<KvStore> make_store(std::shared_ptr<const cache::Layout> layout,
-                                    StorageTypes types) {
+                                           StorageTypes types) {
   auto store = KvStore::create(std::move(layout), types, ggml_backend_cpu_buffer_type());
   EXPECT_TRUE(store.ok()) << store.message();
   return std::move(store).value();
@@ -77,8 +77,8 @@ inline std::vector<std::vector<float>> run_step(KvStore &store, SeqId seq, int32
 }
 
 // Random inputs for every layer; a shared layer gets its donor's K/V (what YOCO computes).
-inline std::vector<LayerInputs> random_inputs(std::mt19937_64 &rng, const cache::Layout &layout, int32_t n,
-                                       int32_t q_heads) {
+inline std::vector<LayerInputs> random_inputs(std::mt19937_64 &rng, const cache::Layout &layout,
+                                              int32_t n, int32_t q_heads) {
   const cache::Geometry &geo = layout.geometry();
   std::vector<LayerInputs> in(size_t(geo.n_layers()));
   for (int32_t l = 0; l < geo.n_layers(); ++l) {
@@ -96,7 +96,8 @@ inline std::vector<LayerInputs> random_inputs(std::mt19937_64 &rng, const cache:
   return in;
 }
 
-inline cache::LayerSpec layer(int32_t window, int32_t heads = 2, int32_t k_dim = 64, int32_t v_dim = 32) {
+inline cache::LayerSpec layer(int32_t window, int32_t heads = 2, int32_t k_dim = 64,
+                              int32_t v_dim = 32) {
   return {cache::AttentionKind{window}, heads, k_dim, v_dim};
 }
 

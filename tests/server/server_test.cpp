@@ -263,6 +263,10 @@ TEST(Server, SecondTurnReusesTheWholeFirstPrompt) {
   auto m = live().client->Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("offgraph_snapshot_restores_total"), std::string::npos);
+  EXPECT_NE(m->body.find("offgraph_kv_pages "), std::string::npos);
+  EXPECT_NE(m->body.find("offgraph_kv_pages_shared "), std::string::npos);
+  EXPECT_NE(m->body.find("offgraph_prefix_tree_nodes "), std::string::npos);
+  EXPECT_NE(m->body.find("offgraph_prefix_tree_snapshots "), std::string::npos);
 }
 
 } // namespace

@@ -1,0 +1,179 @@
+// Prefix reuse through the tree: edits far back, concurrent continuations of one cached
+// conversation, periodic snapshots inside long prompts. Each answer is checked against a fresh
+// engine without prefix reuse (greedy, token for token), and each request's computed prompt
+// tokens against what the deepest reusable point leaves to compute.
+#include "engine_util.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace offgraph::engine {
+namespace {
+
+using testing::alone;
+using testing::fixture;
+using testing::greedy;
+using testing::options;
+using testing::random_tokens;
+using testing::run;
+
+EngineOptions paged(int32_t max_cached) {
+  EngineOptions o = options(max_cached);
+  o.page_rows = 8; // prefixes split pages, so forks share some and copy on write
+  return o;
+}
+
+int64_t computed(const Engine &e) { return e.stats().computed_prompt_tokens; }
+
+TEST(PrefixReuse, AnEditThreeTurnsBackResumesAtThePromptEndBeforeIt) {
+  std::mt19937_64 rng(31);
+  auto e = Engine::create(*fixture().model, paged(4));
+  ASSERT_TRUE(e.ok()) << e.message();
+  // Five turns; turn k's prompt is the history so far. Prompt ends: 30, 42, 54, 66, 78.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> history = random_tokens(rng, 30);
+  for (int turn = 0; turn < 5; ++turn) {
+    prompts.push_back(history);
+    run(**e, {greedy(history, 4)});
+    const auto added = random_tokens(rng, 12);
+    history.insert(history.end(), added.begin(), added.end());
+  }
+  EXPECT_EQ(computed(**e), 30 + 4 * 12);
+  // Edit the message that followed turn 1's prompt (position 42 + 5), then continue.
+  std::vector<int32_t> edited = prompts[4];
+  edited[42 + 5] = (edited[42 + 5] + 1) % 500;
+  const int64_t before = computed(**e);
+  auto answer = run(**e, {greedy(edited, 10)})[0];
+  // The deepest snapshot at or before position 47 is turn 1's prompt end, 42.
+  EXPECT_EQ(computed(**e) - before, int64_t(edited.size()) - 42);
+  EXPECT_EQ(answer, alone(greedy(edited, 10)));
+}
+
+TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
+  std::mt19937_64 rng(32);
+  auto e = Engine::create(*fixture().model, paged(4));
+  ASSERT_TRUE(e.ok());
+  const std::vector<int32_t> base = random_tokens(rng, 61);
+  run(**e, {greedy(base, 3)});
+  const int64_t before = computed(**e);
+  std::vector<Request> continuations;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = base;
+    const auto added = random_tokens(rng, size_t(5 + i));
+    p.insert(p.end(), added.begin(), added.end());
+    continuations.push_back(greedy(p, 8));
+  }
+  // All four at once: each forks the cached conversation (none takes it).
+  auto answers = run(**e, continuations);
+  EXPECT_EQ(computed(**e) - before, 5 + 6 + 7 + 8);
+  for (size_t i = 0; i < continuations.size(); ++i)
+    EXPECT_EQ(answers[i], alone(continuations[i])) << "continuation " << i;
+  // The cached conversation is still there for a fifth.
+  std::vector<int32_t> fifth = base;
+  fifth.push_back(7);
+  const int64_t mid = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(fifth, 4)})[0], alone(greedy(fifth, 4)));
+  EXPECT_EQ(computed(**e) - mid, 1);
+}
+
+TEST(PrefixReuse, PeriodicSnapshotsBoundWhatABranchInsideALongPromptRecomputes) {
+  std::mt19937_64 rng(33);
+  EngineOptions o = paged(4);
+  o.snapshot_every = 16;
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  const std::vector<int32_t> document = random_tokens(rng, 120);
+  run(**e, {greedy(document, 2)});
+  EXPECT_GE((*e)->tree().n_snapshots(), 120u / 16); // 16, 32, ..., 112 and the prompt end
+  // Branch at 75: the snapshot at 64 serves; 75 - 64 + the new tail are computed.
+  std::vector<int32_t> branch(document.begin(), document.begin() + 75);
+  const auto tail = random_tokens(rng, 9);
+  branch.insert(branch.end(), tail.begin(), tail.end());
+  const int64_t before = computed(**e);
+  auto answer = run(**e, {greedy(branch, 6)})[0];
+  EXPECT_EQ(computed(**e) - before, int64_t(branch.size()) - 64);
+  EXPECT_EQ(answer, alone(greedy(branch, 6)));
+}
+
+TEST(PrefixReuse, RegeneratingTheSameAnswerComputesNothingAndAgrees) {
+  std::mt19937_64 rng(34);
+  auto e = Engine::create(*fixture().model, paged(4));
+  ASSERT_TRUE(e.ok());
+  const auto prompt = random_tokens(rng, 50);
+  auto first = run(**e, {greedy(prompt, 6)})[0];
+  const int64_t before = computed(**e);
+  // Twice at once: both come back from the prompt-end snapshot with its logits.
+  auto again = run(**e, {greedy(prompt, 6), greedy(prompt, 6)});
+  EXPECT_EQ(computed(**e), before);
+  EXPECT_EQ(again[0], first);
+  EXPECT_EQ(again[1], first);
+}
+
+// Branches, regenerations and continuations of three conversations, a few at a time, stepped by
+// hand: after every step the store holds at most the minimum (a shared page counted once) plus one
+// page per sequence and what rings hold beyond a short sequence's rows (they are allocated in
+// full); every answer equals a fresh engine's.
+TEST(PrefixReuse, RandomBranchingStaysWithinAPageOfTheMinimumAndExact) {
+  std::mt19937_64 rng(35);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  EngineOptions o = paged(6);
+  o.snapshot_every = 8; // branch points inside the conversations
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  const kv::KvStore &store = (*e)->store();
+  const cache::Layout &layout = store.layout();
+  std::vector<std::vector<int32_t>> bases;
+  for (int i = 0; i < 3; ++i) bases.push_back(random_tokens(rng, size_t(uniform(30, 45))));
+  std::vector<Request> requests;
+  std::vector<std::vector<int32_t>> answers;
+  int64_t steps = 0, shared_seen = 0;
+  for (int round = 0; round < 12; ++round) {
+    std::vector<size_t> batch;
+    for (int k = uniform(1, 3); k > 0; --k) {
+      std::vector<int32_t> p = bases[size_t(uniform(0, 2))];
+      p.resize(size_t(uniform(24, int(p.size()))));
+      const auto tail = random_tokens(rng, size_t(uniform(0, 10)));
+      p.insert(p.end(), tail.begin(), tail.end());
+      requests.push_back(greedy(p, uniform(2, 6)));
+      answers.emplace_back();
+      batch.push_back(requests.size() - 1);
+    }
+    for (size_t i : batch)
+      ASSERT_TRUE((*e)->submit(requests[i],
+                               [&answers, i](const Event &ev) {
+                                 if (ev.token >= 0) answers[i].push_back(ev.token);
+                               })
+                      .ok());
+    while ((*e)->step()) {
+      ++steps;
+      const kv::MemoryUse m = store.memory();
+      int64_t slack = 0, each = 0;
+      for (kv::SeqId id : store.sequence_ids()) {
+        slack += store.page_bytes();
+        each += store.memory(id).held;
+        const int32_t length = store.sequence(id)->length();
+        for (cache::CacheId c = 0; c < layout.n_caches(); ++c)
+          if (layout.cache(c).ring())
+            slack += (layout.cache(c).max_rows - layout.min_rows(c, length)) *
+                     int64_t(kv::k_row_bytes(layout, c, store.types()) +
+                             kv::v_row_bytes(layout, c, store.types()));
+      }
+      ASSERT_LE(m.held, m.minimum + slack) << "step " << steps;
+      ASSERT_LE(m.held, each); // a shared page counts once
+      shared_seen += m.shared_pages > 0;
+    }
+  }
+  EXPECT_GT(shared_seen, 10);
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(answers[i], alone(requests[i])) << "request " << i;
+  // Requests that found nothing: the first round's, and those whose conversation's earlier
+  // requests were in flight with them (sharing is from cached state).
+  std::printf("[ reuse    ] %zu requests, %lld prefix hits, %lld steps with shared pages of %lld\n",
+              requests.size(), (long long)(*e)->stats().prefix_hits, (long long)shared_seen,
+              (long long)steps);
+  EXPECT_GT((*e)->stats().prefix_hits, int64_t(requests.size()) / 2);
+}
+
+} // namespace
+} // namespace offgraph::engine
