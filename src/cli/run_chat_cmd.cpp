@@ -1,7 +1,9 @@
 // `offgraph run` (one prompt, streamed) and `offgraph chat` (a conversation kept in the cache).
+// Both run on the engine the server uses (engine/engine.h): one request at a time, the prefix tree
+// keeping what earlier turns computed.
 #include "commands.h"
-#include "session.h"
 
+#include "engine/engine.h"
 #include "kv/storage_types.h"
 #include "sample/sampler.h"
 #include "text/atem/atem_parser.h"
@@ -57,13 +59,13 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
 struct Loaded {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<text::Tokenizer> tokenizer;
-  std::unique_ptr<Session> session;
+  std::unique_ptr<engine::Engine> engine;
   sample::SamplingParams sampling;
   std::string chat_template;
   std::optional<text::Template> parsed_template;
-  // One sampler for the whole session: its random stream goes on from turn to turn, so asking
-  // again after /undo draws a new answer (and a given --seed still replays the whole session).
-  std::optional<sample::Sampler> sampler;
+  // Turn t samples with seed + t: asking again after /undo draws a new answer, and a given --seed
+  // still replays the whole session.
+  uint64_t turn = 0;
   bool atem = false; // the template speaks ATEM (Muse Glimmer): parse reasoning and tool calls
 };
 
@@ -84,9 +86,17 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   l.tokenizer = std::move(tok).value();
   auto ctk = kv::parse_storage_type(o.ctk), ctv = kv::parse_storage_type(o.ctv);
   if (!ctk.ok() || !ctv.ok()) return (ctk.ok() ? ctv : ctk).status();
-  auto session = Session::create(*l.model, {o.ctx, o.max_write, o.threads, {*ctk, *ctv}, 8});
-  if (!session.ok()) return session.status();
-  l.session = std::move(session).value();
+  engine::EngineOptions eo;
+  eo.context = o.ctx;
+  eo.max_write = o.max_write;
+  eo.step_tokens = o.max_write;
+  eo.max_active = 1;
+  eo.max_cached = 8; // the turns /undo can go back to without recomputing
+  eo.types = {*ctk, *ctv};
+  eo.threads = o.threads;
+  auto engine = engine::Engine::create(*l.model, eo);
+  if (!engine.ok()) return engine.status();
+  l.engine = std::move(engine).value();
   l.sampling = sample::defaults_for(l.model->config().arch_name);
   if (!std::isnan(o.temp)) l.sampling.temperature = o.temp;
   if (o.top_k >= 0) l.sampling.top_k = o.top_k;
@@ -94,9 +104,8 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   if (!std::isnan(o.min_p)) l.sampling.min_p = o.min_p;
   if (!std::isnan(o.repeat_penalty)) l.sampling.repetition_penalty = o.repeat_penalty;
   l.sampling.seed = o.seed_option && o.seed_option->count() ? o.seed : std::random_device{}();
-  auto sampler = sample::Sampler::create(l.sampling, l.tokenizer->n_vocab());
-  if (!sampler.ok()) return sampler.status();
-  l.sampler = std::move(sampler).value();
+  if (auto sampler = sample::Sampler::create(l.sampling, l.tokenizer->n_vocab()); !sampler.ok())
+    return sampler.status();
   if (need_template) {
     if (!o.template_file.empty()) {
       std::ifstream in(o.template_file);
@@ -139,45 +148,57 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
   return tokens;
 }
 
-// Generates until an end-of-turn token, the limit or a full context; every piece of text goes to
-// `on_text`. Returns the generated ids.
-Result<std::vector<int32_t>> generate(Loaded &l, std::vector<float> logits, int32_t limit,
+// Computes `prompt` (what earlier turns left in the cache is reused) and generates until an
+// end-of-turn token, the limit or a full context; every piece of text goes to `on_text`. Returns
+// the generated ids.
+Result<std::vector<int32_t>> generate(Loaded &l, const std::vector<int32_t> &prompt, int32_t limit,
                                       bool render_control,
                                       const std::function<void(const std::string &)> &on_text) {
+  const int32_t room = l.engine->options().context - int32_t(prompt.size());
+  if (room < 1)
+    return Status::error("the prompt has " + std::to_string(prompt.size()) +
+                         " tokens; the context holds " +
+                         std::to_string(l.engine->options().context));
+  engine::Request r;
+  r.prompt = prompt;
+  r.sampling = l.sampling;
+  r.sampling.seed = l.sampling.seed + l.turn++;
+  r.max_tokens = std::min(limit, room);
+  r.stop_tokens = l.tokenizer->end_of_generation_ids();
   text::Detokenizer detok(*l.tokenizer, render_control);
-  const std::vector<int32_t> stops = l.tokenizer->end_of_generation_ids();
   std::vector<int32_t> out;
-  for (int32_t i = 0; i < limit; ++i) {
-    auto sampled = l.sampler->sample_checked(logits, l.session->tokens());
-    if (!sampled.ok()) return sampled.status();
-    const int32_t id = *sampled;
-    out.push_back(id);
-    const bool stop = std::find(stops.begin(), stops.end(), id) != stops.end();
-    if (!stop || render_control) on_text(detok.feed(id));
-    if (stop) break;
-    if (int32_t(l.session->tokens().size()) >= l.session->capacity()) {
-      std::fprintf(
-          stderr,
-          "\n[the context of %d tokens is full: /undo or /reset to go on, or a larger --ctx]\n",
-          l.session->capacity());
-      break;
+  std::string error;
+  engine::FinishReason finish = engine::FinishReason::None;
+  auto id = l.engine->submit(std::move(r), [&](const engine::Event &e) {
+    if (e.token >= 0) {
+      out.push_back(e.token);
+      const std::vector<int32_t> &stops = l.tokenizer->end_of_generation_ids();
+      const bool stop = std::find(stops.begin(), stops.end(), e.token) != stops.end();
+      if (!stop || render_control) on_text(detok.feed(e.token));
     }
-    auto next = l.session->step(id);
-    if (!next.ok()) return next.status();
-    logits = std::move(next).value();
-  }
+    if (e.finish != engine::FinishReason::None) finish = e.finish, error = e.error;
+  });
+  if (!id.ok()) return id.status();
+  l.engine->run_until_idle();
   on_text(detok.flush());
+  if (finish == engine::FinishReason::Error) return Status::error(error);
+  if (finish == engine::FinishReason::Length && int32_t(out.size()) == room)
+    std::fprintf(
+        stderr,
+        "\n[the context of %d tokens is full: /undo or /reset to go on, or a larger --ctx]\n",
+        l.engine->options().context);
   return out;
 }
 
-void print_stats(const SessionStats &s) {
+void print_stats(const engine::EngineStats &s) {
   std::fprintf(stderr,
                "\nprompt: %lld tokens computed (%lld reused) in %.2f s, %.1f tok/s; generated: "
                "%lld tokens in %.2f s, %.1f tok/s\n",
-               (long long)s.prompt_tokens, (long long)s.reused_tokens, s.prompt_seconds,
-               s.prompt_seconds > 0 ? double(s.prompt_tokens) / s.prompt_seconds : 0.0,
-               (long long)s.generated_tokens, s.generate_seconds,
-               s.generate_seconds > 0 ? double(s.generated_tokens) / s.generate_seconds : 0.0);
+               (long long)s.computed_prompt_tokens, (long long)s.reused_prompt_tokens,
+               s.prefill_seconds,
+               s.prefill_seconds > 0 ? double(s.computed_prompt_tokens) / s.prefill_seconds : 0.0,
+               (long long)s.generated_tokens, s.decode_seconds,
+               s.decode_seconds > 0 ? double(s.generated_tokens) / s.decode_seconds : 0.0);
 }
 
 // Streams ATEM events: reasoning dimmed on stderr, the answer on stdout, tool calls as JSON.
@@ -245,12 +266,10 @@ std::function<int()> add_run(CLI::App &app) {
     } else {
       prompt = l.tokenizer->encode(o->prompt, l.tokenizer->add_bos_default(), false);
     }
-    auto logits = l.session->prompt(prompt);
-    if (!logits.ok()) return fail(logits.message());
     text::AtemParser atem;
     AtemPrinter print;
     const bool parse_atem = o->chat && l.atem;
-    auto out = generate(l, *logits, o->n_predict, parse_atem, [&](const std::string &t) {
+    auto out = generate(l, prompt, o->n_predict, parse_atem, [&](const std::string &t) {
       if (t.empty()) return;
       if (parse_atem) {
         print(atem.feed(t));
@@ -262,7 +281,7 @@ std::function<int()> add_run(CLI::App &app) {
     if (parse_atem) print(atem.finish());
     if (!out.ok()) return fail(out.message());
     std::printf("\n");
-    print_stats(l.session->stats());
+    print_stats(l.engine->stats());
     return 0;
   };
 }
@@ -292,8 +311,8 @@ std::function<int()> add_chat(CLI::App &app) {
       if (line == "/quit" || line == "/exit") break;
       if (line.empty()) continue;
       if (line == "/undo") {
-        // Drop the last exchange; the next prompt rewinds the cache to where it began (exactly:
-        // by rewind, or by the snapshot taken at that prompt's end).
+        // Drop the last exchange; the next prompt resumes from the cache where it began (the
+        // snapshot taken at that prompt's end).
         size_t n = messages.size();
         while (n > 0 && messages[n - 1]["role"] != "user") --n;
         if (n == 0) {
@@ -306,7 +325,6 @@ std::function<int()> add_chat(CLI::App &app) {
       }
       if (line == "/reset") {
         messages.erase(messages.begin() + (!o->system.empty() ? 1 : 0), messages.end());
-        l.session->reset();
         std::fprintf(stderr, "reset\n");
         continue;
       }
@@ -329,17 +347,10 @@ std::function<int()> add_chat(CLI::App &app) {
         std::fprintf(stderr, "%s\n", prompt.message().c_str());
         continue;
       }
-      auto logits = l.session->prompt(*prompt);
-      if (!logits.ok()) {
-        messages.erase(messages.end() - 1);
-        std::fprintf(stderr, "%s%s\n", logits.message().c_str(),
-                     messages.size() > 1 ? " (/undo or /reset frees the context)" : "");
-        continue;
-      }
       text::AtemParser atem;
       AtemPrinter print;
       std::string plain; // the answer of a model whose template is not ATEM
-      auto out = generate(l, *logits, o->n_predict, l.atem, [&](const std::string &t) {
+      auto out = generate(l, *prompt, o->n_predict, l.atem, [&](const std::string &t) {
         if (l.atem) {
           print(atem.feed(t));
         } else {
@@ -351,7 +362,12 @@ std::function<int()> add_chat(CLI::App &app) {
       if (l.atem) print(atem.finish());
       std::printf("\n");
       std::fflush(stdout);
-      if (!out.ok()) std::fprintf(stderr, "%s\n", out.message().c_str());
+      if (!out.ok()) {
+        messages.erase(messages.end() - 1);
+        std::fprintf(stderr, "%s%s\n", out.message().c_str(),
+                     messages.size() > 1 ? " (/undo or /reset frees the context)" : "");
+        continue;
+      }
       // History keeps the answer, not the reasoning (as the template drops it), so the next prompt
       // diverges right after this one's end: the snapshot there makes the reuse exact.
       nlohmann::ordered_json reply = {{"role", "assistant"},
@@ -365,7 +381,7 @@ std::function<int()> add_chat(CLI::App &app) {
       }
       messages.push_back(reply);
     }
-    print_stats(l.session->stats());
+    print_stats(l.engine->stats());
     return 0;
   };
 }
