@@ -81,11 +81,14 @@ void Engine::take_inbox() {
       if (a->id == id && (choice < 0 || a->choice == choice)) a->cancelled = true;
     for (auto &a : queue_)
       if (a->id == id && (choice < 0 || a->request.n == 1)) a->cancelled = true;
+    for (auto &p : parked_)
+      if (p.g->id == id && (choice < 0 || p.g->request.n == 1)) p.g->cancelled = true;
   }
   cancels_.clear();
   if (cancel_all_) {
     for (auto &a : active_) a->cancelled = true;
     for (auto &a : queue_) a->cancelled = true;
+    for (auto &p : parked_) p.g->cancelled = true;
     cancel_all_ = false;
   }
 }
@@ -245,6 +248,63 @@ bool Engine::attach(Generation &a) {
   return true;
 }
 
+bool Engine::park(std::unique_ptr<Generation> &a) {
+  if (!options_.prefix_reuse || options_.max_cached == 0) return false;
+  const std::vector<int32_t> &prompt = a->request.prompt;
+  // Worth waiting for: a prefix at least a page longer than what the tree gives now.
+  const int32_t tree_depth = std::min(tree_.match(prompt, 0).depth, int32_t(prompt.size()) - 1);
+  Generation *best = nullptr;
+  int32_t best_depth = tree_depth + store_->page_rows() - 1;
+  for (const auto &g : active_) {
+    const std::vector<int32_t> &other = g->request.prompt;
+    const size_t n = std::min(other.size(), prompt.size() - 1);
+    const int32_t shared =
+        int32_t(std::mismatch(other.begin(), other.begin() + long(n), prompt.begin()).first -
+                other.begin());
+    // Only a prefix it has yet to compute: one it holds is served by forking it when it is cached
+    // (or by its snapshots).
+    if (shared > best_depth && size_t(shared) > g->computed) best = g.get(), best_depth = shared;
+  }
+  if (!best) return false;
+  best->publish_at.insert(best_depth);
+  parked_.push_back({std::move(a), best->id, best_depth});
+  ++stats_.parked;
+  return true;
+}
+
+void Engine::unpark() {
+  // Back to the queue's front in their order: they were first in line.
+  for (auto it = parked_.rbegin(); it != parked_.rend();) {
+    const bool producing = std::any_of(active_.begin(), active_.end(), [&](const auto &g) {
+      return g->id == it->waits_for && g->choice == 0 && g->publish_at.count(it->depth);
+    });
+    if (producing) {
+      ++it;
+      continue;
+    }
+    queue_.push_front(std::move(it->g));
+    it = decltype(it)(parked_.erase(std::next(it).base()));
+  }
+}
+
+void Engine::publish_prefix(Generation &a) {
+  const int32_t depth = int32_t(a.computed);
+  if (!a.publish_at.erase(depth)) return;
+  // A fork at this depth, cached, serves the waiting requests (its rings hold the depth); a
+  // snapshot here stays in the tree for later ones once a's own sequence is cached.
+  auto fork = store_->fork(a.seq, depth);
+  if (fork.ok()) {
+    const std::span<const int32_t> prefix(a.tokens.data(), size_t(depth));
+    if (tree_.insert_sequence(prefix, *fork))
+      cached_[*fork] = ++clock_;
+    else
+      (void)store_->remove_sequence(*fork);
+  }
+  if (store_->layout().has_ring())
+    if (auto snap = store_->snapshot(a.seq); snap.ok())
+      a.taken.push_back({depth, std::move(snap).value(), {}});
+}
+
 Status Engine::admit(Generation &a) {
   a.tokens = a.request.prompt;
   a.computed = 0;
@@ -347,6 +407,15 @@ void Engine::settle(const std::vector<Generation *> &gone,
 // submit or cancel.
 void Engine::drop_cancelled() {
   std::vector<std::unique_ptr<Generation>> dropped;
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->g->cancelled) {
+      dropped.push_back(std::move(it->g));
+      it = parked_.erase(it);
+      --waiting_;
+    } else {
+      ++it;
+    }
+  }
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled) {
       dropped.push_back(std::move(*it));
@@ -369,6 +438,7 @@ void Engine::drop_cancelled() {
 
 // Queued requests join while there is room.
 void Engine::admit_queued() {
+  unpark();
   while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
     // First come, first served: the head waits for memory rather than being overtaken.
     auto fits = memory_allows(*queue_.front());
@@ -384,6 +454,10 @@ void Engine::admit_queued() {
     --waiting_;
     if (!fits.ok()) {
       end_events(*a, FinishReason::Error, fits.message());
+      continue;
+    }
+    if (park(a)) {
+      ++waiting_; // still waiting, beside the queue
       continue;
     }
     if (Status s = admit(*a); !s.ok()) {
@@ -432,6 +506,8 @@ std::vector<Engine::Part> Engine::plan_batch() {
         {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
     if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0)
       n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
+    if (auto next = a->publish_at.upper_bound(int32_t(a->computed)); next != a->publish_at.end())
+      n = std::min(n, size_t(*next) - a->computed); // and where others wait to share
     parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size()});
     budget -= int32_t(n);
   }

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
 namespace offgraph::engine {
@@ -83,6 +84,7 @@ struct EngineStats {
   int64_t prefix_hits = 0;        // requests that reused at least one cached token
   int64_t cache_evictions = 0;    // cached conversations dropped (count, bytes, memory)
   int64_t snapshot_evictions = 0; // snapshots dropped (budget, or their last sequence went)
+  int64_t parked = 0;             // requests that waited for another to compute a shared prefix
   int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
@@ -156,10 +158,19 @@ private:
     std::vector<Taken> taken;
     std::optional<sample::Constraint> constraint;
     bool spawned = false; // its other choices were forked
+    // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
+    // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).
+    std::set<int32_t> publish_at;
     // logits_ready: the whole prompt came back from a snapshot with its logits, and the first
     // token is sampled from these without a forward pass.
     std::vector<float> prompt_logits;
     bool logits_ready = false;
+  };
+  // A request waiting for an active one to compute the prefix they share.
+  struct Parked {
+    std::unique_ptr<Generation> g;
+    uint64_t waits_for; // the active request's id (its first choice)
+    int32_t depth;      // how much of its prompt that one will have computed for this one
   };
   // A snapshot in the tree, with the logits at its depth when that was a prompt's end.
   struct Saved {
@@ -191,6 +202,13 @@ private:
   Status admit(Generation &a);
   // Starts `a` from the deepest reusable point the tree holds; false when there is none.
   bool attach(Generation &a);
+  // Whether `a` should wait for an active request that is computing a longer shared prefix than
+  // the tree holds; if so, that one is told to publish it and `a` is parked.
+  bool park(std::unique_ptr<Generation> &a);
+  // Parked requests whose prefix is ready (or whose producer is gone) go back to the queue.
+  void unpark();
+  // After a step: the shared prefix `a` was to publish at its current length.
+  void publish_prefix(Generation &a);
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
@@ -215,6 +233,7 @@ private:
   std::unique_ptr<kv::KvStore> store_;
   std::unique_ptr<model::Forward> forward_;
   std::deque<std::unique_ptr<Generation>> queue_;
+  std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;
   PrefixTree tree_;
   std::map<kv::SeqId, uint64_t> cached_; // cached sequences, by last use

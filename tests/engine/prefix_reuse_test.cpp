@@ -77,6 +77,36 @@ TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
   EXPECT_EQ(computed(**e) - mid, 1);
 }
 
+TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
+  // A system prompt nobody has computed yet, then six questions at once (four computed together):
+  // the first computes the prefix; the others wait for it and fork it.
+  std::mt19937_64 rng(36);
+  auto e = Engine::create(*fixture().model, paged(8));
+  ASSERT_TRUE(e.ok());
+  const std::vector<int32_t> system = random_tokens(rng, 70);
+  std::vector<Request> requests;
+  int64_t tails = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p = system;
+    const auto question = random_tokens(rng, size_t(4 + i));
+    p.insert(p.end(), question.begin(), question.end());
+    tails += int64_t(question.size());
+    requests.push_back(greedy(p, 5));
+  }
+  auto answers = run(**e, requests);
+  EXPECT_EQ(computed(**e), 70 + tails);
+  EXPECT_EQ((*e)->stats().parked, 5);
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(answers[i], alone(requests[i])) << "request " << i;
+  // A seventh, later, finds the prefix in the tree (the snapshot kept where they branched).
+  std::vector<int32_t> later = system;
+  later.push_back(11);
+  later.push_back(12);
+  const int64_t before = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(later, 4)})[0], alone(greedy(later, 4)));
+  EXPECT_EQ(computed(**e) - before, 2);
+}
+
 TEST(PrefixReuse, PeriodicSnapshotsBoundWhatABranchInsideALongPromptRecomputes) {
   std::mt19937_64 rng(33);
   EngineOptions o = paged(4);
