@@ -123,7 +123,8 @@ EngineStats Engine::published_stats() const {
 int64_t Engine::cached_bytes() const {
   std::set<cache::PageId> active, cached;
   for (const auto &g : active_)
-    for (cache::PageId p : store_->page_table(g->seq)->pages) active.insert(p);
+    if (const cache::PageTable *t = store_->page_table(g->seq))
+      for (cache::PageId p : t->pages) active.insert(p);
   int64_t bytes = 0;
   for (const auto &[seq, stamp] : cached_) {
     bytes += store_->memory(seq).ring;
@@ -371,12 +372,12 @@ bool Engine::cache_sequence(Generation &a) {
 
 void Engine::finish(Generation &a, FinishReason reason, const std::string &error) {
   end_events(a, reason, error);
-  // Keep what the sequence holds for prefix reuse; the least recently used goes first.
-  if (!cache_sequence(a)) {
-    (void)store_->remove_sequence(a.seq);
-    return;
-  }
-  evict_over_budget();
+  // Keep what the sequence holds for prefix reuse; the least recently used goes first. Either
+  // way the generation no longer owns it (it stays in active_ until the step settles).
+  const bool cached = cache_sequence(a);
+  if (!cached) (void)store_->remove_sequence(a.seq);
+  a.seq = -1;
+  if (cached) evict_over_budget();
 }
 
 bool Engine::step() {
