@@ -174,10 +174,17 @@ void Engine::evict_over_budget() {
 }
 
 int64_t Engine::peak_bytes(const Generation &a) const {
-  // Each choice may grow to the full length and keep a prompt-end snapshot (at most the rings).
-  const int32_t length = int32_t(a.request.prompt.size()) + a.request.max_tokens;
-  const int64_t snapshot = store_->layout().has_ring() ? store_->peak_bytes_at_length(0) : 0;
-  return int64_t(a.request.n) * (store_->peak_bytes_at_length(length) + snapshot);
+  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
+  // snapshot_every tokens, and one where requests wait to share it (each at most the rings).
+  const int32_t prompt = int32_t(a.request.prompt.size());
+  const int32_t length = prompt + a.request.max_tokens;
+  int64_t snapshots = 0;
+  if (store_->layout().has_ring()) {
+    const int64_t count = 1 + int64_t(a.publish_at.size()) +
+                          (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0);
+    snapshots = count * store_->peak_bytes_at_length(0);
+  }
+  return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
 }
 
 Result<bool> Engine::memory_allows(const Generation &a) {
@@ -288,22 +295,31 @@ void Engine::unpark() {
   }
 }
 
-void Engine::publish_prefix(Generation &a) {
+bool Engine::publish_prefix(Generation &a) {
   const int32_t depth = int32_t(a.computed);
-  if (!a.publish_at.erase(depth)) return;
+  if (!a.publish_at.erase(depth)) return false;
   // A fork at this depth, cached, serves the waiting requests (its rings hold the depth); a
-  // snapshot here stays in the tree for later ones once a's own sequence is cached.
+  // snapshot there, in the tree at once, serves later ones after the fork is gone (a longer
+  // sequence through it makes it redundant).
+  const std::span<const int32_t> prefix(a.tokens.data(), size_t(depth));
   auto fork = store_->fork(a.seq, depth);
-  if (fork.ok()) {
-    const std::span<const int32_t> prefix(a.tokens.data(), size_t(depth));
-    if (tree_.insert_sequence(prefix, *fork))
-      cached_[*fork] = ++clock_;
-    else
-      (void)store_->remove_sequence(*fork);
+  if (!fork.ok()) return false;
+  if (!tree_.insert_sequence(prefix, *fork)) {
+    (void)store_->remove_sequence(*fork);
+    return false;
   }
+  cached_[*fork] = ++clock_;
   if (store_->layout().has_ring())
-    if (auto snap = store_->snapshot(a.seq); snap.ok())
-      a.taken.push_back({depth, std::move(snap).value(), {}});
+    if (auto snap = store_->snapshot(a.seq); snap.ok()) {
+      const PrefixTree::SnapshotId id = next_snapshot_++;
+      std::optional<PrefixTree::SnapshotId> replaced;
+      if (tree_.insert_snapshot(prefix, id, &replaced)) {
+        std::vector<float> logits;
+        if (replaced) logits = std::move(saved_.at(*replaced).logits), saved_.erase(*replaced);
+        saved_[id] = Saved{std::move(snap).value(), std::move(logits), clock_};
+      }
+    }
+  return true;
 }
 
 Status Engine::admit(Generation &a) {
@@ -358,7 +374,10 @@ bool Engine::cache_sequence(Generation &a) {
     const PrefixTree::SnapshotId id = next_snapshot_++;
     std::optional<PrefixTree::SnapshotId> replaced;
     if (!tree_.insert_snapshot(held.first(size_t(t.depth)), id, &replaced)) continue;
-    if (replaced) saved_.erase(*replaced); // the same state, taken again
+    if (replaced) { // the same state, taken again; a prompt end's logits stay with it
+      if (t.logits.empty()) t.logits = std::move(saved_.at(*replaced).logits);
+      saved_.erase(*replaced);
+    }
     saved_[id] = Saved{std::move(t.snapshot), std::move(t.logits), clock_};
   }
   a.taken.clear();
@@ -557,6 +576,7 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     const bool prefill = a.computed < a.request.prompt.size();
     a.computed += size_t(p.n);
     if (prefill) stats_.computed_prompt_tokens += p.n;
+    if (prefill && publish_prefix(a)) evict_over_budget(); // for requests waiting on this prefix
     const bool periodic =
         prefill && options_.snapshot_every > 0 && a.computed % size_t(options_.snapshot_every) == 0;
     std::span<const float> l;

@@ -207,8 +207,8 @@ private:
   bool park(std::unique_ptr<Generation> &a);
   // Parked requests whose prefix is ready (or whose producer is gone) go back to the queue.
   void unpark();
-  // After a step: the shared prefix `a` was to publish at its current length.
-  void publish_prefix(Generation &a);
+  // After a step: the shared prefix `a` was to publish at its current length, if any (true).
+  bool publish_prefix(Generation &a);
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);

@@ -22,13 +22,13 @@ namespace offgraph::kv {
 // Spans with at most this many tokens take the grouped kernel; longer ones (prefill) take the tiled
 // kernel (kv/tiled_attention.h), whose products pay off at those shapes.
 inline constexpr int64_t kGroupedAttentionMaxTokens = 8;
-// And where query heads share a KV head (groups of 2 and more). Groups of 2-3 once went to ggml's
-// kernel below 8,192 rows, where it was up to 1% faster (docs/performance-log.md entry 16); with
-// paged storage that choice would have depended on where a sequence's pages lie (ggml's kernel
-// reads scattered pages as a masked range of pool rows, twice as many or more), and so would its
-// results. Groups of 1 (MHA) go to ggml's kernel, which streams rows without converting them.
+// Every group size takes it, MHA's groups of 1 included. Groups under 4 once went to ggml's kernel
+// over short histories, where it was up to 1% faster (docs/performance-log.md entry 16); with
+// paged storage ggml's kernel reads scattered pages as a masked range of pool rows, whose cost
+// grows with how far apart the pages lie, and choosing by placement would have made a sequence's
+// results depend on what other sequences did to the pool.
 inline bool grouped_attention_applies(int64_t n_tokens, int64_t group) {
-  return n_tokens <= kGroupedAttentionMaxTokens && group >= 2;
+  return n_tokens <= kGroupedAttentionMaxTokens && group >= 1;
 }
 
 // Parameters the ops read at compute time; must outlive the graph's computation.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace offgraph::kv {
 
@@ -76,6 +77,9 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
     const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
     max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
   }
+  // Pool rows are int32 (ggml row indices, page tables): at most 2^31 - 1 of them.
+  max_pages =
+      std::min<int64_t>(max_pages, std::numeric_limits<int32_t>::max() / layout->page_rows());
   std::unique_ptr<KvStore> store(new KvStore(std::move(layout), types, buft, max_pages));
   store->page_bytes_ = page_bytes;
   if (Status s = store->make_page_pool(); !s.ok()) return s;
@@ -421,6 +425,7 @@ Status KvStore::restore(SeqId id, const Snapshot &snap) {
   if (Status s = probe.restore(snap.spec_); !s.ok()) return s;
   write_back(snap, e->ring);
   e->seq = std::move(probe);
+  release_pages(e->table, size_t(PageTable::pages_for(e->seq.length(), layout_->page_rows())));
   return ok_status();
 }
 

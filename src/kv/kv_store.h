@@ -131,6 +131,7 @@ public:
   Result<SeqId> fork_at_snapshot(SeqId pages_from, const Snapshot &snapshot);
   // Saves the ring rows that let restore() return `id` to its current length later.
   Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
+  // Restores a snapshot of `id` (the core's rules); pages past its length go back.
   Status restore(SeqId id, const Snapshot &snapshot);
 
   // Per sequence (snapshots not included), and for the whole store (snapshots included).

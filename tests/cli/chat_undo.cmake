@@ -1,6 +1,6 @@
 # `offgraph chat` end to end on a generated model, greedy: a question, /undo, the same question
-# again (the prompt comes back whole from the cache: the same answer, nothing recomputed for it),
-# then a follow-up that reuses the conversation so far.
+# again (the same answer), then a follow-up; over the three prompts more tokens come from the cache
+# than are computed.
 set(model "${DIR}/chat-e2e.gguf")
 set(input "${DIR}/chat-e2e.txt")
 file(MAKE_DIRECTORY "${DIR}")

@@ -79,7 +79,8 @@ TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
 
 TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
   // A system prompt nobody has computed yet, then six questions at once (four computed together):
-  // the first computes the prefix; the others wait for it and fork it.
+  // the first computes the prefix; the others wait for it, fork it as soon as it is there (long
+  // before the first has answered: its answer is longer than the rings' slack) and answer alone.
   std::mt19937_64 rng(36);
   auto e = Engine::create(*fixture().model, paged(8));
   ASSERT_TRUE(e.ok());
@@ -91,11 +92,26 @@ TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
     const auto question = random_tokens(rng, size_t(4 + i));
     p.insert(p.end(), question.begin(), question.end());
     tails += int64_t(question.size());
-    requests.push_back(greedy(p, 5));
+    requests.push_back(greedy(p, 30));
   }
-  auto answers = run(**e, requests);
+  std::vector<std::vector<int32_t>> answers(requests.size());
+  std::vector<int64_t> first_token_step(requests.size(), -1), last_step(requests.size(), -1);
+  for (size_t i = 0; i < requests.size(); ++i)
+    ASSERT_TRUE((*e)->submit(requests[i],
+                             [&, i](const Event &ev) {
+                               const int64_t step = (*e)->stats().steps;
+                               if (ev.token >= 0 && answers[i].empty()) first_token_step[i] = step;
+                               if (ev.token >= 0) answers[i].push_back(ev.token);
+                               if (ev.finish != FinishReason::None) last_step[i] = step;
+                             })
+                    .ok());
+  (*e)->run_until_idle();
   EXPECT_EQ(computed(**e), 70 + tails);
   EXPECT_EQ((*e)->stats().parked, 5);
+  // The second, third and fourth start while the first is still answering.
+  for (size_t i = 1; i < 4; ++i)
+    EXPECT_LT(first_token_step[i], last_step[0])
+        << "request " << i << " waited for the whole answer";
   for (size_t i = 0; i < requests.size(); ++i)
     EXPECT_EQ(answers[i], alone(requests[i])) << "request " << i;
   // A seventh, later, finds the prefix in the tree (the snapshot kept where they branched).

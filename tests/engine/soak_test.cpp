@@ -108,10 +108,12 @@ TEST(Soak, TenThousandRequestsEndExactlyOnceAndLeaveOnlyTheCache) {
   EXPECT_EQ(store.sequence_ids().size(), e.cached());
   EXPECT_LE(e.cached(), size_t(o.max_cached));
   EXPECT_LE(e.cached_bytes(), o.cache_budget);
-  std::set<cache::PageId> held;
+  std::map<cache::PageId, int32_t> held; // table entries naming each page
   for (kv::SeqId id : store.sequence_ids())
-    for (cache::PageId p : store.page_table(id)->pages) held.insert(p);
+    for (cache::PageId p : store.page_table(id)->pages) ++held[p];
   EXPECT_EQ(store.memory().pages, int64_t(held.size()));
+  for (const auto &[page, n] : held) EXPECT_EQ(store.pages().refs(page), n) << "page " << page;
+  EXPECT_EQ(e.tree().check(), "");
   EXPECT_EQ(e.tree().n_snapshots(), size_t(e.load().snapshots));
   EXPECT_LE(e.tree().n_nodes(), 4 * e.cached() + e.tree().n_snapshots());
   // Resident memory: within 32 MiB of where it stood after the first tenth of the requests.

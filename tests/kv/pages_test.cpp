@@ -25,8 +25,8 @@ using Outputs = std::vector<std::vector<float>>;
 // A full-attention cache, a sliding one (a ring) and another full one; pages of 4 rows.
 std::vector<cache::LayerSpec> three_layers() { return {layer(0), layer(5), layer(0, 1, 32, 64)}; }
 
-// q_heads 4: groups of 2 and 4 (ggml's kernel over a masked range of pool rows, and offgraph's
-// grouped kernel through the page table); 16: groups of 8 and 16.
+// q_heads 4: groups of 2 and 4; 16: groups of 8 and 16 (offgraph's grouped kernel through the page
+// table; ggml's masked range is EveryKernelReadsScatteredPagesAsContiguousRows's).
 void forks_share_pages(int32_t q_heads) {
   SCOPED_TRACE("query heads " + std::to_string(q_heads));
   auto store =
