@@ -329,31 +329,38 @@ Status KvStore::rewind(SeqId id, int32_t length) {
   return ok_status();
 }
 
+Result<KvStore::Entry> KvStore::child_of(const Entry &src, const cache::ForkPlan &plan) {
+  Entry child(layout_);
+  child.seq = src.seq.forked(plan);
+  auto ring = make_ring_pool();
+  if (!ring.ok()) return ring.status();
+  child.ring = std::move(ring).value();
+  const size_t shared =
+      page_bytes_ > 0 ? size_t(PageTable::pages_for(plan.length, layout_->page_rows())) : 0;
+  for (size_t i = 0; i < shared; ++i) {
+    allocator_.retain(src.table.pages[i]);
+    child.table.pages.push_back(src.table.pages[i]);
+  }
+  return child;
+}
+
 Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
   Entry *s = find(src);
   if (!s) return Status::error(unknown(src));
   auto plan = s->seq.plan_fork(n);
   if (!plan.ok()) return plan.status();
-  Entry child(layout_);
-  child.seq = s->seq.forked(*plan);
-  auto ring = make_ring_pool();
-  if (!ring.ok()) return ring.status();
-  child.ring = std::move(ring).value();
-  // Flat caches: the prefix's pages, shared. Rings: the rows the plan lists.
-  const size_t shared = page_bytes_ > 0 ? size_t(PageTable::pages_for(n, layout_->page_rows())) : 0;
-  for (size_t i = 0; i < shared; ++i) {
-    allocator_.retain(s->table.pages[i]);
-    child.table.pages.push_back(s->table.pages[i]);
-  }
+  auto child = child_of(*s, *plan);
+  if (!child.ok()) return child.status();
+  // Flat caches share the prefix's pages (child_of); rings get the rows the plan lists.
   for (const cache::CacheRows &cr : plan->copies) {
     if (!layout_->cache(cr.cache).ring()) continue;
     const size_t c = size_t(cr.cache);
     for (const cache::Run &r : cr.rows) {
-      copy_rows(s->ring.k[c], r.start, child.ring.k[c], r.start, r.len);
-      copy_rows(s->ring.v[c], r.start, child.ring.v[c], r.start, r.len);
+      copy_rows(s->ring.k[c], r.start, child->ring.k[c], r.start, r.len);
+      copy_rows(s->ring.v[c], r.start, child->ring.v[c], r.start, r.len);
     }
   }
-  return insert(std::move(child));
+  return insert(std::move(child).value());
 }
 
 Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap) {
@@ -364,18 +371,10 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap) 
     return Status::error("kv store: a snapshot at " + std::to_string(n) +
                          " needs the pages of as many positions; sequence " +
                          std::to_string(pages_from) + " holds " + std::to_string(s->seq.length()));
-  Entry child(layout_);
-  child.seq = s->seq.forked(cache::ForkPlan{n, {}});
-  auto ring = make_ring_pool();
-  if (!ring.ok()) return ring.status();
-  child.ring = std::move(ring).value();
-  const size_t shared = page_bytes_ > 0 ? size_t(PageTable::pages_for(n, layout_->page_rows())) : 0;
-  for (size_t i = 0; i < shared; ++i) {
-    allocator_.retain(s->table.pages[i]);
-    child.table.pages.push_back(s->table.pages[i]);
-  }
-  write_back(snap, child.ring);
-  return insert(std::move(child));
+  auto child = child_of(*s, cache::ForkPlan{n, {}});
+  if (!child.ok()) return child.status();
+  write_back(snap, child->ring);
+  return insert(std::move(child).value());
 }
 
 Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {

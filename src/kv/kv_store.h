@@ -171,6 +171,9 @@ private:
   KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
           ggml_backend_buffer_type_t buft, int32_t max_pages);
   Status make_page_pool();
+  // A new entry at plan.length: its rings allocated (not yet filled), the pages of those
+  // positions shared with `src`.
+  Result<Entry> child_of(const Entry &src, const cache::ForkPlan &plan);
   // The ring caches of one sequence, each at its ring size.
   Result<Pool> make_ring_pool();
   int64_t ring_pool_bytes() const;
