@@ -365,8 +365,10 @@ bool Engine::cache_sequence(Generation &a) {
   // Cached sequences holding a prefix of this one (or the same tokens) add nothing but their
   // rings' slack: this one shares their pages and passes through their snapshots.
   std::vector<kv::SeqId> redundant = tree_.prefixes_of(held);
-  for (kv::SeqId s : tree_.match(held, 0).sequences)
-    if (tree_.tokens_of(s)->size() == held.size()) redundant.push_back(s);
+  for (kv::SeqId s : tree_.match(held, 0).sequences) {
+    const std::vector<int32_t> &t = *tree_.tokens_of(s);
+    if (std::equal(t.begin(), t.end(), held.begin(), held.end())) redundant.push_back(s);
+  }
   if (!tree_.insert_sequence(held, a.seq)) return false;
   cached_[a.seq] = ++clock_;
   for (Generation::Taken &t : a.taken) {

@@ -123,6 +123,30 @@ TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
   EXPECT_EQ(computed(**e) - before, 2);
 }
 
+TEST(PrefixReuse, InterleavedConversationsOfEqualLengthsAllStayCached) {
+  // Four conversations sharing a long prefix and differing in one token, turn by turn: a cached
+  // conversation is dropped only for one that holds it (a prefix or the same tokens), never for
+  // another of the same length.
+  std::mt19937_64 rng(39);
+  auto e = Engine::create(*fixture().model, paged(8));
+  ASSERT_TRUE(e.ok());
+  std::vector<std::vector<int32_t>> convs;
+  const auto shared = random_tokens(rng, 40);
+  for (int i = 0; i < 4; ++i) {
+    convs.push_back(shared);
+    convs.back().push_back(100 + i);
+  }
+  for (auto &c : convs) run(**e, {greedy(c, 3)});
+  for (int turn = 0; turn < 2; ++turn)
+    for (auto &c : convs) {
+      const auto added = random_tokens(rng, 6);
+      c.insert(c.end(), added.begin(), added.end());
+      const int64_t before = computed(**e);
+      EXPECT_EQ(run(**e, {greedy(c, 3)})[0], alone(greedy(c, 3)));
+      EXPECT_EQ(computed(**e) - before, 6) << "turn " << turn;
+    }
+}
+
 TEST(PrefixReuse, PeriodicSnapshotsBoundWhatABranchInsideALongPromptRecomputes) {
   std::mt19937_64 rng(33);
   EngineOptions o = paged(4);
