@@ -159,6 +159,7 @@ void Engine::evict_lru(bool sequences_only) {
   if (seq == cached_.end()) return;
   const kv::SeqId id = seq->first;
   cached_.erase(seq);
+  cached_prompt_.erase(id);
   free_snapshots(tree_.remove_sequence(id));
   (void)store_->remove_sequence(id);
   ++stats_.cache_evictions;
@@ -309,6 +310,7 @@ bool Engine::publish_prefix(Generation &a) {
     return false;
   }
   cached_[*fork] = ++clock_;
+  cached_prompt_[*fork] = depth;
   if (store_->layout().has_ring())
     if (auto snap = store_->snapshot(a.seq); snap.ok()) {
       const PrefixTree::SnapshotId id = next_snapshot_++;
@@ -362,15 +364,22 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
 bool Engine::cache_sequence(Generation &a) {
   if (options_.max_cached == 0 || !options_.prefix_reuse || a.computed == 0) return false;
   const std::span<const int32_t> held(a.tokens.data(), a.computed);
-  // Cached sequences holding a prefix of this one (or the same tokens) add nothing but their
-  // rings' slack: this one shares their pages and passes through their snapshots.
-  std::vector<kv::SeqId> redundant = tree_.prefixes_of(held);
-  for (kv::SeqId s : tree_.match(held, 0).sequences) {
+  // Cached sequences that this one holds add nothing but their rings' slack: a prefix of it or the
+  // same tokens, and those whose own prompt this one extends (what they add is the answer they
+  // generated, which the next turn of their conversation replaced: a chat template re-renders it).
+  // Their prompt ends' snapshots lie on this one's path and stay.
+  std::vector<kv::SeqId> redundant;
+  for (const auto &[s, stamp] : cached_) {
     const std::vector<int32_t> &t = *tree_.tokens_of(s);
-    if (std::equal(t.begin(), t.end(), held.begin(), held.end())) redundant.push_back(s);
+    const size_t shared = size_t(
+        std::mismatch(t.begin(), t.begin() + long(std::min(t.size(), held.size())), held.begin())
+            .first -
+        t.begin());
+    if (shared == t.size() || shared >= size_t(cached_prompt_[s])) redundant.push_back(s);
   }
   if (!tree_.insert_sequence(held, a.seq)) return false;
   cached_[a.seq] = ++clock_;
+  cached_prompt_[a.seq] = int32_t(std::min(a.computed, a.request.prompt.size()));
   for (Generation::Taken &t : a.taken) {
     if (size_t(t.depth) > a.computed) continue;
     const PrefixTree::SnapshotId id = next_snapshot_++;
@@ -385,6 +394,7 @@ bool Engine::cache_sequence(Generation &a) {
   a.taken.clear();
   for (kv::SeqId s : redundant) {
     cached_.erase(s);
+    cached_prompt_.erase(s);
     free_snapshots(tree_.remove_sequence(s));
     (void)store_->remove_sequence(s);
   }

@@ -237,6 +237,8 @@ private:
   std::vector<std::unique_ptr<Generation>> active_;
   PrefixTree tree_;
   std::map<kv::SeqId, uint64_t> cached_; // cached sequences, by last use
+  // How many of a cached sequence's tokens were its prompt (the rest it generated).
+  std::map<kv::SeqId, int32_t> cached_prompt_;
   std::map<PrefixTree::SnapshotId, Saved> saved_;
   PrefixTree::SnapshotId next_snapshot_ = 0;
   uint64_t next_id_ = 1, clock_ = 0;
