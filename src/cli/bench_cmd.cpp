@@ -117,6 +117,10 @@ std::function<int()> add_bench(CLI::App &app) {
     if (o->reps < 1 || o->threads < 1 || o->batch < 1)
       return fail("-r, -t and -b must be at least 1");
     if (o->kv_page < 0 || o->kv_ctx < 0) return fail("--kv-page and --kv-ctx must not be negative");
+    if (o->kv_ctx > 0 && kv_at->empty())
+      return fail("--kv-ctx is the context of --kv-at; give both");
+    if (o->kv_scatter && !kv_at->empty())
+      return fail("--kv-scatter lays out the pages of a timed run; --kv-at times nothing");
     // Pages of kv_page rows, or one page holding the whole capacity.
     auto policy = [&](int32_t capacity) {
       return cache::Policy{capacity, std::min(o->batch, capacity),

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
 
 namespace offgraph::engine {
 
@@ -101,10 +100,6 @@ void Engine::publish() {
   l.cached_bytes = cached_bytes();
   l.tree_nodes = tree_.n_nodes();
   l.snapshots = saved_.size();
-  const kv::MemoryUse m = store_->memory();
-  l.snapshot_bytes = m.snapshots;
-  l.pages = m.pages;
-  l.shared_pages = m.shared_pages;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;
@@ -121,17 +116,19 @@ EngineStats Engine::published_stats() const {
 }
 
 int64_t Engine::cached_bytes() const {
-  std::set<cache::PageId> active, cached;
+  // Runs every step (publish): marks in a flat array by page id, not a set. 1: an active request
+  // holds the page (it counts there); 2: already counted here.
+  std::vector<uint8_t> mark(size_t(store_->pages().touched()), 0);
   for (const auto &g : active_)
     if (const cache::PageTable *t = store_->page_table(g->seq))
-      for (cache::PageId p : t->pages) active.insert(p);
-  int64_t bytes = 0;
+      for (cache::PageId p : t->pages) mark[size_t(p)] = 1;
+  int64_t bytes = 0, pages = 0;
   for (const auto &[seq, stamp] : cached_) {
     bytes += store_->memory(seq).ring;
     for (cache::PageId p : store_->page_table(seq)->pages)
-      if (!active.count(p)) cached.insert(p);
+      if (mark[size_t(p)] == 0) mark[size_t(p)] = 2, ++pages;
   }
-  bytes += int64_t(cached.size()) * store_->page_bytes();
+  bytes += pages * store_->page_bytes();
   for (const auto &[id, saved] : saved_)
     bytes += saved.snapshot->bytes() + int64_t(saved.logits.size() * sizeof(float));
   return bytes;

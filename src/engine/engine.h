@@ -121,7 +121,6 @@ public:
     size_t active = 0, queued = 0, cached = 0;
     int64_t cached_bytes = 0;
     size_t tree_nodes = 0, snapshots = 0;
-    int64_t snapshot_bytes = 0, pages = 0, shared_pages = 0;
   };
   Load load() const;
   EngineStats published_stats() const;

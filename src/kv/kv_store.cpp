@@ -457,8 +457,9 @@ MemoryUse KvStore::memory() const {
       flat_row_k += int64_t(k_row_bytes(*layout_, c, types_));
       flat_row_v += int64_t(v_row_bytes(*layout_, c, types_));
     }
-  // Rings per sequence; each flat page once, with the most rows any holder uses of it.
-  std::map<PageId, int32_t> used;
+  // Rings per sequence; each flat page once, with the most rows any holder uses of it (a flat
+  // array by page id: the server reads this after every step).
+  std::vector<int32_t> used(size_t(allocator_.touched()), 0);
   for (const auto &[id, e] : entries_) {
     const MemoryUse one = memory(id);
     m.ring += one.ring;
@@ -469,11 +470,11 @@ MemoryUse KvStore::memory() const {
                      int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
     const int32_t length = e->seq.length();
     for (size_t i = 0; i < e->table.pages.size(); ++i) {
-      int32_t &rows = used[e->table.pages[i]];
+      int32_t &rows = used[size_t(e->table.pages[i])];
       rows = std::max(rows, std::clamp(length - int32_t(i) * p, 0, p));
     }
   }
-  for (const auto &[page, rows] : used) m.minimum += int64_t(rows) * (flat_row_k + flat_row_v);
+  for (int32_t rows : used) m.minimum += int64_t(rows) * (flat_row_k + flat_row_v);
   m.pages = allocator_.in_use();
   m.shared_pages = allocator_.shared();
   m.flat = m.pages * page_bytes_;
