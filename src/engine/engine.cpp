@@ -309,16 +309,21 @@ bool Engine::publish_prefix(Generation &a) {
   cached_[*fork] = ++clock_;
   cached_prompt_[*fork] = depth;
   if (store_->layout().has_ring())
-    if (auto snap = store_->snapshot(a.seq); snap.ok()) {
-      const PrefixTree::SnapshotId id = next_snapshot_++;
-      std::optional<PrefixTree::SnapshotId> replaced;
-      if (tree_.insert_snapshot(prefix, id, &replaced)) {
-        std::vector<float> logits;
-        if (replaced) logits = std::move(saved_.at(*replaced).logits), saved_.erase(*replaced);
-        saved_[id] = Saved{std::move(snap).value(), std::move(logits), clock_};
-      }
-    }
+    if (auto snap = store_->snapshot(a.seq); snap.ok())
+      keep_snapshot(prefix, std::move(snap).value(), {});
   return true;
+}
+
+void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::Snapshot> snapshot,
+                           std::vector<float> logits) {
+  const PrefixTree::SnapshotId id = next_snapshot_++;
+  std::optional<PrefixTree::SnapshotId> replaced;
+  if (!tree_.insert_snapshot(prefix, id, &replaced)) return; // on no cached sequence's path
+  if (replaced) { // the same state, taken again; a prompt end's logits stay with it
+    if (logits.empty()) logits = std::move(saved_.at(*replaced).logits);
+    saved_.erase(*replaced);
+  }
+  saved_[id] = Saved{std::move(snapshot), std::move(logits), clock_};
 }
 
 Status Engine::admit(Generation &a) {
@@ -378,15 +383,8 @@ bool Engine::cache_sequence(Generation &a) {
   cached_[a.seq] = ++clock_;
   cached_prompt_[a.seq] = int32_t(std::min(a.computed, a.request.prompt.size()));
   for (Generation::Taken &t : a.taken) {
-    if (size_t(t.depth) > a.computed) continue;
-    const PrefixTree::SnapshotId id = next_snapshot_++;
-    std::optional<PrefixTree::SnapshotId> replaced;
-    if (!tree_.insert_snapshot(held.first(size_t(t.depth)), id, &replaced)) continue;
-    if (replaced) { // the same state, taken again; a prompt end's logits stay with it
-      if (t.logits.empty()) t.logits = std::move(saved_.at(*replaced).logits);
-      saved_.erase(*replaced);
-    }
-    saved_[id] = Saved{std::move(t.snapshot), std::move(t.logits), clock_};
+    if (size_t(t.depth) <= a.computed)
+      keep_snapshot(held.first(size_t(t.depth)), std::move(t.snapshot), std::move(t.logits));
   }
   a.taken.clear();
   for (kv::SeqId s : redundant) {

@@ -211,6 +211,10 @@ private:
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
+  // Puts a snapshot taken after `prefix` into the tree (replacing one at that depth, whose logits
+  // stay when the new one has none); dropped when no cached sequence passes through `prefix`.
+  void keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::Snapshot> snapshot,
+                     std::vector<float> logits);
   // Whether `a` may start now under the memory budget (dropping cached conversations for room);
   // an error when it could never fit.
   Result<bool> memory_allows(const Generation &a);
