@@ -12,7 +12,7 @@ std::function<int()> add_synth(CLI::App &app) {
   struct Opts {
     std::string arch = "muse-glimmer", preset = "tiny", out, type, pattern, vocab, tmpl;
     int32_t layers = 0, embd = 0, heads = 0, kv_heads = 0, head_dim = 0, ff = 0, window = 0,
-            vocab_size = 0;
+            vocab_size = 0, ctx = 0;
     uint64_t seed = 1;
     bool meta_only = false, no_vocab = false, no_template = false;
   };
@@ -28,6 +28,8 @@ std::function<int()> add_synth(CLI::App &app) {
   cmd->add_option("--head-dim", o->head_dim, "head dimension");
   cmd->add_option("--ff", o->ff, "feed-forward width");
   cmd->add_option("--window", o->window, "sliding window (muse-glimmer)");
+  cmd->add_option("--ctx", o->ctx, "training context written as context_length (tokens)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--pattern", o->pattern,
                   "sliding_window_pattern as 'array' or 'scalar' (muse-glimmer)");
   cmd->add_option("--type", o->type, "weight type: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K");
@@ -52,7 +54,7 @@ std::function<int()> add_synth(CLI::App &app) {
     set(o->layers, s.n_layer), set(o->embd, s.n_embd), set(o->heads, s.n_head),
         set(o->kv_heads, s.n_head_kv);
     set(o->head_dim, s.head_dim), set(o->ff, s.n_ff), set(o->window, s.window),
-        set(o->vocab_size, s.n_vocab);
+        set(o->vocab_size, s.n_vocab), set(o->ctx, s.n_ctx);
     s.seed = o->seed;
     s.metadata_only = s.metadata_only || o->meta_only;
     if (!o->pattern.empty()) {
