@@ -135,12 +135,12 @@ Status Sequence::commit(const StepPlan &p) {
                        " (a plan made before a rewind or another step is stale)");
 }
 
-std::vector<CacheRows> Sequence::ring_window_rows(int32_t end) const {
+std::vector<CacheRows> Sequence::ring_window_rows(int32_t from, int32_t end) const {
   std::vector<CacheRows> rows;
   for (CacheId id = 0; id < layout_->n_caches(); ++id) {
     const CacheLayout &c = layout_->cache(id);
     if (!c.ring()) continue;
-    const int32_t start = std::max(0, end - c.window() + 1);
+    const int32_t start = std::max(0, from - c.window() + 1);
     if (end > start) rows.push_back({id, split_ring(start, end - start, c.max_rows)});
   }
   return rows;
@@ -183,7 +183,7 @@ Result<ForkPlan> Sequence::plan_fork(int32_t n) const {
     r.rows.count = 1;
     f.copies.push_back(r);
   }
-  for (const CacheRows &r : ring_window_rows(n)) f.copies.push_back(r);
+  for (const CacheRows &r : ring_window_rows(n, n)) f.copies.push_back(r);
   std::sort(f.copies.begin(), f.copies.end(),
             [](const CacheRows &a, const CacheRows &b) { return a.cache < b.cache; });
   return f;
@@ -195,47 +195,57 @@ Sequence Sequence::forked(const ForkPlan &plan) const {
   return child;
 }
 
-RingSnapshot Sequence::describe_snapshot() {
+RingSnapshot Sequence::describe_snapshot(int32_t reach) {
   RingSnapshot s;
   s.sequence_uid = uid_;
   s.taken_at = ++stamp_;
   s.length = length_;
-  s.rows = ring_window_rows(length_);
+  // A ring of R = window + max_write - 1 slots holds positions [hw - R, hw); going back r
+  // positions needs [length - r - window + 1, length), so r <= length + max_write - hw.
+  int32_t held = length_;
+  if (layout_->has_ring()) held = std::min(held, length_ + layout_->max_write() - high_water_);
+  s.reach = std::clamp(reach, 0, std::max(0, held));
+  s.rows = ring_window_rows(length_ - s.reach, length_);
   return s;
 }
 
-Status Sequence::check_snapshot(const RingSnapshot &s) const {
+Status Sequence::check_snapshot(const RingSnapshot &s, int32_t at) const {
   if (s.sequence_uid != uid_)
     return Status::error("restore: the snapshot belongs to another sequence");
-  if (s.length > length_)
-    return Status::error("restore: the snapshot is at length " + str(s.length) +
+  if (at < s.length - s.reach || at > s.length)
+    return Status::error("restore at " + str(at) + ": the snapshot at " + str(s.length) +
+                         " reaches back only to " + str(s.length - s.reach));
+  if (at > length_)
+    return Status::error("restore: the snapshot is at length " + str(at) +
                          " but the sequence holds only " + str(length_) +
                          " positions, so its flat caches lack the rows between");
   auto later = std::upper_bound(
       truncations_.begin(), truncations_.end(), s.taken_at,
       [](uint64_t t, const std::pair<uint64_t, int32_t> &e) { return t < e.first; });
-  if (later != truncations_.end() && later->second < s.length)
+  if (later != truncations_.end() && later->second < at)
     return Status::error("restore: the sequence was rewound to " + str(later->second) +
                          " after the snapshot at " + str(s.length) +
-                         " was taken, so the positions before it may have been rewritten");
+                         " was taken, so the positions before " + str(at) +
+                         " may have been rewritten");
   return ok_status();
 }
 
-Status Sequence::restore(const RingSnapshot &s) {
-  if (Status st = check_snapshot(s); !st.ok()) return st;
-  if (s.length == 0) {
+Status Sequence::restore(const RingSnapshot &s, int32_t at) {
+  if (at < 0) at = s.length;
+  if (Status st = check_snapshot(s, at); !st.ok()) return st;
+  if (at == 0) {
     clear();
     return ok_status();
   }
-  record_truncation(s.length);
-  length_ = s.length;
+  record_truncation(at);
+  length_ = at;
   last_step_position_ = -1;
-  // The window before B is back at its slots. Slots are labelled from the high-water mark, and
-  // restored position p is labelled p only if hw <= p + R, i.e. hw <= B + max_write; lowering hw
-  // to that bound relabels the newer rows in between as positions >= B (masked until rewritten).
-  // Where hw was already within it, every slot keeps its true label and older rows that survived
-  // stay reachable by rewind.
-  high_water_ = std::min(high_water_, s.length + layout_->max_write());
+  // The window before `at` is back at its slots. Slots are labelled from the high-water mark, and
+  // restored position p is labelled p only if hw <= p + R, i.e. hw <= at + max_write; lowering hw
+  // to that bound relabels the newer rows in between as positions >= at (masked until
+  // rewritten). Where hw was already within it, every slot keeps its true label and older rows
+  // that survived stay reachable by rewind.
+  high_water_ = std::min(high_water_, at + layout_->max_write());
   return ok_status();
 }
 

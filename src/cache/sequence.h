@@ -41,10 +41,15 @@ struct ForkPlan {
 // The ring rows to save at some length B so that a later restore() makes the sequence exactly as
 // it was at B, even after its rings have wrapped past B. Flat caches need nothing: truncation is
 // exact for them. Only rings that can wrap within the capacity are listed.
+// With a reach r it also holds the rows before the window, back to length - r - window + 1, so that
+// a restore may land at any length in [length - r, length]: a prompt's end snapshot then also
+// serves a request that diverges inside the prompt's last few tokens (a chat template's generation
+// prompt, which the next turn renders differently).
 struct RingSnapshot {
   uint64_t sequence_uid = 0;
   uint64_t taken_at = 0; // the sequence's event stamp when taken
   int32_t length = 0;
+  int32_t reach = 0;
   std::vector<CacheRows> rows;
 
   int64_t total_rows() const;
@@ -88,23 +93,26 @@ public:
   Result<ForkPlan> plan_fork(int32_t n) const;
   // The child's bookkeeping once the byte layer copied plan.copies.
   Sequence forked(const ForkPlan &plan) const;
-  // Which ring rows to save now so that restore() can return to the current length later.
-  RingSnapshot describe_snapshot();
-  // After the byte layer wrote the snapshot's rows back at their slots: the length becomes the
-  // snapshot's and the rings' window before it is resident again (so that length is the new
-  // rewind floor). Refuses a snapshot of another sequence, one longer than the current length, or
-  // one whose prefix has been rewound and rewritten since it was taken.
-  Status restore(const RingSnapshot &snapshot);
+  // Which ring rows to save now so that restore() can return to the current length later, or to
+  // any of the `reach` lengths before it. The reach is cut to what the rings still hold (at most
+  // max_write past a step's end; the length itself on a model without rings).
+  RingSnapshot describe_snapshot(int32_t reach = 0);
+  // After the byte layer wrote the snapshot's rows back at their slots: the length becomes `at`
+  // (-1: the snapshot's length) and the rings' window before it is resident again (so that length
+  // is the new rewind floor). Refuses a snapshot of another sequence, an `at` outside its reach or
+  // above the current length, and a snapshot whose first `at` positions have been rewound and
+  // rewritten since it was taken.
+  Status restore(const RingSnapshot &snapshot, int32_t at = -1);
 
 private:
-  // Rows of positions [max(0, end - window + 1), end) on each ring: what a step at `end` reads
-  // besides its own rows.
-  std::vector<CacheRows> ring_window_rows(int32_t end) const;
+  // Rows of positions [max(0, from - window + 1), end) on each ring: with from == end, what a step
+  // at `end` reads besides its own rows.
+  std::vector<CacheRows> ring_window_rows(int32_t from, int32_t end) const;
   // Bookkeeping of a fresh sequence into which the rows of ForkPlan were copied.
   void materialize_at(int32_t end);
   void record_truncation(int32_t new_length);
   bool ring_limits_rewind(CacheId id) const;
-  Status check_snapshot(const RingSnapshot &s) const;
+  Status check_snapshot(const RingSnapshot &s, int32_t at) const;
 
   std::shared_ptr<const Layout> layout_;
   uint64_t uid_ = 0;

@@ -213,8 +213,8 @@ bool Engine::attach(Generation &a) {
   const int32_t whole = int32_t(prompt.size()), target = whole - 1;
   PrefixTree::Match m = tree_.match(prompt, whole);
   if (m.sequences.empty()) return false;
-  const bool whole_prompt =
-      m.snapshot && m.snapshot_depth == whole && !saved_.at(*m.snapshot).logits.empty();
+  const bool whole_prompt = m.snapshot && m.snapshot_depth == whole && m.restore_depth == whole &&
+                            !saved_.at(*m.snapshot).logits.empty();
   if (!whole_prompt) m = tree_.match(prompt, target); // the deepest snapshot short of the end
   // The deepest point a cached sequence's rings still hold (every position for a model without
   // sliding layers): forking there costs no snapshot.
@@ -231,16 +231,16 @@ bool Engine::attach(Generation &a) {
     if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
   }
   int32_t reuse = 0;
-  if (!whole_prompt && fork_at > 0 && fork_at >= m.snapshot_depth) {
+  if (!whole_prompt && fork_at > 0 && fork_at >= m.restore_depth) {
     auto child = store_->fork(fork_from, fork_at);
     if (!child.ok()) return false;
     a.seq = *child, reuse = fork_at;
     cached_[fork_from] = ++clock_;
   } else if (m.snapshot) {
     Saved &saved = saved_.at(*m.snapshot);
-    auto child = store_->fork_at_snapshot(m.sequences.front(), *saved.snapshot);
+    auto child = store_->fork_at_snapshot(m.sequences.front(), *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;
-    a.seq = *child, reuse = m.snapshot_depth;
+    a.seq = *child, reuse = m.restore_depth;
     saved.last_used = ++clock_;
     cached_[m.sequences.front()] = clock_;
     ++stats_.snapshot_restores;
@@ -309,7 +309,7 @@ bool Engine::publish_prefix(Generation &a) {
   cached_[*fork] = ++clock_;
   cached_prompt_[*fork] = depth;
   if (store_->layout().has_ring())
-    if (auto snap = store_->snapshot(a.seq); snap.ok())
+    if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
       keep_snapshot(prefix, std::move(snap).value(), {});
   return true;
 }
@@ -318,7 +318,8 @@ void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::
                            std::vector<float> logits) {
   const PrefixTree::SnapshotId id = next_snapshot_++;
   std::optional<PrefixTree::SnapshotId> replaced;
-  if (!tree_.insert_snapshot(prefix, id, &replaced)) return; // on no cached sequence's path
+  const int32_t reach = snapshot->reach();
+  if (!tree_.insert_snapshot(prefix, id, reach, &replaced)) return; // on no cached sequence's path
   if (replaced) { // the same state, taken again; a prompt end's logits stay with it
     if (logits.empty()) logits = std::move(saved_.at(*replaced).logits);
     saved_.erase(*replaced);
@@ -592,7 +593,7 @@ void Engine::run_batch(const std::vector<Part> &parts) {
         options_.max_cached > 0 && store_->layout().has_ring()) {
       // A prompt's end (the point a later request resending this history comes back to, with the
       // logits that serve the same prompt again) or a periodic point inside a long prompt.
-      if (auto snap = store_->snapshot(a.seq); snap.ok())
+      if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
         a.taken.push_back(
             {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
     }

@@ -42,6 +42,10 @@ struct EngineOptions {
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
   // then recomputes at most N tokens. Each costs window - 1 rows per sliding layer.
   int32_t snapshot_every = 0;
+  // Snapshots also resume up to this many tokens before the point they were taken at (each
+  // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
+  // renders the prompt's generation header ("<|start|>assistant") as another role's message.
+  int32_t snapshot_reach = 16;
   bool prefix_reuse = true; // off: every prompt is computed from scratch (a reference)
   size_t max_queue = 64;    // waiting requests; more are refused
   // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit. A request is

@@ -12,6 +12,7 @@ struct PrefixTree::Node {
   int32_t depth = 0;
   std::vector<SeqId> ending; // sequences holding exactly the tokens up to here
   std::optional<SnapshotId> snapshot;
+  int32_t reach = 0; // the snapshot's
   int32_t below = 0; // sequences ending here or under this node
 };
 
@@ -28,6 +29,7 @@ void PrefixTree::split(Node *node, size_t at) {
   rest->depth = node->depth;
   rest->ending = std::move(node->ending);
   rest->snapshot = node->snapshot;
+  rest->reach = node->reach;
   rest->below = node->below;
   node->edge.resize(at);
   node->depth -= int32_t(rest->edge.size());
@@ -77,6 +79,7 @@ void PrefixTree::merge_with_child(Node *n) {
   n->depth = child->depth;
   n->ending = std::move(child->ending);
   n->snapshot = child->snapshot;
+  n->reach = child->reach;
   n->children = std::move(child->children);
   for (auto &[t, c] : n->children) c->parent = n;
   for (SeqId s : n->ending) sequences_[s].first = n;
@@ -85,27 +88,47 @@ void PrefixTree::merge_with_child(Node *n) {
 
 PrefixTree::Match PrefixTree::match(std::span<const int32_t> prompt, int32_t limit) const {
   Match m;
-  const Node *n = root_.get();
+  const Node *n = root_.get(); // matched to its end, at depth i
   const Node *under = nullptr; // the node whose subtree holds every sequence matching m.depth
   size_t i = 0;
-  while (i < prompt.size()) {
-    auto it = n->children.find(prompt[i]);
-    if (it == n->children.end()) break;
-    const Node *c = it->second.get();
+  while (true) {
+    auto it = i < prompt.size() ? n->children.find(prompt[i]) : n->children.end();
+    const Node *next = it == n->children.end() ? nullptr : it->second.get();
+    // The branches the prompt leaves here: their snapshots may reach back to this depth.
+    if (const int32_t at = std::min(int32_t(i), limit); max_reach_ > 0 && at > m.restore_depth)
+      for (const auto &[t, c] : n->children)
+        if (c.get() != next) offer_reaching(c.get(), at, m);
+    if (!next) break;
     size_t k = 0;
-    while (k < c->edge.size() && i + k < prompt.size() && c->edge[k] == prompt[i + k]) ++k;
+    while (k < next->edge.size() && i + k < prompt.size() && next->edge[k] == prompt[i + k]) ++k;
     i += k;
-    if (k < c->edge.size()) {
-      under = c;
+    if (k < next->edge.size()) {
+      under = next; // the prompt leaves (or ends) inside its edge
+      if (const int32_t at = std::min(int32_t(i), limit); max_reach_ > 0 && at > m.restore_depth)
+        offer_reaching(next, at, m);
       break;
     }
-    n = c;
-    if (c->snapshot && c->depth <= limit) m.snapshot = c->snapshot, m.snapshot_depth = c->depth;
+    n = next;
+    if (n->snapshot) {
+      const int32_t at = std::min(n->depth, limit);
+      if (at > m.restore_depth && at >= n->depth - n->reach)
+        m.snapshot = n->snapshot, m.snapshot_depth = n->depth, m.restore_depth = at;
+    }
   }
   m.depth = int32_t(i);
   if (m.depth == 0) return m;
   collect_sequences(under ? under : n, m.sequences);
   return m;
+}
+
+void PrefixTree::offer_reaching(const Node *node, int32_t at, Match &m) const {
+  // Depth grows downwards, so nothing under a node deeper than at + max_reach_ reaches back.
+  if (node->depth - max_reach_ > at || m.restore_depth == at) return;
+  if (node->snapshot && node->depth - node->reach <= at) {
+    m.snapshot = node->snapshot, m.snapshot_depth = node->depth, m.restore_depth = at;
+    return;
+  }
+  for (const auto &[t, c] : node->children) offer_reaching(c.get(), at, m);
 }
 
 void PrefixTree::collect_sequences(const Node *node, std::vector<SeqId> &out) const {
@@ -170,7 +193,7 @@ std::vector<PrefixTree::SeqId> PrefixTree::prefixes_of(std::span<const int32_t> 
   return out;
 }
 
-bool PrefixTree::insert_snapshot(std::span<const int32_t> prefix, SnapshotId id,
+bool PrefixTree::insert_snapshot(std::span<const int32_t> prefix, SnapshotId id, int32_t reach,
                                  std::optional<SnapshotId> *replaced) {
   if (prefix.empty() || snapshots_.count(id)) return false;
   Node *n = descend(prefix, false);
@@ -178,6 +201,8 @@ bool PrefixTree::insert_snapshot(std::span<const int32_t> prefix, SnapshotId id,
   if (replaced) *replaced = n->snapshot;
   if (n->snapshot) snapshots_.erase(*n->snapshot);
   n->snapshot = id;
+  n->reach = std::clamp(reach, 0, n->depth);
+  max_reach_ = std::max(max_reach_, n->reach);
   snapshots_[id] = n;
   return true;
 }
@@ -188,6 +213,7 @@ bool PrefixTree::remove_snapshot(SnapshotId id) {
   Node *n = it->second;
   snapshots_.erase(it);
   n->snapshot.reset();
+  n->reach = 0;
   // A node kept only for the snapshot merges with its one child.
   if (n != root_.get() && n->ending.empty() && n->children.size() == 1) merge_with_child(n);
   return true;

@@ -33,10 +33,13 @@ public:
   using SnapshotId = int64_t;
 
   struct Match {
-    int32_t depth = 0;                  // leading prompt tokens found on some sequence's path
-    std::vector<SeqId> sequences;       // the cached sequences whose first `depth` tokens match
-    std::optional<SnapshotId> snapshot; // the deepest snapshot at depth <= the limit on that path
-    int32_t snapshot_depth = 0;
+    int32_t depth = 0;            // leading prompt tokens found on some sequence's path
+    std::vector<SeqId> sequences; // the cached sequences whose first `depth` tokens match
+    // The snapshot that resumes the prompt deepest, at restore_depth <= the limit: one on the
+    // matched path, or one past the divergence whose reach goes back to it.
+    std::optional<SnapshotId> snapshot;
+    int32_t snapshot_depth = 0; // where it was taken
+    int32_t restore_depth = 0;  // where the prompt resumes from it: in [depth - reach, depth]
   };
 
   PrefixTree();
@@ -44,7 +47,7 @@ public:
   PrefixTree(const PrefixTree &) = delete;
   PrefixTree &operator=(const PrefixTree &) = delete;
 
-  // What of `prompt` the tree holds; snapshots deeper than `snapshot_limit` are not offered.
+  // What of `prompt` the tree holds; no snapshot is offered to resume past `snapshot_limit`.
   Match match(std::span<const int32_t> prompt, int32_t snapshot_limit) const;
 
   // A cached sequence holding exactly `tokens`. An id already present is refused (false).
@@ -55,9 +58,9 @@ public:
   // The sequences whose tokens are a proper prefix of `tokens` (a longer one makes them redundant).
   std::vector<SeqId> prefixes_of(std::span<const int32_t> tokens) const;
   // A snapshot taken at the end of `prefix`, which must lie on some sequence's path (else false,
-  // and the caller keeps the snapshot). A snapshot already at that depth is replaced: the old id
-  // is returned through `replaced`.
-  bool insert_snapshot(std::span<const int32_t> prefix, SnapshotId id,
+  // and the caller keeps the snapshot); it resumes any of the `reach` depths before as well. A
+  // snapshot already at that depth is replaced: the old id is returned through `replaced`.
+  bool insert_snapshot(std::span<const int32_t> prefix, SnapshotId id, int32_t reach = 0,
                        std::optional<SnapshotId> *replaced = nullptr);
   // Drops one snapshot (eviction); false when unknown.
   bool remove_snapshot(SnapshotId id);
@@ -81,12 +84,16 @@ private:
   // Absorbs the only child of `n` (which has no sequence ending and no snapshot of its own).
   void merge_with_child(Node *n);
   void collect_sequences(const Node *node, std::vector<SeqId> &out) const;
+  // Offers the snapshots under `node` (inclusive) whose reach goes back to `at` (the depth where
+  // the prompt left their path).
+  void offer_reaching(const Node *node, int32_t at, Match &m) const;
   std::string check_node(const Node *node, int32_t depth, size_t &sequences,
                          size_t &snapshots) const;
 
   std::unique_ptr<Node> root_;
   std::map<SeqId, std::pair<Node *, std::vector<int32_t>>> sequences_;
   std::map<SnapshotId, Node *> snapshots_;
+  int32_t max_reach_ = 0; // the largest reach ever inserted: bounds offer_reaching's search
 };
 
 } // namespace offgraph::engine

@@ -363,25 +363,31 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
   return insert(std::move(child).value());
 }
 
-Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap) {
+Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, int32_t at) {
   Entry *s = find(pages_from);
   if (!s) return Status::error(unknown(pages_from));
-  const int32_t n = snap.length();
+  const int32_t n = at < 0 ? snap.length() : at;
+  if (n < snap.length() - snap.reach() || n > snap.length())
+    return Status::error("kv store: a snapshot at " + std::to_string(snap.length()) +
+                         " reaches back only to " + std::to_string(snap.length() - snap.reach()) +
+                         ", not " + std::to_string(n));
   if (n > s->seq.length())
     return Status::error("kv store: a snapshot at " + std::to_string(n) +
                          " needs the pages of as many positions; sequence " +
                          std::to_string(pages_from) + " holds " + std::to_string(s->seq.length()));
   auto child = child_of(*s, cache::ForkPlan{n, {}});
   if (!child.ok()) return child.status();
+  // Every saved row goes back at its slot: those of positions >= n are labelled as later
+  // positions by the child's high-water mark (masked until rewritten), as in Sequence::restore.
   write_back(snap, child->ring);
   return insert(std::move(child).value());
 }
 
-Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {
+Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   auto snap = std::make_unique<Snapshot>();
-  snap->spec_ = e->seq.describe_snapshot();
+  snap->spec_ = e->seq.describe_snapshot(reach);
   const size_t n = snap->spec_.rows.size();
   snap->rows_.k.assign(n, nullptr);
   snap->rows_.v.assign(n, nullptr);
@@ -417,11 +423,11 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id) {
   return snap;
 }
 
-Status KvStore::restore(SeqId id, const Snapshot &snap) {
+Status KvStore::restore(SeqId id, const Snapshot &snap, int32_t at) {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   cache::Sequence probe = e->seq; // validate on a copy: nothing changes unless all succeeds
-  if (Status s = probe.restore(snap.spec_); !s.ok()) return s;
+  if (Status s = probe.restore(snap.spec_, at); !s.ok()) return s;
   write_back(snap, e->ring);
   e->seq = std::move(probe);
   release_pages(e->table, size_t(PageTable::pages_for(e->seq.length(), layout_->page_rows())));

@@ -72,6 +72,7 @@ class Snapshot {
 public:
   const cache::RingSnapshot &spec() const { return spec_; }
   int32_t length() const { return spec_.length; }
+  int32_t reach() const { return spec_.reach; } // restores land in [length - reach, length]
   int64_t bytes() const;
   ~Snapshot();
 
@@ -124,15 +125,17 @@ public:
   // page table shares every page of the prefix (the last one is copied only when either side
   // writes into it); ring rows are copied.
   Result<SeqId> fork(SeqId src, int32_t n);
-  // A new sequence at the snapshot's length whose pages are those of `pages_from`'s first
-  // snapshot-length positions (shared) and whose rings are the snapshot's. The caller vouches that
-  // those positions of `pages_from` hold the tokens the snapshot was taken after (the prefix tree
-  // does: both lie on the same path); refused when `pages_from` is shorter.
-  Result<SeqId> fork_at_snapshot(SeqId pages_from, const Snapshot &snapshot);
-  // Saves the ring rows that let restore() return `id` to its current length later.
-  Result<std::unique_ptr<Snapshot>> snapshot(SeqId id);
-  // Restores a snapshot of `id` (the core's rules); pages past its length go back.
-  Status restore(SeqId id, const Snapshot &snapshot);
+  // A new sequence at length `at` (-1: the snapshot's; else within its reach) whose pages are
+  // those of `pages_from`'s first `at` positions (shared) and whose rings are the snapshot's. The
+  // caller vouches that those positions of `pages_from` hold the tokens the snapshot was taken
+  // after (the prefix tree does: both lie on the same path); refused when `pages_from` is shorter.
+  Result<SeqId> fork_at_snapshot(SeqId pages_from, const Snapshot &snapshot, int32_t at = -1);
+  // Saves the ring rows that let restore() return `id` to its current length later, or to any of
+  // the `reach` lengths before it (cut to what the rings hold: cache::Sequence::describe_snapshot).
+  Result<std::unique_ptr<Snapshot>> snapshot(SeqId id, int32_t reach = 0);
+  // Restores a snapshot of `id` at length `at` (-1: the snapshot's; the core's rules); pages past
+  // that length go back.
+  Status restore(SeqId id, const Snapshot &snapshot, int32_t at = -1);
 
   // Per sequence (snapshots not included), and for the whole store (snapshots included).
   MemoryUse memory(SeqId id) const;

@@ -77,6 +77,34 @@ TEST(Snapshot, RestoreReturnsToAPromptBoundaryAfterTheRingWrapped) {
   EXPECT_EQ(p->read, runs({{1, 4}, {0, 1}})); // positions 6..10
 }
 
+TEST(Snapshot, AReachRestoresTheLengthsBeforeIt) {
+  Sequence s(make_layout({0, 4}, 100, 2)); // ring R = 5: at hw 9 it holds positions 4..8
+  while (s.length() < 9) step(s, 1);
+  RingSnapshot snap = s.describe_snapshot(5);
+  EXPECT_EQ(snap.reach, 2); // cut to what the ring holds: 9 + max_write - hw
+  ASSERT_EQ(snap.rows.size(), 1u);
+  EXPECT_EQ(snap.rows[0].rows, runs({{4, 1}, {0, 4}})); // positions 4..8
+  while (s.length() < 20) step(s, 1);
+  Status far = s.restore(snap, 6);
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.message().find("reaches back only to 7"), std::string::npos) << far.message();
+  ASSERT_TRUE(s.restore(snap, 7).ok());
+  EXPECT_EQ(s.length(), 7);
+  EXPECT_EQ(s.rewind_floor(), 7);
+  EXPECT_EQ(s.high_water(), 9); // positions 7, 8 restored too, labelled as the future: masked
+  auto p = s.plan(1, 7, 2);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->read_base_pos, 4);
+  EXPECT_EQ(p->read, runs({{4, 1}, {0, 4}})); // positions 4..8
+  // A rewind below 8 after the snapshot makes a restore at 8 or 9 stale, not one at 7.
+  step(s, 2);
+  ASSERT_TRUE(s.restore(snap, 7).ok());
+  EXPECT_EQ(s.length(), 7);
+  step(s, 2);
+  EXPECT_FALSE(s.restore(snap, 9).ok());
+  EXPECT_TRUE(s.restore(snap, 7).ok());
+}
+
 TEST(Snapshot, RestoreWithinTheSlackKeepsOlderRowsReachable) {
   Sequence s(make_layout({4}, 100, 3)); // R = 6
   while (s.length() < 10) step(s, 1);

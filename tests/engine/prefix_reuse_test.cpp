@@ -28,7 +28,9 @@ int64_t computed(const Engine &e) { return e.stats().computed_prompt_tokens; }
 
 TEST(PrefixReuse, AnEditThreeTurnsBackResumesAtThePromptEndBeforeIt) {
   std::mt19937_64 rng(31);
-  auto e = Engine::create(*fixture().model, paged(4));
+  EngineOptions o = paged(4);
+  o.snapshot_reach = 0; // snapshots resume only where taken (the reach: the test after next)
+  auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok()) << e.message();
   // Five turns; turn k's prompt is the history so far. Prompt ends: 30, 42, 54, 66, 78.
   std::vector<std::vector<int32_t>> prompts;
@@ -48,6 +50,32 @@ TEST(PrefixReuse, AnEditThreeTurnsBackResumesAtThePromptEndBeforeIt) {
   // The deepest snapshot at or before position 47 is turn 1's prompt end, 42.
   EXPECT_EQ(computed(**e) - before, int64_t(edited.size()) - 42);
   EXPECT_EQ(answer, alone(greedy(edited, 10)));
+}
+
+// A next turn renders the prompt's last tokens (a generation header) as another message, and the
+// prompt was last answered from its snapshot (so no cached sequence's rings hold the positions
+// before its end): the prompt end's snapshot reaches back to the divergence.
+TEST(PrefixReuse, ASnapshotReachesBackToADivergenceJustBeforeItsPromptEnd) {
+  std::mt19937_64 rng(35);
+  auto e = Engine::create(*fixture().model, paged(4));
+  ASSERT_TRUE(e.ok()) << e.message();
+  const std::vector<int32_t> prompt = random_tokens(rng, 70);
+  run(**e, {greedy(prompt, 1)});
+  run(**e, {greedy(prompt, 6)}); // from the snapshot; it replaces the first in the cache
+  std::vector<int32_t> next(prompt.begin(), prompt.end() - 3);
+  const auto added = random_tokens(rng, 11);
+  next.insert(next.end(), added.begin(), added.end());
+  const int64_t before = computed(**e);
+  auto answer = run(**e, {greedy(next, 8)})[0];
+  EXPECT_EQ(computed(**e) - before, 11); // resumed at 67, 3 before the snapshot at 70
+  EXPECT_EQ(answer, alone(greedy(next, 8)));
+  // Beyond the reach (max_write here: 8), the prompt is computed from the start: no snapshot
+  // before it and no cached sequence's rings hold position 60.
+  std::vector<int32_t> far(prompt.begin(), prompt.end() - 10);
+  far.insert(far.end(), added.begin(), added.end());
+  const int64_t mid = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(far, 4)})[0], alone(greedy(far, 4)));
+  EXPECT_EQ(computed(**e) - mid, int64_t(far.size()));
 }
 
 TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
@@ -151,6 +179,7 @@ TEST(PrefixReuse, PeriodicSnapshotsBoundWhatABranchInsideALongPromptRecomputes) 
   std::mt19937_64 rng(33);
   EngineOptions o = paged(4);
   o.snapshot_every = 16;
+  o.snapshot_reach = 0;
   auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok());
   const std::vector<int32_t> document = random_tokens(rng, 120);

@@ -1,4 +1,5 @@
-// PrefixTree against a naive model: sequences as token lists, snapshots as token prefixes.
+// PrefixTree against a naive model: sequences as token lists, snapshots as token prefixes with a
+// reach (the depths before theirs they also resume).
 // 100,000 random operations over a 3-token alphabet (so that prefixes are shared, split and
 // merged all the time): every match, refusal and orphaned snapshot must be what the lists say,
 // and the tree's own invariants (PrefixTree::check) must hold (checked every 16th operation).
@@ -51,6 +52,37 @@ TEST(PrefixTree, ASmallExample) {
   EXPECT_EQ(t.check(), "");
 }
 
+// A snapshot with a reach resumes a prompt that leaves its path a few tokens before it: on the
+// path, past the divergence, and on a branch the prompt left earlier.
+TEST(PrefixTree, SnapshotsReachBackToADivergence) {
+  PrefixTree t;
+  ASSERT_TRUE(t.insert_sequence(Tokens{1, 2, 3, 4, 5, 6}, 0));
+  ASSERT_TRUE(t.insert_snapshot(Tokens{1, 2, 3, 4, 5}, 7, 2)); // resumes at 3, 4 or 5
+  auto m = t.match(Tokens{1, 2, 3, 4, 9}, 100);                // leaves the path at 4
+  EXPECT_EQ(m.depth, 4);
+  ASSERT_TRUE(m.snapshot);
+  EXPECT_EQ(*m.snapshot, 7);
+  EXPECT_EQ(m.snapshot_depth, 5);
+  EXPECT_EQ(m.restore_depth, 4);
+  m = t.match(Tokens{1, 2, 3, 4, 9}, 3); // the limit, still within reach
+  EXPECT_EQ(m.restore_depth, 3);
+  m = t.match(Tokens{1, 2, 9}, 100); // 3 positions short: out of reach
+  EXPECT_FALSE(m.snapshot);
+  // A second sequence branching at 3: the prompt follows it, leaving the snapshot's path at 3.
+  ASSERT_TRUE(t.insert_sequence(Tokens{1, 2, 3, 8, 8, 8}, 1));
+  m = t.match(Tokens{1, 2, 3, 8, 8, 8, 8}, 100);
+  EXPECT_EQ(m.depth, 6);
+  ASSERT_TRUE(m.snapshot);
+  EXPECT_EQ(m.restore_depth, 3);
+  EXPECT_EQ(m.sequences, std::vector<int32_t>{1});
+  // A snapshot on the prompt's own path that resumes deeper wins.
+  ASSERT_TRUE(t.insert_snapshot(Tokens{1, 2, 3, 8}, 9, 0));
+  m = t.match(Tokens{1, 2, 3, 8, 8, 8, 8}, 100);
+  EXPECT_EQ(*m.snapshot, 9);
+  EXPECT_EQ(m.restore_depth, 4);
+  EXPECT_EQ(t.check(), "");
+}
+
 TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
   std::mt19937_64 rng(15);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -62,9 +94,10 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
   PrefixTree tree;
   std::map<int32_t, Tokens> seqs;
   std::map<int64_t, Tokens> snaps;
+  std::map<int64_t, int32_t> reach; // per snapshot
   int32_t next_seq = 0;
   int64_t next_snap = 0;
-  int64_t matches = 0, snapshot_hits = 0, orphans = 0, refused = 0;
+  int64_t matches = 0, snapshot_hits = 0, reached_back = 0, orphans = 0, refused = 0;
   // A prompt that shares a prefix with some sequence, then goes its own way.
   auto prompt_like = [&]() {
     if (seqs.empty() || uniform(0, 9) == 0) return random_tokens(size_t(uniform(1, 20)));
@@ -93,7 +126,7 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
           return is_prefix(s->second, q.second);
         });
         if (!on_path)
-          expect.push_back(s->first), s = snaps.erase(s);
+          expect.push_back(s->first), reach.erase(s->first), s = snaps.erase(s);
         else
           ++s;
       }
@@ -105,7 +138,8 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
       const bool on_path = std::any_of(seqs.begin(), seqs.end(),
                                        [&](const auto &q) { return is_prefix(p, q.second); });
       std::optional<int64_t> replaced;
-      const bool ok = tree.insert_snapshot(p, next_snap, &replaced);
+      const int32_t r = uniform(0, 3) == 0 ? 0 : uniform(1, 4);
+      const bool ok = tree.insert_snapshot(p, next_snap, r, &replaced);
       ASSERT_EQ(ok, on_path) << "op " << op;
       if (ok) {
         auto old =
@@ -113,9 +147,11 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
         ASSERT_EQ(replaced.has_value(), old != snaps.end());
         if (old != snaps.end()) {
           ASSERT_EQ(*replaced, old->first);
+          reach.erase(old->first);
           snaps.erase(old);
         }
         snaps[next_snap] = p;
+        reach[next_snap] = std::min(r, int32_t(p.size()));
       } else {
         ++refused;
       }
@@ -124,6 +160,7 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
       auto it = snaps.begin();
       std::advance(it, uniform(0, int(snaps.size()) - 1));
       ASSERT_TRUE(tree.remove_snapshot(it->first));
+      reach.erase(it->first);
       snaps.erase(it);
     } else { // match
       const Tokens p = prompt_like();
@@ -140,15 +177,21 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
       std::vector<int32_t> got = m.sequences;
       std::sort(got.begin(), got.end());
       ASSERT_EQ(got, expect) << "op " << op;
+      // A snapshot S resumes p at x = min(|S|, limit, lcp(S, p)) when x >= |S| - reach.
+      auto resumes_at = [&](int64_t id) {
+        const Tokens &s = snaps.at(id);
+        const int32_t x = std::min({int32_t(s.size()), limit, int32_t(lcp(s, p))});
+        return x >= int32_t(s.size()) - reach.at(id) ? x : 0;
+      };
       int32_t best = 0;
-      for (const auto &[id, s] : snaps)
-        if (s.size() <= depth && int32_t(s.size()) <= limit && is_prefix(s, p))
-          best = std::max(best, int32_t(s.size()));
+      for (const auto &[id, s] : snaps) best = std::max(best, resumes_at(id));
       ASSERT_EQ(m.snapshot.has_value(), best > 0) << "op " << op;
       if (best > 0) {
-        ASSERT_EQ(m.snapshot_depth, best);
-        ASSERT_EQ(snaps.at(*m.snapshot).size(), size_t(best));
+        ASSERT_EQ(m.restore_depth, best) << "op " << op;
+        ASSERT_EQ(resumes_at(*m.snapshot), best) << "op " << op;
+        ASSERT_EQ(m.snapshot_depth, int32_t(snaps.at(*m.snapshot).size()));
         ++snapshot_hits;
+        if (best < m.snapshot_depth) ++reached_back;
       }
       // Proper prefixes of p among the sequences.
       std::vector<int32_t> pre = tree.prefixes_of(p), pre_expect;
@@ -166,6 +209,7 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
   }
   EXPECT_GT(matches, 10000);
   EXPECT_GT(snapshot_hits, 1000);
+  EXPECT_GT(reached_back, 100);
   EXPECT_GT(orphans, 100);
   EXPECT_GT(refused, 100);
 }
