@@ -85,11 +85,17 @@ clean:
 
 # offgraph against the pinned llama.cpp (issue 7): builds what it needs in build-bench/, writes
 # docs/benchmarks.md and docs/plots/ (about 30 min; BENCH_ARGS=--quick for a 5-minute check).
-.PHONY: bench bench-pages
+.PHONY: bench bench-pages bench-prefix
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
+	python3 bench/prefix
 
 # Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
 bench-pages:
 	python3 bench/pages
+
+# Prefix reuse on agent workloads against llama-server (issue 15; about 45 min):
+# docs/prefix-cache-bench.md and docs/plots/prefix_cache.png.
+bench-prefix:
+	python3 bench/prefix
