@@ -83,19 +83,20 @@ bench-kv: build
 clean:
 	rm -rf $(BUILD_DIR)
 
-# offgraph against the pinned llama.cpp (issue 7): builds what it needs in build-bench/, writes
-# docs/benchmarks.md and docs/plots/ (about 30 min; BENCH_ARGS=--quick for a 5-minute check).
+# offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
+# docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
+# (20 min) below. BENCH_ARGS go to bench/run; --quick also shortens bench/prefix (10 min).
 .PHONY: bench bench-pages bench-prefix
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
-	python3 bench/prefix
+	python3 bench/prefix $(filter --quick,$(BENCH_ARGS))
 
 # Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
 bench-pages:
 	python3 bench/pages
 
-# Prefix reuse on agent workloads against llama-server (issue 15; about 45 min):
+# Prefix reuse on agent workloads against llama-server (issue 15; about 20 min):
 # docs/prefix-cache-bench.md and docs/plots/prefix_cache.png.
 bench-prefix:
 	python3 bench/prefix

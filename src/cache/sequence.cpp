@@ -16,6 +16,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 } // namespace
 
+bool RingSnapshot::resumes_at(int32_t at) const { return at >= length - reach && at <= length; }
+
 int64_t RingSnapshot::total_rows() const {
   int64_t n = 0;
   for (const CacheRows &r : rows) n += r.rows.total();
@@ -139,7 +141,7 @@ std::vector<CacheRows> Sequence::ring_window_rows(int32_t from, int32_t end) con
   std::vector<CacheRows> rows;
   for (CacheId id = 0; id < layout_->n_caches(); ++id) {
     const CacheLayout &c = layout_->cache(id);
-    if (!c.ring()) continue;
+    if (!c.ring() || c.window() <= 1) continue; // a window of 1 reads only the step's rows
     const int32_t start = std::max(0, from - c.window() + 1);
     if (end > start) rows.push_back({id, split_ring(start, end - start, c.max_rows)});
   }
@@ -203,7 +205,8 @@ RingSnapshot Sequence::describe_snapshot(int32_t reach) {
   // A ring of R = window + max_write - 1 slots holds positions [hw - R, hw); going back r
   // positions needs [length - r - window + 1, length), so r <= length + max_write - hw.
   int32_t held = length_;
-  if (layout_->has_ring()) held = std::min(held, length_ + layout_->max_write() - high_water_);
+  for (CacheId id = 0; id < layout_->n_caches(); ++id)
+    if (ring_limits_rewind(id)) held = std::min(held, length_ + layout_->max_write() - high_water_);
   s.reach = std::clamp(reach, 0, std::max(0, held));
   s.rows = ring_window_rows(length_ - s.reach, length_);
   return s;
@@ -212,12 +215,11 @@ RingSnapshot Sequence::describe_snapshot(int32_t reach) {
 Status Sequence::check_snapshot(const RingSnapshot &s, int32_t at) const {
   if (s.sequence_uid != uid_)
     return Status::error("restore: the snapshot belongs to another sequence");
-  if (at < s.length - s.reach || at > s.length)
+  if (!s.resumes_at(at))
     return Status::error("restore at " + str(at) + ": the snapshot at " + str(s.length) +
                          " reaches back only to " + str(s.length - s.reach));
   if (at > length_)
-    return Status::error("restore: the snapshot is at length " + str(at) +
-                         " but the sequence holds only " + str(length_) +
+    return Status::error("restore at " + str(at) + " but the sequence holds only " + str(length_) +
                          " positions, so its flat caches lack the rows between");
   auto later = std::upper_bound(
       truncations_.begin(), truncations_.end(), s.taken_at,

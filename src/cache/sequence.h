@@ -53,6 +53,7 @@ struct RingSnapshot {
   std::vector<CacheRows> rows;
 
   int64_t total_rows() const;
+  bool resumes_at(int32_t at) const; // at in [length - reach, length]
 };
 
 class Sequence {

@@ -10,9 +10,9 @@ namespace offgraph::engine {
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
       options.max_active < 1 || options.max_cached < 0 || options.snapshot_every < 0 ||
-      options.page_rows < 1)
+      options.snapshot_reach < 0 || options.page_rows < 1)
     return Status::error("engine: context >= 2, max_write, step_tokens, max_active and page_rows "
-                         ">= 1, max_cached and snapshot_every >= 0");
+                         ">= 1, max_cached, snapshot_every and snapshot_reach >= 0");
   options.max_write = std::min(options.max_write, options.context);
   std::unique_ptr<Engine> e(new Engine(model, options));
   auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
@@ -238,11 +238,11 @@ bool Engine::attach(Generation &a) {
     cached_[fork_from] = ++clock_;
   } else if (m.snapshot) {
     Saved &saved = saved_.at(*m.snapshot);
-    auto child = store_->fork_at_snapshot(m.sequences.front(), *saved.snapshot, m.restore_depth);
+    auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;
     a.seq = *child, reuse = m.restore_depth;
     saved.last_used = ++clock_;
-    cached_[m.sequences.front()] = clock_;
+    cached_[m.snapshot_source] = clock_;
     ++stats_.snapshot_restores;
     if (whole_prompt) a.prompt_logits = saved.logits, a.logits_ready = true;
   }
@@ -316,11 +316,19 @@ bool Engine::publish_prefix(Generation &a) {
 
 void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::Snapshot> snapshot,
                            std::vector<float> logits) {
+  const int32_t reach = snapshot->reach();
+  // The same state taken again keeps the snapshot that reaches further back (a sequence forked
+  // just before this depth saved fewer rows), and a prompt end's logits.
+  if (auto old = tree_.snapshot_at(prefix); old && old->second >= reach) {
+    Saved &kept = saved_.at(old->first);
+    if (kept.logits.empty()) kept.logits = std::move(logits);
+    kept.last_used = clock_;
+    return;
+  }
   const PrefixTree::SnapshotId id = next_snapshot_++;
   std::optional<PrefixTree::SnapshotId> replaced;
-  const int32_t reach = snapshot->reach();
   if (!tree_.insert_snapshot(prefix, id, reach, &replaced)) return; // on no cached sequence's path
-  if (replaced) { // the same state, taken again; a prompt end's logits stay with it
+  if (replaced) {
     if (logits.empty()) logits = std::move(saved_.at(*replaced).logits);
     saved_.erase(*replaced);
   }
@@ -371,6 +379,9 @@ bool Engine::cache_sequence(Generation &a) {
   // same tokens, and those whose own prompt this one extends (what they add is the answer they
   // generated, which the next turn of their conversation replaced: a chat template re-renders it).
   // Their prompt ends' snapshots lie on this one's path and stay.
+  // (A follow-up message leaves the prompt inside its generation header, a token or two before
+  // its end: that sequence stays until evicted. Its prompt end's snapshot reaches the new path, but
+  // nothing tells a continuation from a conversation that differs only near its prompt end.)
   std::vector<kv::SeqId> redundant;
   for (const auto &[s, stamp] : cached_) {
     const std::vector<int32_t> &t = *tree_.tokens_of(s);

@@ -40,7 +40,8 @@ struct EngineOptions {
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
-  // then recomputes at most N tokens. Each costs window - 1 rows per sliding layer.
+  // then recomputes at most N tokens. Each costs window - 1 + snapshot_reach rows per sliding
+  // layer.
   int32_t snapshot_every = 0;
   // Snapshots also resume up to this many tokens before the point they were taken at (each
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
@@ -215,8 +216,9 @@ private:
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
-  // Puts a snapshot taken after `prefix` into the tree (replacing one at that depth, whose logits
-  // stay when the new one has none); dropped when no cached sequence passes through `prefix`.
+  // Puts a snapshot taken after `prefix` into the tree. Of two at one depth the one reaching
+  // further back stays, with a prompt end's logits; dropped when no cached sequence passes
+  // through `prefix`.
   void keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::Snapshot> snapshot,
                      std::vector<float> logits);
   // Whether `a` may start now under the memory budget (dropping cached conversations for room);

@@ -35,6 +35,7 @@ void PrefixTree::split(Node *node, size_t at) {
   node->depth -= int32_t(rest->edge.size());
   node->ending.clear();
   node->snapshot.reset();
+  node->reach = 0;
   node->children.clear();
   const int32_t first = rest->edge.front();
   node->children.emplace(first, std::move(rest));
@@ -91,21 +92,24 @@ PrefixTree::Match PrefixTree::match(std::span<const int32_t> prompt, int32_t lim
   const Node *n = root_.get(); // matched to its end, at depth i
   const Node *under = nullptr; // the node whose subtree holds every sequence matching m.depth
   size_t i = 0;
+  // Whether a snapshot past depth i reaching back to it could resume deeper than the best so far.
+  auto worth_reaching = [&](size_t depth) {
+    return max_reach_ > 0 && std::min(int32_t(depth), limit) > m.restore_depth;
+  };
   while (true) {
     auto it = i < prompt.size() ? n->children.find(prompt[i]) : n->children.end();
     const Node *next = it == n->children.end() ? nullptr : it->second.get();
     // The branches the prompt leaves here: their snapshots may reach back to this depth.
-    if (const int32_t at = std::min(int32_t(i), limit); max_reach_ > 0 && at > m.restore_depth)
+    if (worth_reaching(i))
       for (const auto &[t, c] : n->children)
-        if (c.get() != next) offer_reaching(c.get(), at, m);
+        if (c.get() != next) offer_reaching(c.get(), std::min(int32_t(i), limit), m);
     if (!next) break;
     size_t k = 0;
     while (k < next->edge.size() && i + k < prompt.size() && next->edge[k] == prompt[i + k]) ++k;
     i += k;
     if (k < next->edge.size()) {
       under = next; // the prompt leaves (or ends) inside its edge
-      if (const int32_t at = std::min(int32_t(i), limit); max_reach_ > 0 && at > m.restore_depth)
-        offer_reaching(next, at, m);
+      if (worth_reaching(i)) offer_reaching(next, std::min(int32_t(i), limit), m);
       break;
     }
     n = next;
@@ -118,6 +122,11 @@ PrefixTree::Match PrefixTree::match(std::span<const int32_t> prompt, int32_t lim
   m.depth = int32_t(i);
   if (m.depth == 0) return m;
   collect_sequences(under ? under : n, m.sequences);
+  if (m.snapshot) { // every node has a sequence ending at or under it
+    const Node *x = snapshots_.at(*m.snapshot);
+    while (x->ending.empty()) x = x->children.begin()->second.get();
+    m.snapshot_source = x->ending.front();
+  }
   return m;
 }
 
@@ -205,6 +214,29 @@ bool PrefixTree::insert_snapshot(std::span<const int32_t> prefix, SnapshotId id,
   max_reach_ = std::max(max_reach_, n->reach);
   snapshots_[id] = n;
   return true;
+}
+
+const PrefixTree::Node *PrefixTree::find(std::span<const int32_t> tokens) const {
+  const Node *n = root_.get();
+  size_t i = 0;
+  while (i < tokens.size()) {
+    auto it = n->children.find(tokens[i]);
+    if (it == n->children.end()) return nullptr;
+    const Node *c = it->second.get();
+    if (tokens.size() - i < c->edge.size() ||
+        !std::equal(c->edge.begin(), c->edge.end(), tokens.begin() + long(i)))
+      return nullptr; // ends inside the edge, or leaves it
+    i += c->edge.size();
+    n = c;
+  }
+  return n;
+}
+
+std::optional<std::pair<PrefixTree::SnapshotId, int32_t>>
+PrefixTree::snapshot_at(std::span<const int32_t> prefix) const {
+  const Node *n = find(prefix);
+  if (!n || !n->snapshot) return std::nullopt;
+  return std::make_pair(*n->snapshot, n->reach);
 }
 
 bool PrefixTree::remove_snapshot(SnapshotId id) {

@@ -38,8 +38,11 @@ public:
     // The snapshot that resumes the prompt deepest, at restore_depth <= the limit: one on the
     // matched path, or one past the divergence whose reach goes back to it.
     std::optional<SnapshotId> snapshot;
-    int32_t snapshot_depth = 0; // where it was taken
-    int32_t restore_depth = 0;  // where the prompt resumes from it: in [depth - reach, depth]
+    int32_t snapshot_depth = 0; // where it sits
+    int32_t restore_depth = 0;  // where the prompt resumes: in [snapshot_depth - reach, it]
+    // A cached sequence through the snapshot's node: its pages hold the snapshot's prefix, whose
+    // first restore_depth tokens are the prompt's (using it also keeps the snapshot alive).
+    SeqId snapshot_source = -1;
   };
 
   PrefixTree();
@@ -62,6 +65,8 @@ public:
   // snapshot already at that depth is replaced: the old id is returned through `replaced`.
   bool insert_snapshot(std::span<const int32_t> prefix, SnapshotId id, int32_t reach = 0,
                        std::optional<SnapshotId> *replaced = nullptr);
+  // The snapshot at the end of `prefix` and its reach, if any.
+  std::optional<std::pair<SnapshotId, int32_t>> snapshot_at(std::span<const int32_t> prefix) const;
   // Drops one snapshot (eviction); false when unknown.
   bool remove_snapshot(SnapshotId id);
 
@@ -80,6 +85,8 @@ private:
   // ends exactly at the walk's end; creates nodes for the unmatched rest when `create`. Returns
   // the node at depth tokens.size(), or null when it does not exist and !create.
   Node *descend(std::span<const int32_t> tokens, bool create);
+  // The node at depth tokens.size() on some path, without splitting (null when none ends there).
+  const Node *find(std::span<const int32_t> tokens) const;
   static void split(Node *node, size_t at);
   // Absorbs the only child of `n` (which has no sequence ending and no snapshot of its own).
   void merge_with_child(Node *n);

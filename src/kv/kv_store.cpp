@@ -367,7 +367,7 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
   Entry *s = find(pages_from);
   if (!s) return Status::error(unknown(pages_from));
   const int32_t n = at < 0 ? snap.length() : at;
-  if (n < snap.length() - snap.reach() || n > snap.length())
+  if (!snap.spec().resumes_at(n))
     return Status::error("kv store: a snapshot at " + std::to_string(snap.length()) +
                          " reaches back only to " + std::to_string(snap.length() - snap.reach()) +
                          ", not " + std::to_string(n));
@@ -377,8 +377,9 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
                          std::to_string(pages_from) + " holds " + std::to_string(s->seq.length()));
   auto child = child_of(*s, cache::ForkPlan{n, {}});
   if (!child.ok()) return child.status();
-  // Every saved row goes back at its slot: those of positions >= n are labelled as later
-  // positions by the child's high-water mark (masked until rewritten), as in Sequence::restore.
+  // Every saved row goes back at its slot. The child's high-water mark n + max_write labels the
+  // slots of positions >= n, and of those older than the window before n, as positions >= n:
+  // masked until rewritten, as in Sequence::restore.
   write_back(snap, child->ring);
   return insert(std::move(child).value());
 }

@@ -127,8 +127,8 @@ public:
   Result<SeqId> fork(SeqId src, int32_t n);
   // A new sequence at length `at` (-1: the snapshot's; else within its reach) whose pages are
   // those of `pages_from`'s first `at` positions (shared) and whose rings are the snapshot's. The
-  // caller vouches that those positions of `pages_from` hold the tokens the snapshot was taken
-  // after (the prefix tree does: both lie on the same path); refused when `pages_from` is shorter.
+  // caller vouches that those positions of `pages_from` hold the first `at` tokens the snapshot
+  // was taken after (the prefix tree does); refused when `pages_from` is shorter.
   Result<SeqId> fork_at_snapshot(SeqId pages_from, const Snapshot &snapshot, int32_t at = -1);
   // Saves the ring rows that let restore() return `id` to its current length later, or to any of
   // the `reach` lengths before it (cut to what the rings hold: cache::Sequence::describe_snapshot).

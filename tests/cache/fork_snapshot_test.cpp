@@ -96,12 +96,17 @@ TEST(Snapshot, AReachRestoresTheLengthsBeforeIt) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->read_base_pos, 4);
   EXPECT_EQ(p->read, runs({{4, 1}, {0, 4}})); // positions 4..8
-  // A rewind below 8 after the snapshot makes a restore at 8 or 9 stale, not one at 7.
-  step(s, 2);
-  ASSERT_TRUE(s.restore(snap, 7).ok());
-  EXPECT_EQ(s.length(), 7);
-  step(s, 2);
-  EXPECT_FALSE(s.restore(snap, 9).ok());
+  // Right after the restore the ring holds no position past the window before 7: no reach; one
+  // step later, one.
+  EXPECT_EQ(s.describe_snapshot(5).reach, 0);
+  step(s, 1);
+  EXPECT_EQ(s.describe_snapshot(5).reach, 1);
+  // The restore at 7 truncated below 8 and 9, which were rewritten since: a restore there is
+  // stale, one at 7 is not.
+  step(s, 1);
+  Status stale = s.restore(snap, 9);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_NE(stale.message().find("rewound to 7"), std::string::npos) << stale.message();
   EXPECT_TRUE(s.restore(snap, 7).ok());
 }
 

@@ -69,6 +69,13 @@ TEST(PrefixReuse, ASnapshotReachesBackToADivergenceJustBeforeItsPromptEnd) {
   auto answer = run(**e, {greedy(next, 8)})[0];
   EXPECT_EQ(computed(**e) - before, 11); // resumed at 67, 3 before the snapshot at 70
   EXPECT_EQ(answer, alone(greedy(next, 8)));
+  // One token after the resume point: the restored rows of 68 and 69 (the old path's) stay in the
+  // ring, masked, until the answer overwrites them.
+  std::vector<int32_t> one(prompt.begin(), prompt.end() - 3);
+  one.push_back((prompt[67] + 1) % 500);
+  const int64_t at = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(one, 6)})[0], alone(greedy(one, 6)));
+  EXPECT_EQ(computed(**e) - at, 1);
   // Beyond the reach (max_write here: 8), the prompt is computed from the start: no snapshot
   // before it and no cached sequence's rings hold position 60.
   std::vector<int32_t> far(prompt.begin(), prompt.end() - 10);

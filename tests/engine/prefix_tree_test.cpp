@@ -75,6 +75,11 @@ TEST(PrefixTree, SnapshotsReachBackToADivergence) {
   ASSERT_TRUE(m.snapshot);
   EXPECT_EQ(m.restore_depth, 3);
   EXPECT_EQ(m.sequences, std::vector<int32_t>{1});
+  EXPECT_EQ(m.snapshot_source, 0); // the pages under the snapshot are sequence 0's
+  ASSERT_TRUE(t.snapshot_at(Tokens{1, 2, 3, 4, 5}));
+  EXPECT_EQ(*t.snapshot_at(Tokens{1, 2, 3, 4, 5}), std::make_pair(int64_t(7), 2));
+  EXPECT_FALSE(t.snapshot_at(Tokens{1, 2, 3, 4}));
+  EXPECT_FALSE(t.snapshot_at(Tokens{1, 2, 3, 4, 5, 6, 7}));
   // A snapshot on the prompt's own path that resumes deeper wins.
   ASSERT_TRUE(t.insert_snapshot(Tokens{1, 2, 3, 8}, 9, 0));
   m = t.match(Tokens{1, 2, 3, 8, 8, 8, 8}, 100);
@@ -190,6 +195,8 @@ TEST(PrefixTree, RandomOperationsMatchNaiveLists) {
         ASSERT_EQ(m.restore_depth, best) << "op " << op;
         ASSERT_EQ(resumes_at(*m.snapshot), best) << "op " << op;
         ASSERT_EQ(m.snapshot_depth, int32_t(snaps.at(*m.snapshot).size()));
+        ASSERT_TRUE(seqs.count(m.snapshot_source)) << "op " << op;
+        ASSERT_TRUE(is_prefix(snaps.at(*m.snapshot), seqs.at(m.snapshot_source))) << "op " << op;
         ++snapshot_hits;
         if (best < m.snapshot_depth) ++reached_back;
       }
