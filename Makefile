@@ -85,7 +85,7 @@ clean:
 
 # offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
-# (20 min) below. BENCH_ARGS go to bench/run; --quick also shortens bench/prefix (10 min).
+# (32 min) below. BENCH_ARGS go to bench/run; --quick also shortens bench/prefix (9 min).
 .PHONY: bench bench-pages bench-prefix
 bench:
 	python3 bench/run $(BENCH_ARGS)
@@ -96,7 +96,7 @@ bench:
 bench-pages:
 	python3 bench/pages
 
-# Prefix reuse on agent workloads against llama-server (issue 15; about 20 min):
+# Prefix reuse on agent workloads against llama-server (issue 15; about 32 min):
 # docs/prefix-cache-bench.md and docs/plots/prefix_cache.png.
 bench-prefix:
 	python3 bench/prefix
