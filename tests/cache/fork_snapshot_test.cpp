@@ -110,6 +110,22 @@ TEST(Snapshot, AReachRestoresTheLengthsBeforeIt) {
   EXPECT_TRUE(s.restore(snap, 7).ok());
 }
 
+TEST(Snapshot, AReachIsCutOnlyByRingsThatWrapped) {
+  // Windows 1 and 4 with max_write 2: rings of 2 and 5 slots. At length 3 neither the window-4
+  // ring (hw 3 <= 5) has wrapped nor does the window-1 ring need any row to resume (it reads
+  // only a step's own rows), though it wrapped: the reach is the whole length, saved for the
+  // window-4 ring alone.
+  Sequence s(make_layout({0, 1, 4}, 100, 2));
+  while (s.length() < 3) step(s, 1);
+  RingSnapshot snap = s.describe_snapshot(5);
+  EXPECT_EQ(snap.reach, 3);
+  ASSERT_EQ(snap.rows.size(), 1u);
+  EXPECT_EQ(snap.rows[0].cache, 2);
+  EXPECT_EQ(snap.rows[0].rows, runs({{0, 3}})); // positions 0..2
+  while (s.length() < 8) step(s, 1);            // now the window-4 ring has wrapped: hw 8 > 5
+  EXPECT_EQ(s.describe_snapshot(5).reach, 2);   // 8 + max_write - hw
+}
+
 TEST(Snapshot, RestoreWithinTheSlackKeepsOlderRowsReachable) {
   Sequence s(make_layout({4}, 100, 3)); // R = 6
   while (s.length() < 10) step(s, 1);

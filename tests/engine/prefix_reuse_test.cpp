@@ -85,6 +85,34 @@ TEST(PrefixReuse, ASnapshotReachesBackToADivergenceJustBeforeItsPromptEnd) {
   EXPECT_EQ(computed(**e) - mid, int64_t(far.size()));
 }
 
+// A prompt end re-taken after a resume just before it saves fewer rows (the fork's rings hold
+// only the window before 39): the periodic snapshot already there, reaching further back, stays
+// and takes the prompt end's logits.
+TEST(PrefixReuse, ASnapshotRetakenWithLessReachKeepsTheOneReachingFurther) {
+  std::mt19937_64 rng(36);
+  EngineOptions o = paged(4);
+  o.snapshot_every = 40;
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  const std::vector<int32_t> doc = random_tokens(rng, 80);
+  run(**e, {greedy(doc, 2)}); // snapshots at 40 (periodic: no logits, reach 8) and 80
+  const std::vector<int32_t> half(doc.begin(), doc.begin() + 40);
+  int64_t before = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(half, 3)})[0], alone(greedy(half, 3)));
+  EXPECT_EQ(computed(**e) - before, 1); // from 39 (the snapshot's reach), for the logits at 40
+  // The prompt end at 40 now has logits: the same prompt computes nothing.
+  before = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(half, 3)})[0], alone(greedy(half, 3)));
+  EXPECT_EQ(computed(**e) - before, 0);
+  // And the snapshot still reaches 8 back: a branch at 34 resumes there.
+  std::vector<int32_t> branch(doc.begin(), doc.begin() + 34);
+  const auto tail = random_tokens(rng, 5);
+  branch.insert(branch.end(), tail.begin(), tail.end());
+  before = computed(**e);
+  EXPECT_EQ(run(**e, {greedy(branch, 4)})[0], alone(greedy(branch, 4)));
+  EXPECT_EQ(computed(**e) - before, 5);
+}
+
 TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
   std::mt19937_64 rng(32);
   auto e = Engine::create(*fixture().model, paged(4));
