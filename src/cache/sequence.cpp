@@ -242,12 +242,16 @@ Status Sequence::restore(const RingSnapshot &s, int32_t at) {
   record_truncation(at);
   length_ = at;
   last_step_position_ = -1;
-  // The window before `at` is back at its slots. Slots are labelled from the high-water mark, and
-  // restored position p is labelled p only if hw <= p + R, i.e. hw <= at + max_write; lowering hw
-  // to that bound relabels the newer rows in between as positions >= at (masked until
-  // rewritten). Where hw was already within it, every slot keeps its true label and older rows
-  // that survived stay reachable by rewind.
-  high_water_ = std::min(high_water_, at + layout_->max_write());
+  // The saved positions [B - reach - window + 1, B) (B the snapshot's length) are back at their
+  // slots. Slots are labelled from the high-water mark, and restored position p is labelled p only
+  // if hw <= p + R: lowering hw to B - reach + max_write relabels the newer rows in between as
+  // positions >= at (masked until rewritten) and makes B - reach the rewind floor. Where hw was
+  // already within it (it is >= B: truncations since were >= at >= B - reach), every slot keeps
+  // its true label and older rows that survived stay reachable by rewind.
+  if (layout_->has_ring())
+    high_water_ = std::clamp(high_water_, s.length, s.length - s.reach + layout_->max_write());
+  else
+    high_water_ = std::min(high_water_, at + layout_->max_write());
   return ok_status();
 }
 

@@ -242,10 +242,16 @@ void Harness::op_fork(size_t src) {
 
 void Harness::op_snapshot(size_t owner) {
   Model &m = pool_[owner];
-  SavedSnapshot s{owner, m.seq.describe_snapshot(), m.history, {}};
+  const int32_t asked = chance(0.5) ? 0 : uniform(1, 2 * layout_->max_write());
+  SavedSnapshot s{owner, m.seq.describe_snapshot(asked), m.history, {}};
+  // The reach is what was asked, cut to what is resident: every position it resumes must be.
+  ASSERT_LE(s.spec.reach, asked);
+  for (int32_t at = s.spec.length - s.spec.reach; at <= s.spec.length; ++at)
+    ASSERT_TRUE(naive_can_continue_at(m, at)) << "reach " << s.spec.reach << " at " << at;
   int64_t expected_rows = 0;
   for (CacheId c = 0; c < layout_->n_caches(); ++c)
-    if (layout_->cache(c).ring()) expected_rows += m.seq.length() - needed_from(c, m.seq.length());
+    if (layout_->cache(c).ring() && window(c) > 1)
+      expected_rows += m.seq.length() - needed_from(c, m.seq.length() - s.spec.reach);
   ASSERT_EQ(s.spec.total_rows(), expected_rows);
   for (const CacheRows &cr : s.spec.rows) {
     std::vector<Cell> cells;
@@ -266,12 +272,14 @@ void Harness::op_restore() {
                             [&](const Model &x) { return x.seq.uid() == s.spec.sequence_uid; });
   ASSERT_NE(owner, pool_.end());
   Model &m = *owner;
-  // Naive validity: the current history still starts with the snapshot's.
-  const size_t b = size_t(s.spec.length);
+  // Anywhere in the snapshot's reach. Naive validity: the current history still starts with the
+  // snapshot's first `at` positions.
+  const int32_t at = uniform(s.spec.length - s.spec.reach, s.spec.length);
+  const size_t b = size_t(at);
   const bool expect =
       m.history.size() >= b &&
       std::equal(s.history_prefix.begin(), s.history_prefix.begin() + long(b), m.history.begin());
-  Status st = m.seq.restore(s.spec);
+  Status st = m.seq.restore(s.spec, at);
   ASSERT_EQ(st.ok(), expect) << st.message();
   ++(st.ok() ? tally_.restores_ok : tally_.restores_refused);
   if (!st.ok()) return;
