@@ -40,15 +40,15 @@ double tolerance(ggml_type t) {
 
 struct Stats {
   int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
-          clears = 0, ring_calls = 0, shared_calls = 0, logical_trials = 0, refusals = 0,
-          grouped_calls = 0, tiled_calls = 0, ggml_trials = 0;
+          restores_inside_reach = 0, clears = 0, ring_calls = 0, shared_calls = 0,
+          logical_trials = 0, refusals = 0, grouped_calls = 0, tiled_calls = 0, ggml_trials = 0;
   double worst = 0, worst_tiled = 0;
 };
 
 class Trial {
 public:
   Trial(uint64_t seed, StorageTypes types, Stats &stats)
-      : rng_(seed), types_(types), stats_(stats) {}
+      : rng_(seed), reach_rng_(seed + 1000), types_(types), stats_(stats) {}
 
   void run(int n_ops);
 
@@ -78,6 +78,12 @@ private:
   }
 
   std::mt19937_64 rng_;
+  // Snapshot reaches and restore points: a stream of their own, so that the other choices (and
+  // the data) stay those of the seeds the tolerances were set on.
+  std::mt19937_64 reach_rng_;
+  int32_t reach_uniform(int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(reach_rng_);
+  }
   StorageTypes types_;
   Stats &stats_;
   std::vector<int32_t> q_heads_; // per layer
@@ -273,14 +279,17 @@ void Trial::run(int n_ops) {
       oracle_->fork(id, n, *child);
       ++stats_.forks;
     } else if (pick < 91) {
-      auto snap = store_->snapshot(id);
+      // Half of them with a reach: they restore anywhere in it (below).
+      auto snap = store_->snapshot(id, reach_uniform(0, 1) ? reach_uniform(1, 12) : 0);
       ASSERT_TRUE(snap.ok()) << snap.message();
       snapshots_.emplace_back(id, std::move(snap).value());
     } else if (!snapshots_.empty()) {
       auto &[owner, snap] = snapshots_[size_t(uniform(0, int32_t(snapshots_.size()) - 1))];
-      if (store_->restore(owner, *snap).ok()) {
-        oracle_->truncate(owner, snap->length());
+      const int32_t at = reach_uniform(snap->length() - snap->reach(), snap->length());
+      if (store_->restore(owner, *snap, at).ok()) {
+        oracle_->truncate(owner, at);
         ++stats_.restores;
+        stats_.restores_inside_reach += at < snap->length();
       }
     }
   }
@@ -489,22 +498,24 @@ TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
   }
   std::printf(
       "[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
-      "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores; "
+      "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores "
+      "(%lld inside a reach); "
       "%lld logical-order trials, %lld refusals, %lld ggml-kernel trials, %lld grouped-kernel "
       "calls, %lld tiled-kernel calls; worst relative error %.3g (tiled kernel %.3g; bound "
       "%.3g)\n",
       ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
       (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
       (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
-      (long long)stats.forks, (long long)stats.restores, (long long)stats.logical_trials,
-      (long long)stats.refusals, (long long)stats.ggml_trials, (long long)stats.grouped_calls,
-      (long long)stats.tiled_calls, stats.worst, stats.worst_tiled,
+      (long long)stats.forks, (long long)stats.restores, (long long)stats.restores_inside_reach,
+      (long long)stats.logical_trials, (long long)stats.refusals, (long long)stats.ggml_trials,
+      (long long)stats.grouped_calls, (long long)stats.tiled_calls, stats.worst, stats.worst_tiled,
       std::max(tolerance(types.k), tolerance(types.v)));
   EXPECT_GT(stats.ring_calls, 100);
   EXPECT_GT(stats.grouped_calls, 100);
   EXPECT_GT(stats.tiled_calls, 50);
   EXPECT_GE(stats.ggml_trials, 1);
   EXPECT_GT(stats.restores, 5);
+  EXPECT_GT(stats.restores_inside_reach, 2);
   EXPECT_GT(stats.forks, 5);
 }
 
