@@ -6,6 +6,15 @@
 #include <chrono>
 
 namespace offgraph::engine {
+namespace {
+
+// How many leading tokens a and b share.
+size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  return size_t(std::mismatch(a.begin(), a.begin() + long(n), b.begin()).first - a.begin());
+}
+
+} // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
@@ -123,7 +132,7 @@ int64_t Engine::cached_bytes() const {
     if (const cache::PageTable *t = store_->page_table(g->seq))
       for (cache::PageId p : t->pages) mark[size_t(p)] = 1;
   int64_t bytes = 0, pages = 0;
-  for (const auto &[seq, stamp] : cached_) {
+  for (const auto &[seq, c] : cached_) {
     bytes += store_->memory(seq).ring;
     for (cache::PageId p : store_->page_table(seq)->pages)
       if (mark[size_t(p)] == 0) mark[size_t(p)] = 2, ++pages;
@@ -138,27 +147,30 @@ void Engine::free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids) {
   for (PrefixTree::SnapshotId id : ids) stats_.snapshot_evictions += saved_.erase(id);
 }
 
+void Engine::drop_cached(kv::SeqId s) {
+  cached_.erase(s);
+  free_snapshots(tree_.remove_sequence(s));
+  (void)store_->remove_sequence(s);
+}
+
 void Engine::evict_lru(bool sequences_only) {
   // The least recently used of the cached sequences and snapshots: a snapshot only loses a
   // reuse point; a sequence takes its pages and the snapshots no other sequence passes through.
-  auto seq = std::min_element(cached_.begin(), cached_.end(),
-                              [](const auto &x, const auto &y) { return x.second < y.second; });
+  auto seq = std::min_element(cached_.begin(), cached_.end(), [](const auto &x, const auto &y) {
+    return x.second.last_used < y.second.last_used;
+  });
   auto snap = std::min_element(saved_.begin(), saved_.end(), [](const auto &x, const auto &y) {
     return x.second.last_used < y.second.last_used;
   });
   if (!sequences_only && snap != saved_.end() &&
-      (seq == cached_.end() || snap->second.last_used < seq->second)) {
+      (seq == cached_.end() || snap->second.last_used < seq->second.last_used)) {
     tree_.remove_snapshot(snap->first);
     saved_.erase(snap);
     ++stats_.snapshot_evictions;
     return;
   }
   if (seq == cached_.end()) return;
-  const kv::SeqId id = seq->first;
-  cached_.erase(seq);
-  cached_prompt_.erase(id);
-  free_snapshots(tree_.remove_sequence(id));
-  (void)store_->remove_sequence(id);
+  drop_cached(seq->first);
   ++stats_.cache_evictions;
 }
 
@@ -220,14 +232,9 @@ bool Engine::attach(Generation &a) {
   // sliding layers): forking there costs no snapshot.
   kv::SeqId fork_from = -1;
   int32_t fork_at = 0;
-  for (const auto &[s, stamp] : cached_) {
-    const std::vector<int32_t> &t = *tree_.tokens_of(s);
-    const int32_t at = int32_t(std::min<size_t>(
-        std::mismatch(t.begin(), t.begin() + long(std::min(t.size(), prompt.size())),
-                      prompt.begin())
-                .first -
-            t.begin(),
-        size_t(target)));
+  for (const auto &[s, c] : cached_) {
+    const int32_t at =
+        int32_t(std::min(shared_prefix(*tree_.tokens_of(s), prompt), size_t(target)));
     if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
   }
   int32_t reuse = 0;
@@ -235,14 +242,14 @@ bool Engine::attach(Generation &a) {
     auto child = store_->fork(fork_from, fork_at);
     if (!child.ok()) return false;
     a.seq = *child, reuse = fork_at;
-    cached_[fork_from] = ++clock_;
+    cached_[fork_from].last_used = ++clock_;
   } else if (m.snapshot) {
     Saved &saved = saved_.at(*m.snapshot);
     auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;
     a.seq = *child, reuse = m.restore_depth;
     saved.last_used = ++clock_;
-    cached_[m.snapshot_source] = clock_;
+    cached_[m.snapshot_source].last_used = clock_;
     ++stats_.snapshot_restores;
     if (whole_prompt) a.prompt_logits = saved.logits, a.logits_ready = true;
   }
@@ -262,11 +269,8 @@ bool Engine::park(std::unique_ptr<Generation> &a) {
   Generation *best = nullptr;
   int32_t best_depth = tree_depth + store_->page_rows() - 1;
   for (const auto &g : active_) {
-    const std::vector<int32_t> &other = g->request.prompt;
-    const size_t n = std::min(other.size(), prompt.size() - 1);
     const int32_t shared =
-        int32_t(std::mismatch(other.begin(), other.begin() + long(n), prompt.begin()).first -
-                other.begin());
+        int32_t(std::min(shared_prefix(g->request.prompt, prompt), prompt.size() - 1));
     // Only a prefix it has yet to compute: one it holds is served by forking it when it is cached
     // (or by its snapshots).
     if (shared > best_depth && size_t(shared) > g->computed) best = g.get(), best_depth = shared;
@@ -306,8 +310,7 @@ bool Engine::publish_prefix(Generation &a) {
     (void)store_->remove_sequence(*fork);
     return false;
   }
-  cached_[*fork] = ++clock_;
-  cached_prompt_[*fork] = depth;
+  cached_[*fork] = {++clock_, depth};
   if (store_->layout().has_ring())
     if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
       keep_snapshot(prefix, std::move(snap).value(), {});
@@ -383,28 +386,19 @@ bool Engine::cache_sequence(Generation &a) {
   // its end: that sequence stays until evicted. Its prompt end's snapshot reaches the new path, but
   // nothing tells a continuation from a conversation that differs only near its prompt end.)
   std::vector<kv::SeqId> redundant;
-  for (const auto &[s, stamp] : cached_) {
+  for (const auto &[s, c] : cached_) {
     const std::vector<int32_t> &t = *tree_.tokens_of(s);
-    const size_t shared = size_t(
-        std::mismatch(t.begin(), t.begin() + long(std::min(t.size(), held.size())), held.begin())
-            .first -
-        t.begin());
-    if (shared == t.size() || shared >= size_t(cached_prompt_[s])) redundant.push_back(s);
+    const size_t shared = shared_prefix(t, held);
+    if (shared == t.size() || shared >= size_t(c.prompt)) redundant.push_back(s);
   }
   if (!tree_.insert_sequence(held, a.seq)) return false;
-  cached_[a.seq] = ++clock_;
-  cached_prompt_[a.seq] = int32_t(std::min(a.computed, a.request.prompt.size()));
+  cached_[a.seq] = {++clock_, int32_t(std::min(a.computed, a.request.prompt.size()))};
   for (Generation::Taken &t : a.taken) {
     if (size_t(t.depth) <= a.computed)
       keep_snapshot(held.first(size_t(t.depth)), std::move(t.snapshot), std::move(t.logits));
   }
   a.taken.clear();
-  for (kv::SeqId s : redundant) {
-    cached_.erase(s);
-    cached_prompt_.erase(s);
-    free_snapshots(tree_.remove_sequence(s));
-    (void)store_->remove_sequence(s);
-  }
+  for (kv::SeqId s : redundant) drop_cached(s);
   return true;
 }
 

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <vector>
 
 namespace offgraph::engine {
@@ -216,6 +217,8 @@ private:
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
+  // Drops a cached sequence, with the snapshots no other sequence passes through.
+  void drop_cached(kv::SeqId s);
   // Puts a snapshot taken after `prefix` into the tree. Of two at one depth the one reaching
   // further back stays, with a prompt end's logits; dropped when no cached sequence passes
   // through `prefix`.
@@ -245,9 +248,13 @@ private:
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;
   PrefixTree tree_;
-  std::map<kv::SeqId, uint64_t> cached_; // cached sequences, by last use
-  // How many of a cached sequence's tokens were its prompt (the rest it generated).
-  std::map<kv::SeqId, int32_t> cached_prompt_;
+  // A cached sequence: when it was last used, and how many of its tokens were its prompt (the
+  // rest it generated).
+  struct Cached {
+    uint64_t last_used = 0;
+    int32_t prompt = 0;
+  };
+  std::map<kv::SeqId, Cached> cached_;
   std::map<PrefixTree::SnapshotId, Saved> saved_;
   PrefixTree::SnapshotId next_snapshot_ = 0;
   uint64_t next_id_ = 1, clock_ = 0;
