@@ -26,6 +26,14 @@ EngineOptions paged(int32_t max_cached) {
 
 int64_t computed(const Engine &e) { return e.stats().computed_prompt_tokens; }
 
+// Runs `r` alone on `e`, checks its answer against a fresh engine without prefix reuse, and returns
+// the prompt tokens it computed.
+int64_t computed_by(Engine &e, const Request &r) {
+  const int64_t before = computed(e);
+  EXPECT_EQ(run(e, {r})[0], alone(r));
+  return computed(e) - before;
+}
+
 TEST(PrefixReuse, AnEditThreeTurnsBackResumesAtThePromptEndBeforeIt) {
   std::mt19937_64 rng(31);
   EngineOptions o = paged(4);
@@ -45,11 +53,8 @@ TEST(PrefixReuse, AnEditThreeTurnsBackResumesAtThePromptEndBeforeIt) {
   // Edit the message that followed turn 1's prompt (position 42 + 5), then continue.
   std::vector<int32_t> edited = prompts[4];
   edited[42 + 5] = (edited[42 + 5] + 1) % 500;
-  const int64_t before = computed(**e);
-  auto answer = run(**e, {greedy(edited, 10)})[0];
   // The deepest snapshot at or before position 47 is turn 1's prompt end, 42.
-  EXPECT_EQ(computed(**e) - before, int64_t(edited.size()) - 42);
-  EXPECT_EQ(answer, alone(greedy(edited, 10)));
+  EXPECT_EQ(computed_by(**e, greedy(edited, 10)), int64_t(edited.size()) - 42);
 }
 
 // A next turn renders the prompt's last tokens (a generation header) as another message, and the
@@ -65,24 +70,18 @@ TEST(PrefixReuse, ASnapshotReachesBackToADivergenceJustBeforeItsPromptEnd) {
   std::vector<int32_t> next(prompt.begin(), prompt.end() - 3);
   const auto added = random_tokens(rng, 11);
   next.insert(next.end(), added.begin(), added.end());
-  const int64_t before = computed(**e);
-  auto answer = run(**e, {greedy(next, 8)})[0];
-  EXPECT_EQ(computed(**e) - before, 11); // resumed at 67, 3 before the snapshot at 70
-  EXPECT_EQ(answer, alone(greedy(next, 8)));
+  // Resumed at 67, 3 before the snapshot at 70.
+  EXPECT_EQ(computed_by(**e, greedy(next, 8)), 11);
   // One token after the resume point: the restored rows of 68 and 69 (the old path's) stay in the
   // ring, masked, until the answer overwrites them.
   std::vector<int32_t> one(prompt.begin(), prompt.end() - 3);
   one.push_back((prompt[67] + 1) % 500);
-  const int64_t at = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(one, 6)})[0], alone(greedy(one, 6)));
-  EXPECT_EQ(computed(**e) - at, 1);
+  EXPECT_EQ(computed_by(**e, greedy(one, 6)), 1);
   // Beyond the reach (max_write here: 8), the prompt is computed from the start: no snapshot
   // before it and no cached sequence's rings hold position 60.
   std::vector<int32_t> far(prompt.begin(), prompt.end() - 10);
   far.insert(far.end(), added.begin(), added.end());
-  const int64_t mid = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(far, 4)})[0], alone(greedy(far, 4)));
-  EXPECT_EQ(computed(**e) - mid, int64_t(far.size()));
+  EXPECT_EQ(computed_by(**e, greedy(far, 4)), int64_t(far.size()));
 }
 
 // A prompt end re-taken after a resume just before it saves fewer rows (the fork's rings hold
@@ -97,20 +96,15 @@ TEST(PrefixReuse, ASnapshotRetakenWithLessReachKeepsTheOneReachingFurther) {
   const std::vector<int32_t> doc = random_tokens(rng, 80);
   run(**e, {greedy(doc, 2)}); // snapshots at 40 (periodic: no logits, reach 8) and 80
   const std::vector<int32_t> half(doc.begin(), doc.begin() + 40);
-  int64_t before = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(half, 3)})[0], alone(greedy(half, 3)));
-  EXPECT_EQ(computed(**e) - before, 1); // from 39 (the snapshot's reach), for the logits at 40
+  // From 39 (the snapshot's reach), for the logits at 40.
+  EXPECT_EQ(computed_by(**e, greedy(half, 3)), 1);
   // The prompt end at 40 now has logits: the same prompt computes nothing.
-  before = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(half, 3)})[0], alone(greedy(half, 3)));
-  EXPECT_EQ(computed(**e) - before, 0);
+  EXPECT_EQ(computed_by(**e, greedy(half, 3)), 0);
   // And the snapshot still reaches 8 back: a branch at 34 resumes there.
   std::vector<int32_t> branch(doc.begin(), doc.begin() + 34);
   const auto tail = random_tokens(rng, 5);
   branch.insert(branch.end(), tail.begin(), tail.end());
-  before = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(branch, 4)})[0], alone(greedy(branch, 4)));
-  EXPECT_EQ(computed(**e) - before, 5);
+  EXPECT_EQ(computed_by(**e, greedy(branch, 4)), 5);
 }
 
 TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
@@ -135,9 +129,7 @@ TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
   // The cached conversation is still there for a fifth.
   std::vector<int32_t> fifth = base;
   fifth.push_back(7);
-  const int64_t mid = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(fifth, 4)})[0], alone(greedy(fifth, 4)));
-  EXPECT_EQ(computed(**e) - mid, 1);
+  EXPECT_EQ(computed_by(**e, greedy(fifth, 4)), 1);
 }
 
 TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
@@ -181,9 +173,7 @@ TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
   std::vector<int32_t> later = system;
   later.push_back(11);
   later.push_back(12);
-  const int64_t before = computed(**e);
-  EXPECT_EQ(run(**e, {greedy(later, 4)})[0], alone(greedy(later, 4)));
-  EXPECT_EQ(computed(**e) - before, 2);
+  EXPECT_EQ(computed_by(**e, greedy(later, 4)), 2);
 }
 
 TEST(PrefixReuse, InterleavedConversationsOfEqualLengthsAllStayCached) {
@@ -204,9 +194,7 @@ TEST(PrefixReuse, InterleavedConversationsOfEqualLengthsAllStayCached) {
     for (auto &c : convs) {
       const auto added = random_tokens(rng, 6);
       c.insert(c.end(), added.begin(), added.end());
-      const int64_t before = computed(**e);
-      EXPECT_EQ(run(**e, {greedy(c, 3)})[0], alone(greedy(c, 3)));
-      EXPECT_EQ(computed(**e) - before, 6) << "turn " << turn;
+      EXPECT_EQ(computed_by(**e, greedy(c, 3)), 6) << "turn " << turn;
     }
 }
 
@@ -224,10 +212,7 @@ TEST(PrefixReuse, PeriodicSnapshotsBoundWhatABranchInsideALongPromptRecomputes) 
   std::vector<int32_t> branch(document.begin(), document.begin() + 75);
   const auto tail = random_tokens(rng, 9);
   branch.insert(branch.end(), tail.begin(), tail.end());
-  const int64_t before = computed(**e);
-  auto answer = run(**e, {greedy(branch, 6)})[0];
-  EXPECT_EQ(computed(**e) - before, int64_t(branch.size()) - 64);
-  EXPECT_EQ(answer, alone(greedy(branch, 6)));
+  EXPECT_EQ(computed_by(**e, greedy(branch, 6)), int64_t(branch.size()) - 64);
 }
 
 TEST(PrefixReuse, RegeneratingTheSameAnswerComputesNothingAndAgrees) {
