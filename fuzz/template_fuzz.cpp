@@ -169,8 +169,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FUZZ_CHECK(hostile.ok() == plain.ok(), "protected text changed whether the prompt renders: %s%s",
              hostile.message().c_str(), plain.message().c_str());
   if (hostile.ok())
-    FUZZ_CHECK(control_tokens(*f.tokenizer, *hostile) == control_tokens(*f.tokenizer, *plain),
+    FUZZ_CHECK(control_tokens(*f.tokenizer, hostile->tokens) ==
+                   control_tokens(*f.tokenizer, plain->tokens),
                "message text added control tokens (%zu vs %zu)",
-               control_tokens(*f.tokenizer, *hostile), control_tokens(*f.tokenizer, *plain));
+               control_tokens(*f.tokenizer, hostile->tokens),
+               control_tokens(*f.tokenizer, plain->tokens));
   return 0;
 }

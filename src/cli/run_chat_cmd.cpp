@@ -145,7 +145,9 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
   // Control tokens come only from the template's own text, never from what the user typed.
   auto tokens = text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx);
   if (!tokens.ok()) return Status::error("chat template: " + tokens.message());
-  return tokens;
+  // Message starts matter to periodic snapshots only, which a one-conversation session does not
+  // take (/undo goes back to prompt ends).
+  return std::move(tokens->tokens);
 }
 
 // Computes `prompt` (what earlier turns left in the cache is reused) and generates until an

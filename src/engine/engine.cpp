@@ -14,6 +14,29 @@ size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return size_t(std::mismatch(a.begin(), a.begin() + long(n), b.begin()).first - a.begin());
 }
 
+// Where a prompt keeps periodic snapshots, and how far back each reaches: every `every` tokens
+// from the start and again from each message start, whose first point is `reach` tokens in and
+// reaches 2 * reach back (so that an edit within `reach` of a message's start, in its header or
+// its first tokens, resumes exactly at the edit). Points are inside the prompt: its end keeps a
+// snapshot of its own.
+std::map<int32_t, int32_t> periodic_points(const Request &r, int32_t every, int32_t reach) {
+  std::map<int32_t, int32_t> points;
+  if (every <= 0) return points;
+  const int32_t end = int32_t(r.prompt.size());
+  auto add = [&](int32_t at, int32_t with) {
+    if (at > 0 && at < end) points[at] = std::max(points[at], with);
+  };
+  std::vector<int32_t> anchors = {0};
+  for (int32_t s : r.message_starts)
+    if (s > 0) anchors.push_back(s);
+  for (size_t i = 0; i < anchors.size(); ++i) {
+    const int32_t from = anchors[i], to = i + 1 < anchors.size() ? anchors[i + 1] : end;
+    if (from > 0) add(from + reach, 2 * reach);
+    for (int32_t at = from + every; at < to; at += every) add(at, reach);
+  }
+  return points;
+}
+
 } // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
@@ -38,6 +61,11 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   if (request.prompt.empty()) return Status::error("the prompt is empty");
   if (request.max_tokens < 1) return Status::error("max_tokens must be at least 1");
   if (request.n < 1 || request.n > 16) return Status::error("n must be between 1 and 16");
+  for (size_t i = 0; i < request.message_starts.size(); ++i)
+    if (request.message_starts[i] < 0 ||
+        size_t(request.message_starts[i]) >= request.prompt.size() ||
+        (i > 0 && request.message_starts[i] <= request.message_starts[i - 1]))
+      return Status::error("message starts must ascend inside the prompt");
   const int64_t need = int64_t(request.prompt.size()) + request.max_tokens;
   if (need > options_.context)
     return Status::error("the prompt has " + std::to_string(request.prompt.size()) +
@@ -57,6 +85,9 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   a->request = std::move(request);
   a->on_event = std::move(on_event);
   a->sampler = std::move(sampler).value();
+  if (options_.prefix_reuse && options_.max_cached > 0 && store_->layout().has_ring())
+    a->snapshot_points =
+        periodic_points(a->request, options_.snapshot_every, options_.snapshot_reach);
   std::lock_guard lock(inbox_mutex_);
   if (waiting_ >= options_.max_queue)
     return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
@@ -184,14 +215,13 @@ void Engine::evict_over_budget() {
 }
 
 int64_t Engine::peak_bytes(const Generation &a) const {
-  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
-  // snapshot_every tokens, and one where requests wait to share it (each at most the rings).
+  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one at each
+  // periodic point, and one where requests wait to share it (each at most the rings).
   const int32_t prompt = int32_t(a.request.prompt.size());
   const int32_t length = prompt + a.request.max_tokens;
   int64_t snapshots = 0;
   if (store_->layout().has_ring()) {
-    const int64_t count = 1 + int64_t(a.publish_at.size()) +
-                          (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0);
+    const int64_t count = 1 + int64_t(a.publish_at.size()) + int64_t(a.snapshot_points.size());
     snapshots = count * store_->peak_bytes_at_length(0);
   }
   return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
@@ -537,8 +567,9 @@ std::vector<Engine::Part> Engine::plan_batch() {
     }
     size_t n = std::min<size_t>(
         {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
-    if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0)
-      n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
+    if (auto next = a->snapshot_points.upper_bound(int32_t(a->computed));
+        next != a->snapshot_points.end())
+      n = std::min(n, size_t(next->first) - a->computed); // stop at the next periodic snapshot
     if (auto next = a->publish_at.upper_bound(int32_t(a->computed)); next != a->publish_at.end())
       n = std::min(n, size_t(*next) - a->computed); // and where others wait to share
     parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size()});
@@ -590,15 +621,17 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     a.computed += size_t(p.n);
     if (prefill) stats_.computed_prompt_tokens += p.n;
     if (prefill && publish_prefix(a)) evict_over_budget(); // for requests waiting on this prefix
-    const bool periodic =
-        prefill && options_.snapshot_every > 0 && a.computed % size_t(options_.snapshot_every) == 0;
+    const auto periodic =
+        prefill ? a.snapshot_points.find(int32_t(a.computed)) : a.snapshot_points.end();
     std::span<const float> l;
     if (p.wants_logits) l = {logits->data() + row++ * size_t(n_vocab), size_t(n_vocab)};
-    if (prefill && (p.wants_logits || periodic) && options_.prefix_reuse &&
-        options_.max_cached > 0 && store_->layout().has_ring()) {
+    if (prefill && (p.wants_logits || periodic != a.snapshot_points.end()) &&
+        options_.prefix_reuse && options_.max_cached > 0 && store_->layout().has_ring()) {
       // A prompt's end (the point a later request resending this history comes back to, with the
       // logits that serve the same prompt again) or a periodic point inside a long prompt.
-      if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
+      const int32_t reach =
+          periodic != a.snapshot_points.end() ? periodic->second : options_.snapshot_reach;
+      if (auto snap = store_->snapshot(a.seq, reach); snap.ok())
         a.taken.push_back(
             {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
     }

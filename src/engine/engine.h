@@ -41,8 +41,10 @@ struct EngineOptions {
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
-  // then recomputes at most N tokens. Each costs window - 1 + snapshot_reach rows per sliding
-  // layer.
+  // then recomputes at most N tokens. The grid restarts at each of the request's message starts,
+  // where the first point, snapshot_reach tokens in, reaches twice as far back: an edited message
+  // resumes exactly where its edit begins if that is within snapshot_reach of its start (either
+  // side), and else at most N later. Each costs window - 1 + its reach rows per sliding layer.
   int32_t snapshot_every = 0;
   // Snapshots also resume up to this many tokens before the point they were taken at (each
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
@@ -70,6 +72,9 @@ struct Request {
   // Choices: the prompt is computed once and its cache forked into n sequences; choice i samples
   // with seed + i.
   int32_t n = 1;
+  // Prompt positions where a message's own text begins, ascending (text::ChatTokens): the
+  // branch points of edited messages, which anchor the periodic snapshots (snapshot_every).
+  std::vector<int32_t> message_starts;
   // Forced output (tool_choice); each choice gets its own state. Null: free.
   std::shared_ptr<const sample::ConstraintSpec> constraint;
   std::shared_ptr<const sample::TokenTexts> token_texts;
@@ -166,6 +171,9 @@ private:
     // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
     // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).
     std::set<int32_t> publish_at;
+    // Depths of its prompt where it keeps a periodic snapshot, with each one's reach: its
+    // prefill stops there too.
+    std::map<int32_t, int32_t> snapshot_points;
     // logits_ready: the whole prompt came back from a snapshot with its logits, and the first
     // token is sampled from these without a forward pass.
     std::vector<float> prompt_logits;

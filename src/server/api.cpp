@@ -326,7 +326,8 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
     auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
     if (!tokens.ok())
       return bad("messages", "the chat template failed: " + tokens.message(), "template_error");
-    job.request.prompt = std::move(tokens).value();
+    job.request.prompt = std::move(tokens->tokens);
+    job.request.message_starts = std::move(tokens->message_starts);
     if (tool_choice == "required" || tool_choice == "named")
       if (auto e = tool_constraint(facts, job.tools, named, job.request)) return e;
   } else {

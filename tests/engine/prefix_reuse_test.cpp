@@ -107,6 +107,51 @@ TEST(PrefixReuse, ASnapshotRetakenWithLessReachKeepsTheOneReachingFurther) {
   EXPECT_EQ(computed_by(**e, greedy(branch, 4)), 5);
 }
 
+// Periodic snapshots restart at each message start, whose first point reaches twice as far back:
+// an edit just before or after a message's start resumes exactly at the edit, one further in at
+// most snapshot_every later.
+TEST(PrefixReuse, PeriodicSnapshotsRestartAtMessageStarts) {
+  std::mt19937_64 rng(37);
+  EngineOptions o = paged(8);
+  o.snapshot_every = 10;
+  o.snapshot_reach = 3; // within what rings of max_write 8 keep (7 rows), also doubled
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  Request first = greedy(random_tokens(rng, 80), 3);
+  first.message_starts = {30, 55};
+  // Points: 10, 20 (reach 3); 33 (reach 6), 40, 50; 58 (reach 6), 65, 75; and the end, 80.
+  EXPECT_EQ(computed_by(**e, first), 80);
+  auto edit = [&](int32_t at) {
+    Request r = first;
+    r.prompt[size_t(at)] = (r.prompt[size_t(at)] + 1) % 500;
+    return computed_by(**e, r);
+  };
+  EXPECT_EQ(edit(28), 80 - 28); // two before a start: 33 reaches back to 27
+  EXPECT_EQ(edit(45), 80 - 40); // inside a message: the grid point before it (50 reaches 47)
+  EXPECT_EQ(edit(53), 80 - 53); // in the previous message's tail: 58 reaches back to 52
+  // Without message starts, the grid alone: an edit at 53 resumes at 50.
+  Request plain = first;
+  plain.message_starts.clear();
+  plain.prompt[0] = (plain.prompt[0] + 1) % 500; // a path of its own
+  EXPECT_EQ(computed_by(**e, plain), 80);
+  plain.prompt[53] = (plain.prompt[53] + 1) % 500;
+  EXPECT_EQ(computed_by(**e, plain), 80 - 50);
+}
+
+TEST(PrefixReuse, MessageStartsMustAscendInsideThePrompt) {
+  std::mt19937_64 rng(38);
+  auto e = Engine::create(*fixture().model, paged(2));
+  ASSERT_TRUE(e.ok()) << e.message();
+  for (const std::vector<int32_t> &starts :
+       std::vector<std::vector<int32_t>>{{5, 5}, {9, 4}, {-1}, {20}}) {
+    Request r = greedy(random_tokens(rng, 20), 2);
+    r.message_starts = starts;
+    auto id = (*e)->submit(r, [](const Event &) {});
+    ASSERT_FALSE(id.ok());
+    EXPECT_NE(id.message().find("message starts"), std::string::npos) << id.message();
+  }
+}
+
 TEST(PrefixReuse, ConcurrentContinuationsShareOneCachedConversation) {
   std::mt19937_64 rng(32);
   auto e = Engine::create(*fixture().model, paged(4));

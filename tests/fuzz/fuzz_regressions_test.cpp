@@ -85,7 +85,7 @@ TEST(FuzzRegressions, ChatRoleOfAnyTypeNeverThrows) {
   for (const char *role : {"5", "null", "[\"assistant\"]", "{\"a\": 1}"}) {
     const auto ctx = nlohmann::ordered_json::parse(std::string(R"({"messages": [{"role": )") +
                                                    role + R"(, "content": "hi"}]})");
-    Result<std::vector<int32_t>> r = Status::error("not run");
+    Result<ChatTokens> r = Status::error("not run");
     EXPECT_NO_THROW(r = tokenize_chat(**tok, *tmpl, ctx)) << role;
     EXPECT_TRUE(r.ok()) << role << ": " << r.message();
   }

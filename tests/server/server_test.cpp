@@ -30,10 +30,10 @@ struct Live {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<Server> server;
   std::unique_ptr<httplib::Client> client;
-  Live() {
+  explicit Live(int32_t snapshot_every = 0) {
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    path = (fs::temp_directory_path() /
-            ("offgraph-server-test-" + std::to_string(::getpid()) + ".gguf"))
+    path = (fs::temp_directory_path() / ("offgraph-server-test-" + std::to_string(::getpid()) +
+                                         "-" + std::to_string(snapshot_every) + ".gguf"))
                .string();
     synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
     s.vocab_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-llama-bpe.gguf";
@@ -44,6 +44,7 @@ struct Live {
     engine::EngineOptions eo;
     eo.context = 512, eo.max_write = 32, eo.max_active = 4, eo.max_cached = 4;
     eo.types = {GGML_TYPE_F32, GGML_TYPE_F32};
+    eo.snapshot_every = snapshot_every;
     server = std::move(Server::create(*model, eo, opts("test-model"))).value();
     EXPECT_TRUE(server->start().ok());
     client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
@@ -267,6 +268,44 @@ TEST(Server, SecondTurnReusesTheWholeFirstPrompt) {
   EXPECT_NE(m->body.find("offgraph_kv_pages_shared "), std::string::npos);
   EXPECT_NE(m->body.find("offgraph_prefix_tree_nodes "), std::string::npos);
   EXPECT_NE(m->body.find("offgraph_prefix_tree_snapshots "), std::string::npos);
+}
+
+// With periodic snapshots, the server tells the engine where each message's text starts: an edit
+// at the start of a long message recomputes only that message onward, where the default server
+// (snapshots at prompt ends only) recomputes the whole prompt.
+TEST(Server, AnEditedMessageResumesAtItsStartWithPeriodicSnapshots) {
+  static Live snapshots(1000); // message starts only (the grid is longer than the prompts)
+  std::string system = "You are a careful travel planner.";
+  for (int i = 0; i < 12; ++i) system += " Rule " + std::to_string(i) + ": check the trains.";
+  // Longer than the rings' slack (31 tokens here), so that no cached sequence can be rewound to
+  // the edit.
+  const std::string question = "A weekend in Lisbon: trams, the river, fish, a day trip to Sintra "
+                               "or Cascais, a fado evening, and which quarter to sleep in, with "
+                               "trains from the airport and a budget of 400 euros for two?";
+  auto conversation = [&](const std::string &user) {
+    return json{
+        {"messages",
+         {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", user}}}},
+        {"max_tokens", 2},
+        {"temperature", 0}};
+  };
+  auto computed = [&](Live &l, const std::string &user) {
+    auto [s, r] = l.post("/v1/chat/completions", conversation(user));
+    EXPECT_EQ(s, 200) << r.dump();
+    return r["usage"]["prompt_tokens"].get<int>() -
+           r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  const std::string edited = "Two days in Porto: " + question;
+  auto [st, t] = snapshots.post("/tokenize", {{"content", edited}});
+  ASSERT_EQ(st, 200) << t.dump();
+  const int edited_tokens = int(t["tokens"].size());
+  for (Live *l : {&snapshots, &live()}) computed(*l, question);
+  // The user text and the template's tokens after it (its end and the generation header: 11 with
+  // this template and vocabulary).
+  const int resumed = computed(snapshots, edited);
+  EXPECT_GE(resumed, edited_tokens);
+  EXPECT_LE(resumed, edited_tokens + 12);
+  EXPECT_GT(computed(live(), edited), resumed + 40); // the system prompt again
 }
 
 } // namespace

@@ -20,10 +20,9 @@ void protect(nlohmann::ordered_json &value, std::vector<std::string> &originals)
 
 } // namespace
 
-Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
-                                           const Template &chat_template,
-                                           const nlohmann::ordered_json &context,
-                                           const ChatTemplateOptions &options) {
+Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &chat_template,
+                                 const nlohmann::ordered_json &context,
+                                 const ChatTemplateOptions &options) {
   nlohmann::ordered_json guarded = context;
   std::vector<std::string> originals;
   if (guarded.contains("messages") && guarded["messages"].is_array()) {
@@ -45,10 +44,10 @@ Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
   if (!rendered.ok()) return rendered.status();
 
   // Split at the placeholders; each must appear exactly as written, in order, once.
-  std::vector<int32_t> tokens;
+  ChatTokens out;
+  std::vector<int32_t> &tokens = out.tokens;
   const std::string &text = *rendered;
   size_t at = 0;
-  size_t seen = 0;
   while (at < text.size()) {
     const size_t open = text.find(kOpen, at);
     const std::string_view head(text.data() + at,
@@ -68,12 +67,13 @@ Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
     }
     if (i >= originals.size()) return Status::error("chat template mangled a message placeholder");
     const auto user = tokenizer.encode(originals[i], false, false);
+    const int32_t start = int32_t(tokens.size());
+    if (!user.empty() && (out.message_starts.empty() || out.message_starts.back() < start))
+      out.message_starts.push_back(start);
     tokens.insert(tokens.end(), user.begin(), user.end());
-    ++seen;
     at = close + kClose.size();
   }
-  (void)seen; // a template may drop a message; it cannot forge one
-  return tokens;
+  return out; // a template may drop a message; it cannot forge one
 }
 
 } // namespace offgraph::text

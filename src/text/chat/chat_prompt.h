@@ -15,12 +15,19 @@
 
 namespace offgraph::text {
 
+struct ChatTokens {
+  std::vector<int32_t> tokens;
+  // Where the text of each protected message (or text part) begins, ascending, without
+  // duplicates: the text is tokenized on its own, so these positions are the same in every prompt
+  // that renders the same history up to them (the points a branch by an edited message starts).
+  std::vector<int32_t> message_starts;
+};
+
 // `context` holds messages, tools, add_generation_prompt, ... as the template expects. The
 // `content` (a string, or the text parts of a list) of every message not from the assistant is
 // protected.
-Result<std::vector<int32_t>> tokenize_chat(const Tokenizer &tokenizer,
-                                           const Template &chat_template,
-                                           const nlohmann::ordered_json &context,
-                                           const ChatTemplateOptions &options = {});
+Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &chat_template,
+                                 const nlohmann::ordered_json &context,
+                                 const ChatTemplateOptions &options = {});
 
 } // namespace offgraph::text
