@@ -8,33 +8,14 @@
 namespace offgraph::engine {
 namespace {
 
+// Prefill chunk of a scored prompt (Request::prompt_logprobs), whose every row of logits is
+// read: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
+constexpr size_t kScoredChunk = 64;
+
 // How many leading tokens a and b share.
 size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const size_t n = std::min(a.size(), b.size());
   return size_t(std::mismatch(a.begin(), a.begin() + long(n), b.begin()).first - a.begin());
-}
-
-// Where a prompt keeps periodic snapshots, and how far back each reaches: every `every` tokens
-// from the start and again from each message start, whose first point is `reach` tokens in and
-// reaches 2 * reach back (so that an edit within `reach` of a message's start, in its header or
-// its first tokens, resumes exactly at the edit). Points are inside the prompt: its end keeps a
-// snapshot of its own.
-std::map<int32_t, int32_t> periodic_points(const Request &r, int32_t every, int32_t reach) {
-  std::map<int32_t, int32_t> points;
-  if (every <= 0) return points;
-  const int32_t end = int32_t(r.prompt.size());
-  auto add = [&](int32_t at, int32_t with) {
-    if (at > 0 && at < end) points[at] = std::max(points[at], with);
-  };
-  std::vector<int32_t> anchors = {0};
-  for (int32_t s : r.message_starts)
-    if (s > 0) anchors.push_back(s);
-  for (size_t i = 0; i < anchors.size(); ++i) {
-    const int32_t from = anchors[i], to = i + 1 < anchors.size() ? anchors[i + 1] : end;
-    if (from > 0) add(from + reach, 2 * reach);
-    for (int32_t at = from + every; at < to; at += every) add(at, reach);
-  }
-  return points;
 }
 
 } // namespace
@@ -59,7 +40,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
 
 Result<uint64_t> Engine::submit(Request request, std::function<void(const Event &)> on_event) {
   if (request.prompt.empty()) return Status::error("the prompt is empty");
-  if (request.max_tokens < 1) return Status::error("max_tokens must be at least 1");
+  if (request.max_tokens < 0) return Status::error("max_tokens must not be negative");
+  if (request.top_logprobs < -1 || request.top_logprobs > sample::kMaxTopLogprobs)
+    return Status::error("top_logprobs must be between 0 and " +
+                         std::to_string(sample::kMaxTopLogprobs));
   if (request.n < 1 || request.n > 16) return Status::error("n must be between 1 and 16");
   for (size_t i = 0; i < request.message_starts.size(); ++i)
     if (request.message_starts[i] < 0 ||
@@ -85,9 +69,8 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   a->request = std::move(request);
   a->on_event = std::move(on_event);
   a->sampler = std::move(sampler).value();
-  if (options_.prefix_reuse && options_.max_cached > 0 && store_->layout().has_ring())
-    a->snapshot_points =
-        periodic_points(a->request, options_.snapshot_every, options_.snapshot_reach);
+  if (a->request.prompt_logprobs)
+    a->prompt_logprobs = std::make_shared<std::vector<sample::TokenLogprobs>>();
   std::lock_guard lock(inbox_mutex_);
   if (waiting_ >= options_.max_queue)
     return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
@@ -215,13 +198,18 @@ void Engine::evict_over_budget() {
 }
 
 int64_t Engine::peak_bytes(const Generation &a) const {
-  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one at each
-  // periodic point, and one where requests wait to share it (each at most the rings).
+  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
+  // snapshot_every tokens and at most one per message start, and one where requests wait to
+  // share it (each at most the rings).
   const int32_t prompt = int32_t(a.request.prompt.size());
   const int32_t length = prompt + a.request.max_tokens;
   int64_t snapshots = 0;
   if (store_->layout().has_ring()) {
-    const int64_t count = 1 + int64_t(a.publish_at.size()) + int64_t(a.snapshot_points.size());
+    const int64_t count =
+        1 + int64_t(a.publish_at.size()) +
+        (options_.snapshot_every > 0
+             ? prompt / options_.snapshot_every + int64_t(a.request.message_starts.size())
+             : 0);
     snapshots = count * store_->peak_bytes_at_length(0);
   }
   return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
@@ -249,7 +237,8 @@ Result<bool> Engine::memory_allows(const Generation &a) {
 
 bool Engine::attach(Generation &a) {
   const std::vector<int32_t> &prompt = a.request.prompt;
-  if (!options_.prefix_reuse || tree_.n_sequences() == 0) return false;
+  // A scored prompt needs every position's logits: nothing of it is reused.
+  if (!options_.prefix_reuse || tree_.n_sequences() == 0 || a.request.prompt_logprobs) return false;
   // At least the prompt's last token is computed (its logits start the answer), unless a snapshot
   // at the prompt's end kept them: the same prompt again (a regenerate) computes nothing.
   const int32_t whole = int32_t(prompt.size()), target = whole - 1;
@@ -292,7 +281,8 @@ bool Engine::attach(Generation &a) {
 }
 
 bool Engine::park(std::unique_ptr<Generation> &a) {
-  if (!options_.prefix_reuse || options_.max_cached == 0) return false;
+  if (!options_.prefix_reuse || options_.max_cached == 0 || a->request.prompt_logprobs)
+    return false;
   const std::vector<int32_t> &prompt = a->request.prompt;
   // Worth waiting for: a prefix at least a page longer than what the tree gives now.
   const int32_t tree_depth = std::min(tree_.match(prompt, 0).depth, int32_t(prompt.size()) - 1);
@@ -387,6 +377,12 @@ Status Engine::admit(Generation &a) {
   }
 }
 
+void Engine::attach_prompt_logprobs(Generation &a, Event &e) {
+  if (!a.prompt_logprobs || a.prompt_logprobs_sent) return;
+  e.prompt_logprobs = a.prompt_logprobs;
+  a.prompt_logprobs_sent = true;
+}
+
 void Engine::end_events(Generation &a, FinishReason reason, const std::string &error) {
   Event e;
   e.request = a.id;
@@ -394,6 +390,7 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
   e.error = error;
   e.cached_tokens = a.reused;
   e.choice = a.choice;
+  attach_prompt_logprobs(a, e);
   if (!a.on_event) return;
   a.on_event(e);
   // Choices that were never forked end with their request, so that each choice of a request
@@ -549,6 +546,13 @@ bool Engine::sample_restored_prompts() {
   return sampled;
 }
 
+int32_t Engine::message_start_near(const Generation &a, size_t from, size_t to) const {
+  const std::vector<int32_t> &starts = a.request.message_starts;
+  auto c = std::lower_bound(starts.begin(), starts.end(),
+                            int32_t(from) - std::min(int32_t(from), options_.snapshot_reach));
+  return c != starts.end() && size_t(*c) <= to ? *c : -1;
+}
+
 // The batch: each generation's next decode token or prefill chunk, in turn, under the budget.
 // Generations take turns at the head of the line, so a budget smaller than the number of active
 // ones delays each by a few steps instead of starving the last ones.
@@ -562,17 +566,26 @@ std::vector<Engine::Part> Engine::plan_batch() {
   for (Generation *a : order) {
     if (budget <= 0) break;
     if (a->computed >= a->request.prompt.size()) {
-      if (a->computed + 1 == a->tokens.size()) parts.push_back({a, 1, true}), --budget; // decode
+      if (a->computed + 1 == a->tokens.size())
+        parts.push_back({a, 1, true, false}), --budget; // decode
       continue;
     }
     size_t n = std::min<size_t>(
         {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
-    if (auto next = a->snapshot_points.upper_bound(int32_t(a->computed));
-        next != a->snapshot_points.end())
-      n = std::min(n, size_t(next->first) - a->computed); // stop at the next periodic snapshot
+    if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0) {
+      n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
+      // The snapshot at the chunk's end reaches back to snapshot_reach before a message start
+      // in it (or just before it), which the rings still hold if that is at most max_write.
+      if (const int32_t c = message_start_near(*a, a->computed, a->computed + n); c >= 0)
+        n = std::min(
+            n, size_t(std::max<int64_t>(1, int64_t(c) + options_.max_write -
+                                               options_.snapshot_reach - int64_t(a->computed))));
+    }
     if (auto next = a->publish_at.upper_bound(int32_t(a->computed)); next != a->publish_at.end())
       n = std::min(n, size_t(*next) - a->computed); // and where others wait to share
-    parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size()});
+    const bool scored = a->prompt_logprobs != nullptr;
+    if (scored) n = std::min(n, kScoredChunk);
+    parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size(), scored});
     budget -= int32_t(n);
   }
   return parts;
@@ -582,12 +595,18 @@ std::vector<Engine::Part> Engine::plan_batch() {
 // next token.
 void Engine::run_batch(const std::vector<Part> &parts) {
   model::Batch batch;
-  for (const Part &p : parts) {
+  std::vector<size_t> first_row(parts.size()); // each part's first row of logits
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part &p = parts[i];
     const int32_t first = int32_t(batch.tokens.size());
     batch.tokens.insert(batch.tokens.end(), p.g->tokens.begin() + long(p.g->computed),
                         p.g->tokens.begin() + long(p.g->computed) + p.n);
     batch.spans.push_back({p.g->seq, int32_t(p.g->computed), p.n});
-    if (p.wants_logits) batch.logit_rows.push_back(first + p.n - 1);
+    first_row[i] = batch.logit_rows.size();
+    if (p.all_rows)
+      for (int32_t j = 0; j < p.n; ++j) batch.logit_rows.push_back(first + j);
+    else if (p.wants_logits)
+      batch.logit_rows.push_back(first + p.n - 1);
   }
   // A step of prefill chunks alone still asks for one row (unused): the graph needs an output.
   if (batch.logit_rows.empty()) batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
@@ -611,26 +630,38 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     settle(failed);
     return;
   }
-  const int32_t n_vocab = model_.config().n_vocab;
-  size_t row = 0;
+  const size_t n_vocab = size_t(model_.config().n_vocab);
   std::vector<Generation *> done;
   std::vector<std::unique_ptr<Generation>> born;
-  for (const Part &p : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part &p = parts[i];
     Generation &a = *p.g;
     const bool prefill = a.computed < a.request.prompt.size();
+    const float *rows = logits->data() + first_row[i] * n_vocab;
+    if (p.all_rows) // row j follows position computed + j: the next prompt token's odds
+      for (int32_t j = 0; j < p.n; ++j)
+        if (const size_t next = a.computed + size_t(j) + 1; next < a.request.prompt.size())
+          a.prompt_logprobs->push_back(sample::token_logprobs({rows + size_t(j) * n_vocab, n_vocab},
+                                                              a.request.prompt[next],
+                                                              std::max(0, a.request.top_logprobs)));
     a.computed += size_t(p.n);
     if (prefill) stats_.computed_prompt_tokens += p.n;
     if (prefill && publish_prefix(a)) evict_over_budget(); // for requests waiting on this prefix
-    const auto periodic =
-        prefill ? a.snapshot_points.find(int32_t(a.computed)) : a.snapshot_points.end();
+    const size_t every = size_t(std::max(0, options_.snapshot_every));
+    const bool periodic = prefill && every > 0 && a.computed % every == 0;
+    const int32_t start =
+        prefill && every > 0 ? message_start_near(a, a.computed - size_t(p.n), a.computed) : -1;
     std::span<const float> l;
-    if (p.wants_logits) l = {logits->data() + row++ * size_t(n_vocab), size_t(n_vocab)};
-    if (prefill && (p.wants_logits || periodic != a.snapshot_points.end()) &&
-        options_.prefix_reuse && options_.max_cached > 0 && store_->layout().has_ring()) {
+    if (p.wants_logits) l = {rows + (p.all_rows ? size_t(p.n - 1) * n_vocab : 0), n_vocab};
+    if (prefill && (p.wants_logits || periodic || start >= 0) && options_.prefix_reuse &&
+        options_.max_cached > 0 && store_->layout().has_ring()) {
       // A prompt's end (the point a later request resending this history comes back to, with the
-      // logits that serve the same prompt again) or a periodic point inside a long prompt.
+      // logits that serve the same prompt again), a periodic point inside a long prompt, or the
+      // end of a chunk with a message start in it or just before it, reaching back over it (an
+      // edited message: so the snapshots cover snapshot_reach either side of each start).
       const int32_t reach =
-          periodic != a.snapshot_points.end() ? periodic->second : options_.snapshot_reach;
+          std::max(options_.snapshot_reach,
+                   start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);
       if (auto snap = store_->snapshot(a.seq, reach); snap.ok())
         a.taken.push_back(
             {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
@@ -643,6 +674,11 @@ void Engine::run_batch(const std::vector<Part> &parts) {
 }
 
 bool Engine::advance(Generation &a, std::span<const float> logits) {
+  if (a.request.max_tokens == 0) { // the prompt only
+    finish(a, FinishReason::Length);
+    return false;
+  }
+  const std::span<const float> model_logits = logits; // what log-probabilities report
   std::vector<float> masked;
   if (a.constraint && a.constraint->active()) {
     masked.assign(logits.begin(), logits.end());
@@ -664,7 +700,11 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
                     a.request.stop_tokens.end();
   const bool length =
       a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 > options_.context;
-  Event e{a.id, *token, FinishReason::None, "", 0, a.choice};
+  Event e;
+  e.request = a.id, e.token = *token, e.choice = a.choice;
+  if (a.request.top_logprobs >= 0)
+    e.logprobs = sample::token_logprobs(model_logits, *token, a.request.top_logprobs);
+  attach_prompt_logprobs(a, e);
   if (a.on_event) a.on_event(e);
   if (stop || length) {
     finish(a, stop ? FinishReason::Stop : FinishReason::Length);
@@ -685,13 +725,16 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
     child->request.n = 1;
     child->on_event = a.on_event;
     child->tokens = a.request.prompt;
+    child->prompt_logprobs = a.prompt_logprobs;
     child->computed = a.request.prompt.size();
     sample::SamplingParams sp = a.request.sampling;
     sp.seed += uint64_t(c);
     auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
     auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
     if (!sampler.ok() || !seq.ok()) {
-      Event e{a.id, -1, FinishReason::Error, !seq.ok() ? seq.message() : sampler.message(), 0, c};
+      Event e;
+      e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
+      e.error = !seq.ok() ? seq.message() : sampler.message();
       if (a.on_event) a.on_event(e);
       if (seq.ok()) (void)store_->remove_sequence(*seq);
       continue;

@@ -17,6 +17,7 @@
 #include "kv/kv_store.h"
 #include "model/forward.h"
 #include "sample/constraint.h"
+#include "sample/logprobs.h"
 #include "sample/sampler.h"
 
 #include <atomic>
@@ -41,10 +42,11 @@ struct EngineOptions {
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
-  // then recomputes at most N tokens. The grid restarts at each of the request's message starts,
-  // where the first point, snapshot_reach tokens in, reaches twice as far back: an edited message
-  // resumes exactly where its edit begins if that is within snapshot_reach of its start (either
-  // side), and else at most N later. Each costs window - 1 + its reach rows per sliding layer.
+  // then recomputes at most N tokens. And at the end of each prefill chunk that holds a message
+  // start (Request::message_starts) or begins within snapshot_reach after one, reaching back to
+  // snapshot_reach before it: an edit within snapshot_reach of a message's start (either side)
+  // resumes exactly at the edit. Each costs window - 1 + its reach rows per sliding layer (a
+  // reach of at most max_write).
   int32_t snapshot_every = 0;
   // Snapshots also resume up to this many tokens before the point they were taken at (each
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
@@ -67,14 +69,21 @@ enum class FinishReason { None, Stop, Length, Cancelled, Error };
 struct Request {
   std::vector<int32_t> prompt;
   sample::SamplingParams sampling;
-  int32_t max_tokens = 256;
+  int32_t max_tokens = 256;         // 0: the prompt only (scored with prompt_logprobs)
   std::vector<int32_t> stop_tokens; // end-of-turn ids (never <|eom|>)
   // Choices: the prompt is computed once and its cache forked into n sequences; choice i samples
   // with seed + i.
   int32_t n = 1;
   // Prompt positions where a message's own text begins, ascending (text::ChatTokens): the
-  // branch points of edited messages, which anchor the periodic snapshots (snapshot_every).
+  // branch points of edited messages, which snapshots reach back over (snapshot_every).
   std::vector<int32_t> message_starts;
+  // Log-probabilities (sample/logprobs.h: the model's, before any sampling step). -1: none; k in
+  // [0, 20]: each generated token's with the k most likely.
+  int32_t top_logprobs = -1;
+  // Each prompt token's log-probability after the tokens before it (from the second on, with
+  // top_logprobs of them, at least 0): the prompt is then computed whole, never reused, since a
+  // reused position has no logits.
+  bool prompt_logprobs = false;
   // Forced output (tool_choice); each choice gets its own state. Null: free.
   std::shared_ptr<const sample::ConstraintSpec> constraint;
   std::shared_ptr<const sample::TokenTexts> token_texts;
@@ -87,6 +96,11 @@ struct Event {
   std::string error;                        // with FinishReason::Error
   int32_t cached_tokens = 0;                // on the last event: prompt tokens reused, not computed
   int32_t choice = 0;                       // which of the request's n choices
+  // With Request::top_logprobs >= 0, on a token's event: that token's.
+  std::optional<sample::TokenLogprobs> logprobs;
+  // With Request::prompt_logprobs, on each choice's first event: one per prompt token after the
+  // first.
+  std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs;
 };
 
 struct EngineStats {
@@ -171,13 +185,13 @@ private:
     // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
     // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).
     std::set<int32_t> publish_at;
-    // Depths of its prompt where it keeps a periodic snapshot, with each one's reach: its
-    // prefill stops there too.
-    std::map<int32_t, int32_t> snapshot_points;
     // logits_ready: the whole prompt came back from a snapshot with its logits, and the first
     // token is sampled from these without a forward pass.
     std::vector<float> prompt_logits;
     bool logits_ready = false;
+    // Request::prompt_logprobs: gathered during prefill, sent with each choice's first event.
+    std::shared_ptr<std::vector<sample::TokenLogprobs>> prompt_logprobs;
+    bool prompt_logprobs_sent = false;
   };
   // A request waiting for an active one to compute the prefix they share.
   struct Parked {
@@ -197,7 +211,8 @@ private:
   struct Part {
     Generation *g;
     int32_t n;
-    bool wants_logits;
+    bool wants_logits; // the last token's (a decode, or a prompt's end)
+    bool all_rows;     // every token's (a prompt scored with prompt_logprobs)
   };
   // step()'s phases, in order; each says whether it did anything.
   bool step_inner();
@@ -242,6 +257,11 @@ private:
   void finish(Generation &a, FinishReason reason, const std::string &error = "");
   // The last event of a (and of its choices not forked yet).
   void end_events(Generation &a, FinishReason reason, const std::string &error = "");
+  // A scored prompt's log-probabilities go with each choice's first event.
+  static void attach_prompt_logprobs(Generation &a, Event &e);
+  // The first of a's message starts in [from - snapshot_reach, to], or -1: a chunk [from, to)
+  // that holds one or starts just after one ends with a snapshot reaching back over it.
+  int32_t message_start_near(const Generation &a, size_t from, size_t to) const;
   // Samples a's next token from `logits` and streams it; false once a is finished.
   bool advance(Generation &a, std::span<const float> logits);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.

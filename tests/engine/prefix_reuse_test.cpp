@@ -107,35 +107,38 @@ TEST(PrefixReuse, ASnapshotRetakenWithLessReachKeepsTheOneReachingFurther) {
   EXPECT_EQ(computed_by(**e, greedy(branch, 4)), 5);
 }
 
-// Periodic snapshots restart at each message start, whose first point reaches twice as far back:
-// an edit just before or after a message's start resumes exactly at the edit, one further in at
-// most snapshot_every later.
-TEST(PrefixReuse, PeriodicSnapshotsRestartAtMessageStarts) {
+// With snapshot_every, a prefill chunk that holds a message start, or begins within
+// snapshot_reach after one, ends with a snapshot reaching back to snapshot_reach before it: an
+// edit near a message's start resumes exactly at the edit, with no extra chunk.
+TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   std::mt19937_64 rng(37);
   EngineOptions o = paged(8);
-  o.snapshot_every = 10;
-  o.snapshot_reach = 3; // within what rings of max_write 8 keep (7 rows), also doubled
+  o.snapshot_every = 1000; // no grid point inside these prompts
+  o.snapshot_reach = 3;
   auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok()) << e.message();
   Request first = greedy(random_tokens(rng, 80), 3);
   first.message_starts = {30, 55};
-  // Points: 10, 20 (reach 3); 33 (reach 6), 40, 50; 58 (reach 6), 65, 75; and the end, 80.
+  // Chunks of max_write (8); the one after 30 stops at 35, as far as a reach of 8 goes back.
+  // Snapshots: 32 (reach 5: back to 27), 35 (8: 27), 59 (7: 52) and the end, 80 (3: 77).
   EXPECT_EQ(computed_by(**e, first), 80);
   auto edit = [&](int32_t at) {
     Request r = first;
     r.prompt[size_t(at)] = (r.prompt[size_t(at)] + 1) % 500;
     return computed_by(**e, r);
   };
-  EXPECT_EQ(edit(28), 80 - 28); // two before a start: 33 reaches back to 27
-  EXPECT_EQ(edit(45), 80 - 40); // inside a message: the grid point before it (50 reaches 47)
-  EXPECT_EQ(edit(53), 80 - 53); // in the previous message's tail: 58 reaches back to 52
-  // Without message starts, the grid alone: an edit at 53 resumes at 50.
+  EXPECT_EQ(edit(28), 80 - 28); // two before a start
+  EXPECT_EQ(edit(34), 80 - 34); // four after it, in the next chunk
+  EXPECT_EQ(edit(40), 80 - 35); // further in: the snapshot before it
+  EXPECT_EQ(edit(53), 80 - 53); // the previous message's tail
+  // Without message starts only the prompt end's snapshot (77-80) and the cached sequence's
+  // rings (the last 23 positions) are there: an edit at 53 recomputes everything.
   Request plain = first;
   plain.message_starts.clear();
   plain.prompt[0] = (plain.prompt[0] + 1) % 500; // a path of its own
   EXPECT_EQ(computed_by(**e, plain), 80);
   plain.prompt[53] = (plain.prompt[53] + 1) % 500;
-  EXPECT_EQ(computed_by(**e, plain), 80 - 50);
+  EXPECT_EQ(computed_by(**e, plain), 80);
 }
 
 TEST(PrefixReuse, MessageStartsMustAscendInsideThePrompt) {
