@@ -10,18 +10,34 @@
 
 namespace offgraph {
 
+// What kind of failure a Status is, for callers that act on the kind rather than the text (the
+// server's HTTP status, a retry).
+enum class StatusCode {
+  kOk,
+  kInvalidArgument,   // the input is wrong: the message says which and why (the default)
+  kNotFound,          // a name that nothing answers to
+  kResourceExhausted, // a limit is reached for now (a full queue): the same call may succeed later
+  kUnavailable,       // the service takes no work at the moment (loading, shutting down)
+  kUnimplemented,     // valid, and not supported
+  kInternal,          // our failure, not the caller's (an allocation, a backend)
+};
+
 class [[nodiscard]] Status {
 public:
   Status() = default;
-  static Status error(std::string message) { return Status(std::move(message)); }
+  static Status error(std::string message, StatusCode code = StatusCode::kInvalidArgument) {
+    assert(code != StatusCode::kOk);
+    return Status(std::move(message), code);
+  }
 
-  bool ok() const { return !failed_; }
+  bool ok() const { return code_ == StatusCode::kOk; }
   explicit operator bool() const { return ok(); }
+  StatusCode code() const { return code_; }
   const std::string &message() const { return message_; }
 
 private:
-  explicit Status(std::string message) : failed_(true), message_(std::move(message)) {}
-  bool failed_ = false;
+  Status(std::string message, StatusCode code) : code_(code), message_(std::move(message)) {}
+  StatusCode code_ = StatusCode::kOk;
   std::string message_;
 };
 

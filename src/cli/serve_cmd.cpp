@@ -68,11 +68,12 @@ std::function<int()> add_serve(CLI::App &app) {
       ->capture_default_str();
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
   cmd->add_option("--snapshot-every", o->snapshot_every,
-                  "also keep a ring snapshot every N prompt tokens, counted again from each "
-                  "message's start, and 16 tokens into each message reaching 32 back, so that an "
-                  "edited message recomputes from its edit and a branch inside a long prompt at "
-                  "most N more (0: at prompt ends only; each costs window - 1 + 16 rows per "
-                  "sliding layer, 32 at message starts: docs/prefix-cache.md)")
+                  "also keep a ring snapshot every N prompt tokens, and where a prefill chunk "
+                  "holds a message's start one reaching back to 16 tokens before it, so that a "
+                  "branch inside a long prompt recomputes at most N and an edit near a message's "
+                  "start nothing before the edit (0: at prompt ends only; each costs window - 1 + "
+                  "its reach rows per sliding layer, a reach of 16 to max_write: "
+                  "docs/prefix-cache.md)")
       ->capture_default_str();
   cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
       ->capture_default_str();

@@ -74,7 +74,8 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
   std::lock_guard lock(inbox_mutex_);
   if (waiting_ >= options_.max_queue)
     return Status::error("the queue is full (" + std::to_string(options_.max_queue) +
-                         " waiting requests)");
+                             " waiting requests)",
+                         StatusCode::kResourceExhausted);
   a->id = next_id_++;
   const uint64_t id = a->id;
   inbox_.push_back(std::move(a));

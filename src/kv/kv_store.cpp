@@ -202,7 +202,8 @@ Result<Pool> KvStore::make_ring_pool() {
   pool.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(pool.ctx.get(), buft_));
   if (!pool.buffer)
     return Status::error("kv store: could not allocate " + std::to_string(ring_pool_bytes()) +
-                         " bytes of ring storage");
+                             " bytes of ring storage",
+                         StatusCode::kInternal);
   // Rows never written must hold finite values: attention skips masked rows, but a NaN in one
   // would still poison a tiled kernel's sums.
   ggml_backend_buffer_clear(pool.buffer.get(), 0);
@@ -409,7 +410,8 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
       int64_t(ggml_backend_alloc_ctx_tensors_from_buft_size(snap->rows_.ctx.get(), buft_));
   if (Status s = check_budget(need, "ring snapshot"); !s.ok()) return s;
   snap->rows_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(snap->rows_.ctx.get(), buft_));
-  if (!snap->rows_.buffer) return Status::error("kv store: could not allocate a ring snapshot");
+  if (!snap->rows_.buffer)
+    return Status::error("kv store: could not allocate a ring snapshot", StatusCode::kInternal);
   snap->live_bytes_ = snapshot_bytes_;
   *snapshot_bytes_ += snap->bytes();
   for (size_t i = 0; i < n; ++i) {

@@ -56,7 +56,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
   ggml_set_output(*logits);
   ggml_build_forward_expand(gf, *logits);
   if (!ggml_gallocr_alloc_graph(alloc_.get(), gf))
-    return Status::error("forward: could not allocate the graph");
+    return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
 
   std::vector<int32_t> positions;
   for (const Batch::Span &s : batch.spans)

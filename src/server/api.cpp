@@ -17,6 +17,25 @@ json error_body(const ApiError &e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
+ApiError api_error(const Status &s) {
+  switch (s.code()) {
+  case StatusCode::kNotFound:
+    return {404, s.message(), "", "not_found"};
+  case StatusCode::kResourceExhausted:
+    return {429, s.message(), "", "rate_limit_exceeded", "rate_limit_error"};
+  case StatusCode::kUnavailable:
+    return {503, s.message(), "", "unavailable", "unavailable_error"};
+  case StatusCode::kUnimplemented:
+    return {400, s.message(), "", "unsupported"};
+  case StatusCode::kInternal:
+    return {500, s.message(), "", "internal_error", "server_error"};
+  case StatusCode::kOk:
+  case StatusCode::kInvalidArgument:
+    break;
+  }
+  return {400, s.message(), "", "invalid_value"};
+}
+
 namespace {
 
 ApiError bad(const std::string &param, const std::string &message,
@@ -63,13 +82,44 @@ constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 1024;
 constexpr size_t kMaxLogitBias = 1024;
 
-// Sampling fields and limits shared by both routes.
+// Log-probabilities. Chat: `logprobs` (bool) and `top_logprobs` (0-20, only with logprobs).
+// Completions: `logprobs` (0-20: how many likeliest tokens beside each chosen one) and `echo`.
+std::optional<ApiError> parse_logprobs(const json &body, bool chat, Job &job) {
+  engine::Request &r = job.request;
+  const int32_t most = sample::kMaxTopLogprobs;
+  if (chat) {
+    if (body.contains("echo") && !body["echo"].is_null())
+      return bad("echo", "'echo' is a /v1/completions field", "unsupported");
+    bool wanted = false;
+    if (auto e = read_bool(body, "logprobs", wanted)) return e;
+    int32_t top = -1;
+    if (auto e = read_number(body, "top_logprobs", top, 0, most)) return e;
+    if (top >= 0 && !wanted) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.top_logprobs = wanted ? std::max(top, 0) : -1;
+    return std::nullopt;
+  }
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null())
+    return bad("top_logprobs",
+               "'top_logprobs' is a chat field; /v1/completions takes 'logprobs': N",
+               "unsupported");
+  if (auto e = read_number(body, "logprobs", r.top_logprobs, 0, most)) return e;
+  if (auto e = read_bool(body, "echo", job.echo)) return e;
+  r.prompt_logprobs = job.echo && r.top_logprobs >= 0;
+  if (job.echo && job.stream)
+    return bad("echo", "'echo' with 'stream' is not supported; ask without streaming",
+               "unsupported");
+  return std::nullopt;
+}
+
+// Sampling fields and limits shared by both routes. `max_tokens` comes back -1 when not given;
+// 0 only where `zero_ok` (an echoed prompt scored without an answer).
 std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts, Job &job,
-                                       int32_t &max_tokens) {
+                                       int32_t &max_tokens, bool zero_ok) {
   sample::SamplingParams p = sample::defaults_for(facts.arch);
-  max_tokens = 0; // 0: until the context is full (up to the cap)
-  if (auto e = read_number(body, "max_tokens", max_tokens, 1, facts.max_tokens_cap)) return e;
-  if (auto e = read_number(body, "max_completion_tokens", max_tokens, 1, facts.max_tokens_cap))
+  max_tokens = -1;
+  const double least = zero_ok ? 0 : 1;
+  if (auto e = read_number(body, "max_tokens", max_tokens, least, facts.max_tokens_cap)) return e;
+  if (auto e = read_number(body, "max_completion_tokens", max_tokens, least, facts.max_tokens_cap))
     return e;
   if (auto e = read_number(body, "temperature", p.temperature, 0, 2)) return e;
   if (auto e = read_number(body, "top_p", p.top_p, 0, 1)) return e;
@@ -82,14 +132,11 @@ std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts
   if (auto e = read_number(body, "seed", seed, -9.2e18, 9.2e18)) return e;
   p.seed = seed >= 0 ? uint64_t(seed) : std::random_device{}();
   if (auto e = read_number(body, "n", job.request.n, 1, 16)) return e;
-  if (auto e = read_bool(body, "stream", job.stream)) return e;
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json &so = body["stream_options"];
     if (!so.is_object()) return bad("stream_options", "'stream_options' must be an object");
     if (auto e = read_bool(so, "include_usage", job.include_usage)) return e;
   }
-  if (auto e = read_bool(body, "logprobs", job.logprobs)) return e;
-  if (job.logprobs) return bad("logprobs", "'logprobs' is not supported", "unsupported");
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json &st = body["stop"];
     std::vector<std::string> list;
@@ -298,6 +345,80 @@ std::optional<ApiError> tool_constraint(const ModelFacts &facts, const json &too
   return std::nullopt;
 }
 
+// Fields of OpenAI's API (and llama-server's, vLLM's) that would change the answer and that this
+// server does not honour: refused by name, never ignored.
+std::optional<ApiError> refuse_unsupported(const json &body, bool chat) {
+  auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
+  if (given("response_format")) {
+    const json &rf = body["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      return bad("response_format", "'response_format' must be an object with a 'type'",
+                 "invalid_type");
+    const std::string type = rf["type"];
+    if (type != "text")
+      return bad("response_format",
+                 "'response_format' type '" + type + "' is not supported (only 'text')",
+                 "unsupported");
+  }
+  for (const char *key :
+       {"grammar", "json_schema", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
+        "functions", "function_call", "prediction", "audio", "suffix"})
+    if (given(key)) return bad(key, std::string("'") + key + "' is not supported", "unsupported");
+  if (given("best_of") && body["best_of"] != 1)
+    return bad("best_of", "'best_of' other than 1 is not supported; use 'n'", "unsupported");
+  if (given("modalities") && body["modalities"] != json::array({"text"}))
+    return bad("modalities", "only the 'text' modality is supported", "unsupported");
+  if (chat && given("parallel_tool_calls") && body["parallel_tool_calls"] == false)
+    return bad("parallel_tool_calls",
+               "'parallel_tool_calls': false is not supported (the model may call several "
+               "tools in one turn)",
+               "unsupported");
+  if (chat && given("tools") && body["tools"].is_array())
+    for (const auto &t : body["tools"])
+      if (t.is_object() && t.contains("function") && t["function"].is_object() &&
+          t["function"].contains("strict") && t["function"]["strict"] == true)
+        return bad("tools", "strict tools (\"strict\": true) are not supported yet", "unsupported");
+  return std::nullopt;
+}
+
+// /v1/completions `prompt`: a string, or token ids (what evaluation harnesses send, so that the
+// scored tokens are theirs); a list holding one of these. Several prompts in one request are
+// refused (send one request each).
+std::optional<ApiError> completion_prompt(const json &body, const ModelFacts &facts, Job &job) {
+  const char *shape = "'prompt' must be a string, a list of token ids, or a list of one of these";
+  if (!body.contains("prompt") || body["prompt"].is_null()) return bad("prompt", shape);
+  json prompt = body["prompt"];
+  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array()))
+    prompt = json(prompt[0]);
+  else if (prompt.is_array() && !prompt.empty() && !prompt[0].is_number())
+    return bad("prompt",
+               "'prompt' holds " + std::to_string(prompt.size()) +
+                   " prompts; this server takes one per request",
+               "unsupported");
+  const text::Tokenizer &t = *facts.tokenizer;
+  if (prompt.is_string()) {
+    const std::string text = prompt.get<std::string>();
+    if (!text::is_valid_utf8(text)) return bad("prompt", "'prompt' is not valid UTF-8");
+    job.request.prompt = t.encode(text, t.add_bos_default(), false);
+    job.echo_text = text;
+  } else if (prompt.is_array()) {
+    for (const auto &id : prompt) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= facts.n_vocab)
+        return bad("prompt", "'prompt' token ids must be integers from 0 to " +
+                                 std::to_string(facts.n_vocab - 1) + ", not " + id.dump());
+      job.request.prompt.push_back(id.get<int32_t>());
+    }
+    text::Detokenizer d(t);
+    for (int32_t id : job.request.prompt) job.echo_text += d.feed(id);
+    job.echo_text += d.flush();
+  } else {
+    return bad("prompt", shape, "invalid_type");
+  }
+  if (job.request.prompt.empty()) return bad("prompt", "'prompt' is empty");
+  if (!job.echo) job.echo_text.clear();
+  return std::nullopt;
+}
+
 } // namespace
 
 std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &facts,
@@ -316,8 +437,11 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
                                       Job &job) {
   if (!body.is_object()) return bad("", "the request body is not a JSON object", "invalid_json");
   if (auto e = check_model(body, facts)) return e;
-  int32_t max_tokens = 0;
-  if (auto e = parse_sampling(body, facts, job, max_tokens)) return e;
+  if (auto e = refuse_unsupported(body, chat)) return e;
+  if (auto e = read_bool(body, "stream", job.stream)) return e;
+  if (auto e = parse_logprobs(body, chat, job)) return e;
+  int32_t max_tokens = -1;
+  if (auto e = parse_sampling(body, facts, job, max_tokens, !chat && job.echo)) return e;
   job.chat = chat;
   if (chat) {
     json ctx;
@@ -331,12 +455,7 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
     if (tool_choice == "required" || tool_choice == "named")
       if (auto e = tool_constraint(facts, job.tools, named, job.request)) return e;
   } else {
-    if (!body.contains("prompt") || !body["prompt"].is_string())
-      return bad("prompt", "'prompt' must be a string");
-    const std::string prompt = body["prompt"].get<std::string>();
-    if (!text::is_valid_utf8(prompt)) return bad("prompt", "'prompt' is not valid UTF-8");
-    job.request.prompt = facts.tokenizer->encode(prompt, facts.tokenizer->add_bos_default(), false);
-    if (job.request.prompt.empty()) return bad("prompt", "'prompt' is empty");
+    if (auto e = completion_prompt(body, facts, job)) return e;
   }
   const int64_t prompt = int64_t(job.request.prompt.size());
   if (prompt >= facts.context)
@@ -344,7 +463,7 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
                     "the prompt has " + std::to_string(prompt) + " tokens; the context holds " +
                         std::to_string(facts.context) + " in all, prompt and answer",
                     chat ? "messages" : "prompt", "context_length_exceeded"};
-  if (max_tokens == 0)
+  if (max_tokens < 0)
     max_tokens = int32_t(std::min<int64_t>(facts.max_tokens_cap, facts.context - prompt));
   else if (prompt + max_tokens > facts.context)
     return ApiError{400,

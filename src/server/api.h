@@ -28,6 +28,8 @@ struct ApiError {
   std::string type = "invalid_request_error";
 };
 json error_body(const ApiError &e);
+// A Status from below as an API error: its code chooses the HTTP status and the error type.
+ApiError api_error(const Status &s);
 
 // What request parsing needs to know of the served model.
 struct ModelFacts {
@@ -50,7 +52,10 @@ struct Job {
   bool include_usage = false; // stream_options.include_usage
   std::vector<std::string> stop_strings;
   json tools = json::array();
-  bool logprobs = false;
+  // /v1/completions `echo`: the answer's text starts with the prompt's (scored with the
+  // prompt's log-probabilities when `logprobs` is set: Request::prompt_logprobs).
+  bool echo = false;
+  std::string echo_text;
 };
 
 // Parses /v1/chat/completions (chat) or /v1/completions bodies. The chat template is rendered

@@ -1,6 +1,7 @@
 #include "server/output.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace offgraph::server {
 
@@ -47,9 +48,10 @@ ChoiceOutput::Delta ChoiceOutput::absorb(const std::string &piece) {
   return d;
 }
 
-ChoiceOutput::Delta ChoiceOutput::feed(int32_t token) {
+ChoiceOutput::Delta ChoiceOutput::feed(int32_t token, const sample::TokenLogprobs *logprobs) {
   if (stopped_ || finished_) return {};
   ++completion_;
+  if (logprobs) logprobs_.push_back(*logprobs);
   std::string piece = detok_.feed(token);
   // An end-of-turn token is text only where the ATEM parser wants to see it.
   if (!use_atem_ &&
@@ -93,6 +95,88 @@ ChoiceOutput::json ChoiceOutput::tool_calls() const {
     out.push_back(std::move(c));
   }
   return out;
+}
+
+std::span<const sample::TokenLogprobs> ChoiceOutput::take_logprobs() {
+  std::span<const sample::TokenLogprobs> out(logprobs_.data() + logprobs_taken_,
+                                             logprobs_.size() - logprobs_taken_);
+  logprobs_taken_ = logprobs_.size();
+  return out;
+}
+
+namespace {
+
+// A token's text as valid UTF-8: its bytes with every invalid part as U+FFFD.
+std::string token_text(const text::Tokenizer &tokenizer, int32_t id) {
+  if (tokenizer.is_control(id)) return tokenizer.token_piece(id);
+  text::Detokenizer d(tokenizer);
+  return d.feed(id) + d.flush();
+}
+
+nlohmann::ordered_json byte_list(const std::string &bytes) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (unsigned char c : bytes) out.push_back(int(c));
+  return out;
+}
+
+// OpenAI's stand-in for a token that cannot be chosen (JSON has no -infinity).
+float reported(float logprob) { return std::isfinite(logprob) ? logprob : -9999.0f; }
+
+nlohmann::ordered_json chat_entry(const text::Tokenizer &tokenizer, int32_t id, float logprob) {
+  return {{"token", token_text(tokenizer, id)},
+          {"logprob", reported(logprob)},
+          {"bytes", byte_list(tokenizer.token_piece(id))}};
+}
+
+// Code points a token adds to the text a completion returns (control tokens are not rendered).
+size_t code_points(const text::Tokenizer &tokenizer, int32_t id) {
+  if (tokenizer.is_control(id)) return 0;
+  size_t n = 0;
+  for (unsigned char c : tokenizer.token_piece(id)) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+} // namespace
+
+nlohmann::ordered_json chat_logprobs(const text::Tokenizer &tokenizer,
+                                     std::span<const sample::TokenLogprobs> tokens) {
+  nlohmann::ordered_json content = nlohmann::ordered_json::array();
+  for (const sample::TokenLogprobs &t : tokens) {
+    nlohmann::ordered_json entry = chat_entry(tokenizer, t.token, t.logprob);
+    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+    for (const auto &[id, lp] : t.top) top.push_back(chat_entry(tokenizer, id, lp));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+nlohmann::ordered_json CompletionLogprobs::shape(std::span<const sample::TokenLogprobs> tokens,
+                                                 int32_t first_token) {
+  using ojson = nlohmann::ordered_json;
+  ojson texts = ojson::array(), logprobs = ojson::array(), tops = ojson::array(),
+        offsets = ojson::array();
+  auto add = [&](int32_t id, const ojson &logprob, const ojson &top) {
+    texts.push_back(token_text(tokenizer, id));
+    logprobs.push_back(logprob);
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += code_points(tokenizer, id);
+  };
+  if (first_token >= 0) add(first_token, nullptr, nullptr);
+  for (const sample::TokenLogprobs &t : tokens) {
+    // Legacy shape: text -> log-probability (tokens of the same text keep the likelier).
+    ojson top = ojson::object();
+    for (const auto &[id, lp] : t.top) {
+      const std::string text = token_text(tokenizer, id);
+      if (!top.contains(text)) top[text] = reported(lp);
+    }
+    add(t.token, reported(t.logprob), top);
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 } // namespace offgraph::server

@@ -3,6 +3,7 @@
 // tool calls by the ATEM parser for Muse Glimmer templates.
 #pragma once
 
+#include "sample/logprobs.h"
 #include "sample/stop.h"
 #include "text/atem/atem_parser.h"
 #include "text/tokenizer/tokenizer.h"
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,8 +33,9 @@ public:
   ChoiceOutput(const ChoiceOutput &) = delete; // the matcher points into stops_
   ChoiceOutput &operator=(const ChoiceOutput &) = delete;
 
-  // A generated token. Nothing more is taken once a stop string matched (stopped()).
-  Delta feed(int32_t token);
+  // A generated token, with its log-probabilities if the request asked. Nothing more is taken
+  // once a stop string matched (stopped()).
+  Delta feed(int32_t token, const sample::TokenLogprobs *logprobs = nullptr);
   // The end of generation: what the detokenizer, the stop matcher and the parser held back.
   Delta finish();
 
@@ -42,6 +45,12 @@ public:
   std::string content() const;
   std::string reasoning() const;
   json tool_calls() const; // without "index"
+  // The log-probabilities of the tokens fed (every generated token up to a stop, reasoning and
+  // control tokens included: the model's distribution over what it wrote).
+  const std::vector<sample::TokenLogprobs> &logprobs() const { return logprobs_; }
+  // Those fed since the last call: what a streamed chunk carries (possibly before the text of
+  // their tokens, which the detokenizer or a stop string may hold back).
+  std::span<const sample::TokenLogprobs> take_logprobs();
 
 private:
   Delta absorb(const std::string &text);
@@ -57,6 +66,24 @@ private:
   json calls_ = json::array();
   bool stopped_ = false, finished_ = false;
   int completion_ = 0;
+  std::vector<sample::TokenLogprobs> logprobs_;
+  size_t logprobs_taken_ = 0;
+};
+
+// OpenAI's log-probability shapes. A token's text is its bytes as valid UTF-8 (a character split
+// across tokens shows as U+FFFD in each; "bytes" has the raw bytes); control tokens as their text.
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}.
+nlohmann::ordered_json chat_logprobs(const text::Tokenizer &tokenizer,
+                                     std::span<const sample::TokenLogprobs> tokens);
+// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. `first_token` >= 0
+// leads with that token and null log-probabilities (an echoed prompt's first token, which nothing
+// predicts). `offset` is the text_offset of the first entry and comes back past the last: code
+// points of the returned text, to which control tokens add nothing.
+struct CompletionLogprobs {
+  const text::Tokenizer &tokenizer;
+  size_t offset = 0;
+  nlohmann::ordered_json shape(std::span<const sample::TokenLogprobs> tokens,
+                               int32_t first_token = -1);
 };
 
 } // namespace offgraph::server

@@ -182,6 +182,8 @@ struct Routes {
     std::vector<engine::FinishReason> reasons;
     std::string error;
     int cached = 0;
+    std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs; // echo's
+    std::vector<CompletionLogprobs> offsets; // per choice, of streamed completion logprobs
     std::string rid;
     int64_t created = 0;
     bool finished(int32_t c) const { return reasons[size_t(c)] != engine::FinishReason::None; }
@@ -209,8 +211,9 @@ struct Routes {
     ChoiceOutput::Delta d;
     if (e.choice < 0 || e.choice >= call.job.request.n) return d;
     ChoiceOutput &o = *call.outs[size_t(e.choice)];
+    if (e.prompt_logprobs && !call.prompt_logprobs) call.prompt_logprobs = e.prompt_logprobs;
     if (e.token >= 0 && !o.stopped()) {
-      d = o.feed(e.token);
+      d = o.feed(e.token, e.logprobs ? &*e.logprobs : nullptr);
       if (o.stopped()) cancel(call.id, e.choice); // a stop string: the choice is done
     }
     if (e.finish != engine::FinishReason::None) {
@@ -223,6 +226,29 @@ struct Routes {
       for (auto &c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
     }
     return d;
+  }
+
+  // A choice's log-probabilities in the route's shape, or null when not asked for: the whole
+  // answer's, with an echoed prompt's before it (completions).
+  json whole_logprobs(const Call &call, int32_t c, bool chat) {
+    const engine::Request &r = call.job.request;
+    if (r.top_logprobs < 0) return nullptr;
+    const auto &generated = call.outs[size_t(c)]->logprobs();
+    if (chat) return chat_logprobs(*s.tokenizer_, generated);
+    std::vector<sample::TokenLogprobs> all;
+    if (r.prompt_logprobs && call.prompt_logprobs) all = *call.prompt_logprobs;
+    all.insert(all.end(), generated.begin(), generated.end());
+    CompletionLogprobs shape{*s.tokenizer_, 0};
+    return shape.shape(all, r.prompt_logprobs ? r.prompt[0] : -1);
+  }
+
+  // Those not yet streamed, for the chunk about to be written; null when none are.
+  json streamed_logprobs(Call &call, int32_t c, bool chat) {
+    if (call.job.request.top_logprobs < 0) return nullptr;
+    const auto pending = call.outs[size_t(c)]->take_logprobs();
+    if (pending.empty()) return nullptr;
+    if (chat) return chat_logprobs(*s.tokenizer_, pending);
+    return call.offsets[size_t(c)].shape(pending);
   }
 
   void completion(const httplib::Request &req, httplib::Response &res, bool chat) {
@@ -241,6 +267,7 @@ struct Routes {
                                                           call->job.tools, call->job.stop_strings,
                                                           call->job.request.stop_tokens));
     call->reasons.assign(size_t(n), engine::FinishReason::None);
+    for (int32_t c = 0; c < n; ++c) call->offsets.push_back(CompletionLogprobs{*s.tokenizer_, 0});
     if (s.stopping_)
       return fail(res,
                   {503, "the server is shutting down", "", "shutting_down", "unavailable_error"});
@@ -250,14 +277,13 @@ struct Routes {
                                          [channel](const engine::Event &e) { channel->push(e); });
       if (!submitted.ok()) {
         // A full queue is a moment, not a mistake: 429 and when to come back.
-        if (submitted.message().find("queue is full") != std::string::npos) {
+        const ApiError e = api_error(submitted.status());
+        if (e.status == 429) {
           res.set_header("Retry-After", "1");
           ++s.counters_.rejected;
-          return send(res, 429,
-                      error_body({429, submitted.message(), "", "rate_limit_exceeded",
-                                  "rate_limit_error"}));
+          return send(res, 429, error_body(e));
         }
-        return fail(res, {400, submitted.message(), "", ""});
+        return fail(res, e);
       }
       ++s.counters_.requests;
       call->id = *submitted;
@@ -303,9 +329,9 @@ struct Routes {
         if (!o.tool_calls().empty()) message["tool_calls"] = o.tool_calls();
         choice["message"] = message;
       } else {
-        choice["text"] = o.content();
+        choice["text"] = call->job.echo_text + o.content();
       }
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = whole_logprobs(*call, c, chat);
       choice["finish_reason"] = finish_reason(*call, c);
       choices.push_back(choice);
     }
@@ -336,7 +362,7 @@ struct Routes {
               choice["delta"] = delta;
             else
               choice["text"] = delta.value("content", "");
-            choice["logprobs"] = nullptr;
+            choice["logprobs"] = streamed_logprobs(*call, c, chat);
             choice["finish_reason"] = finish;
             return write({{"id", call->rid},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},

@@ -123,6 +123,29 @@ const checks = [
     assert.equal(r.object, 'text_completion');
     assert.equal(typeof r.choices[0].text, 'string');
   }],
+  ['logprobs: chat, and a scored prompt through legacy completions', async () => {
+    const r = await client.chat.completions.create({
+      model: 'openai-test', messages: [{ role: 'user', content: 'Say hello' }], max_tokens: 6,
+      temperature: 0, logprobs: true, top_logprobs: 2,
+    });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens);
+    for (const t of content) {
+      assert.equal(typeof t.token, 'string');
+      assert.ok(t.logprob <= 0);
+      assert.ok(Array.isArray(t.bytes));
+      assert.equal(t.top_logprobs.length, 2);
+      assert.equal(t.top_logprobs[0].logprob, t.logprob); // greedy takes the likeliest
+    }
+    const c = await client.completions.create({
+      model: 'openai-test', prompt: 'Once upon a time', max_tokens: 0, echo: true, logprobs: 1,
+    });
+    const lp = c.choices[0].logprobs;
+    assert.equal(c.choices[0].text, 'Once upon a time');
+    assert.equal(lp.tokens.length, c.usage.prompt_tokens);
+    assert.equal(lp.token_logprobs[0], null);
+    assert.ok(lp.token_logprobs.slice(1).every((x) => x <= 0));
+  }],
   ['errors: out of range, unknown model, context, wrong key', async () => {
     await expectError(client.chat.completions.create({
       model: 'openai-test', messages: [{ role: 'user', content: 'x' }], temperature: 7,

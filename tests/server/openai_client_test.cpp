@@ -36,7 +36,7 @@ TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
       " http://127.0.0.1:" + std::to_string(run.server->port()) + " " + so.api_key);
   std::printf("%s", out.c_str());
   EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("8 of 8 checks passed"), std::string::npos);
+  EXPECT_NE(out.find("9 of 9 checks passed"), std::string::npos);
   fs::remove(path);
 }
 
