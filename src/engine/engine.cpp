@@ -551,7 +551,7 @@ int32_t Engine::message_start_near(const Generation &a, size_t from, size_t to) 
   const std::vector<int32_t> &starts = a.request.message_starts;
   auto c = std::lower_bound(starts.begin(), starts.end(),
                             int32_t(from) - std::min(int32_t(from), options_.snapshot_reach));
-  return c != starts.end() && size_t(*c) <= to ? *c : -1;
+  return c != starts.end() && size_t(*c) <= to + size_t(options_.snapshot_reach) ? *c : -1;
 }
 
 // The batch: each generation's next decode token or prefill chunk, in turn, under the budget.
@@ -575,12 +575,6 @@ std::vector<Engine::Part> Engine::plan_batch() {
         {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
     if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0) {
       n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
-      // The snapshot at the chunk's end reaches back to snapshot_reach before a message start
-      // in it (or just before it), which the rings still hold if that is at most max_write.
-      if (const int32_t c = message_start_near(*a, a->computed, a->computed + n); c >= 0)
-        n = std::min(
-            n, size_t(std::max<int64_t>(1, int64_t(c) + options_.max_write -
-                                               options_.snapshot_reach - int64_t(a->computed))));
     }
     if (auto next = a->publish_at.upper_bound(int32_t(a->computed)); next != a->publish_at.end())
       n = std::min(n, size_t(*next) - a->computed); // and where others wait to share
@@ -658,8 +652,12 @@ void Engine::run_batch(const std::vector<Part> &parts) {
         options_.max_cached > 0 && store_->layout().has_ring()) {
       // A prompt's end (the point a later request resending this history comes back to, with the
       // logits that serve the same prompt again), a periodic point inside a long prompt, or the
-      // end of a chunk with a message start in it or just before it, reaching back over it (an
-      // edited message: so the snapshots cover snapshot_reach either side of each start).
+      // end of a chunk near a message start, reaching back over it as far as the rings hold (an
+      // edited message). The chunks near a start cover snapshot_reach either side of it between
+      // them: the one ending just before it reaches over its side, the one holding it back from
+      // its end to max_write before, the one just after it over the start. Chunks are not cut
+      // for this: a prompt is chunked the same with and without reuse, so answers stay bit for
+      // bit those of a fresh computation.
       const int32_t reach =
           std::max(options_.snapshot_reach,
                    start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);

@@ -42,11 +42,10 @@ struct EngineOptions {
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
-  // then recomputes at most N tokens. And at the end of each prefill chunk that holds a message
-  // start (Request::message_starts) or begins within snapshot_reach after one, reaching back to
-  // snapshot_reach before it: an edit within snapshot_reach of a message's start (either side)
-  // resumes exactly at the edit. Each costs window - 1 + its reach rows per sliding layer (a
-  // reach of at most max_write).
+  // then recomputes at most N tokens. And at the end of each prefill chunk within snapshot_reach
+  // of a message start (Request::message_starts), reaching back over it: an edit within
+  // snapshot_reach of a message's start (either side) resumes exactly at the edit. Each costs
+  // window - 1 + its reach rows per sliding layer (a reach of at most max_write).
   int32_t snapshot_every = 0;
   // Snapshots also resume up to this many tokens before the point they were taken at (each
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
@@ -259,8 +258,8 @@ private:
   void end_events(Generation &a, FinishReason reason, const std::string &error = "");
   // A scored prompt's log-probabilities go with each choice's first event.
   static void attach_prompt_logprobs(Generation &a, Event &e);
-  // The first of a's message starts in [from - snapshot_reach, to], or -1: a chunk [from, to)
-  // that holds one or starts just after one ends with a snapshot reaching back over it.
+  // The first of a's message starts in [from - snapshot_reach, to + snapshot_reach], or -1: a
+  // chunk [from, to) near one ends with a snapshot reaching back over it.
   int32_t message_start_near(const Generation &a, size_t from, size_t to) const;
   // Samples a's next token from `logits` and streams it; false once a is finished.
   bool advance(Generation &a, std::span<const float> logits);

@@ -107,9 +107,9 @@ TEST(PrefixReuse, ASnapshotRetakenWithLessReachKeepsTheOneReachingFurther) {
   EXPECT_EQ(computed_by(**e, greedy(branch, 4)), 5);
 }
 
-// With snapshot_every, a prefill chunk that holds a message start, or begins within
-// snapshot_reach after one, ends with a snapshot reaching back to snapshot_reach before it: an
-// edit near a message's start resumes exactly at the edit, with no extra chunk.
+// With snapshot_every, a prefill chunk within snapshot_reach of a message start ends with a
+// snapshot reaching back over it as far as the rings hold: an edit near a message's start
+// resumes exactly at the edit, and no chunk is cut for it.
 TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   std::mt19937_64 rng(37);
   EngineOptions o = paged(8);
@@ -118,9 +118,9 @@ TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok()) << e.message();
   Request first = greedy(random_tokens(rng, 80), 3);
-  first.message_starts = {30, 55};
-  // Chunks of max_write (8); the one after 30 stops at 35, as far as a reach of 8 goes back.
-  // Snapshots: 32 (reach 5: back to 27), 35 (8: 27), 59 (7: 52) and the end, 80 (3: 77).
+  first.message_starts = {30, 49};
+  // Chunks of max_write (8). Snapshots: 32 (reach 5: back to 27), 40 (8, all the rings hold:
+  // 32), 48 (3, the chunk before 49: 45), 56 (8: 48) and the end, 80 (3: 77).
   EXPECT_EQ(computed_by(**e, first), 80);
   auto edit = [&](int32_t at) {
     Request r = first;
@@ -129,8 +129,9 @@ TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   };
   EXPECT_EQ(edit(28), 80 - 28); // two before a start
   EXPECT_EQ(edit(34), 80 - 34); // four after it, in the next chunk
-  EXPECT_EQ(edit(40), 80 - 35); // further in: the snapshot before it
-  EXPECT_EQ(edit(53), 80 - 53); // the previous message's tail
+  EXPECT_EQ(edit(44), 80 - 40); // further in: the snapshot before it
+  EXPECT_EQ(edit(46), 80 - 46); // the previous message's tail, in the chunk before the start
+  EXPECT_EQ(edit(53), 80 - 53); // four into that message
   // Without message starts only the prompt end's snapshot (77-80) and the cached sequence's
   // rings (the last 23 positions) are there: an edit at 53 recomputes everything.
   Request plain = first;
