@@ -27,7 +27,7 @@ public:
   Status() = default;
   static Status error(std::string message, StatusCode code = StatusCode::kInvalidArgument) {
     assert(code != StatusCode::kOk);
-    return Status(std::move(message), code);
+    return Status(std::move(message), code == StatusCode::kOk ? StatusCode::kInternal : code);
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }

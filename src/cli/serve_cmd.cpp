@@ -67,13 +67,14 @@ std::function<int()> add_serve(CLI::App &app) {
                   "KV memory in all; requests wait until theirs fits (0: no limit)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
-  cmd->add_option("--snapshot-every", o->snapshot_every,
-                  "also keep a ring snapshot every N prompt tokens, and where a prefill chunk "
-                  "holds a message's start one reaching back to 16 tokens before it, so that a "
-                  "branch inside a long prompt recomputes at most N and an edit near a message's "
-                  "start nothing before the edit (0: at prompt ends only; each costs window - 1 + "
-                  "its reach rows per sliding layer, a reach of 16 to max_write: "
-                  "docs/prefix-cache.md)")
+  cmd->add_option(
+         "--snapshot-every", o->snapshot_every,
+         "also keep a ring snapshot every N prompt tokens, and at the end of each "
+         "prefill chunk within 16 tokens of a message's start one reaching back over it, so that a "
+         "branch inside a long prompt recomputes at most N and an edit near a message's "
+         "start nothing before the edit (0: at prompt ends only; each costs window - 1 + "
+         "its reach rows per sliding layer, a reach of 16 to max_write: "
+         "docs/prefix-cache.md)")
       ->capture_default_str();
   cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
       ->capture_default_str();

@@ -12,6 +12,10 @@ namespace {
 // read: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
 constexpr size_t kScoredChunk = 64;
 
+// Snapshots kept near one message start: the chunks before, holding and after it cover it when
+// chunks are long; short ones (a busy step's budget) would take one each.
+constexpr int32_t kSnapshotsPerStart = 3;
+
 // How many leading tokens a and b share.
 size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const size_t n = std::min(a.size(), b.size());
@@ -200,17 +204,17 @@ void Engine::evict_over_budget() {
 
 int64_t Engine::peak_bytes(const Generation &a) const {
   // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
-  // snapshot_every tokens and at most one per message start, and one where requests wait to
-  // share it (each at most the rings).
+  // snapshot_every tokens and at most kSnapshotsPerStart per message start, and one where requests
+  // wait to share it (each at most the rings).
   const int32_t prompt = int32_t(a.request.prompt.size());
   const int32_t length = prompt + a.request.max_tokens;
   int64_t snapshots = 0;
   if (store_->layout().has_ring()) {
-    const int64_t count =
-        1 + int64_t(a.publish_at.size()) +
-        (options_.snapshot_every > 0
-             ? prompt / options_.snapshot_every + int64_t(a.request.message_starts.size())
-             : 0);
+    const int64_t count = 1 + int64_t(a.publish_at.size()) +
+                          (options_.snapshot_every > 0
+                               ? prompt / options_.snapshot_every +
+                                     kSnapshotsPerStart * int64_t(a.request.message_starts.size())
+                               : 0);
     snapshots = count * store_->peak_bytes_at_length(0);
   }
   return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
@@ -540,7 +544,7 @@ bool Engine::sample_restored_prompts() {
     a->logits_ready = false;
     sampled = true;
     const std::vector<float> logits = a->prompt_logits;
-    if (a->request.n > 1) spawn_choices(*a, logits, born);
+    if (a->request.n > 1 && a->request.max_tokens > 0) spawn_choices(*a, logits, born);
     if (!advance(*a, logits)) done.push_back(a.get());
   }
   settle(done, std::move(born));
@@ -644,8 +648,12 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (prefill && publish_prefix(a)) evict_over_budget(); // for requests waiting on this prefix
     const size_t every = size_t(std::max(0, options_.snapshot_every));
     const bool periodic = prefill && every > 0 && a.computed % every == 0;
-    const int32_t start =
+    int32_t start =
         prefill && every > 0 ? message_start_near(a, a.computed - size_t(p.n), a.computed) : -1;
+    if (start >= 0) { // at most kSnapshotsPerStart for one start (what admission counted)
+      if (start != a.near_start) a.near_start = start, a.near_start_snapshots = 0;
+      if (a.near_start_snapshots++ >= kSnapshotsPerStart) start = -1;
+    }
     std::span<const float> l;
     if (p.wants_logits) l = {rows + (p.all_rows ? size_t(p.n - 1) * n_vocab : 0), n_vocab};
     if (prefill && (p.wants_logits || periodic || start >= 0) && options_.prefix_reuse &&
@@ -656,8 +664,7 @@ void Engine::run_batch(const std::vector<Part> &parts) {
       // edited message). The chunks near a start cover snapshot_reach either side of it between
       // them: the one ending just before it reaches over its side, the one holding it back from
       // its end to max_write before, the one just after it over the start. Chunks are not cut
-      // for this: a prompt is chunked the same with and without reuse, so answers stay bit for
-      // bit those of a fresh computation.
+      // for this: message starts change no chunk boundary, hence no float rounding.
       const int32_t reach =
           std::max(options_.snapshot_reach,
                    start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);
@@ -666,7 +673,8 @@ void Engine::run_batch(const std::vector<Part> &parts) {
             {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
     }
     if (!p.wants_logits) continue;
-    if (prefill && a.request.n > 1) spawn_choices(a, l, born);
+    // (A prompt scored without an answer ends every choice at once: nothing to fork.)
+    if (prefill && a.request.n > 1 && a.request.max_tokens > 0) spawn_choices(a, l, born);
     if (!advance(a, l)) done.push_back(&a);
   }
   settle(done, std::move(born));

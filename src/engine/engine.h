@@ -191,6 +191,8 @@ private:
     // Request::prompt_logprobs: gathered during prefill, sent with each choice's first event.
     std::shared_ptr<std::vector<sample::TokenLogprobs>> prompt_logprobs;
     bool prompt_logprobs_sent = false;
+    // The message start the last chunks snapshotted near, and how many did.
+    int32_t near_start = -1, near_start_snapshots = 0;
   };
   // A request waiting for an active one to compute the prefix they share.
   struct Parked {

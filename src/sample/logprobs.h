@@ -1,8 +1,8 @@
 // Log-probabilities of tokens under a model's logits, as the OpenAI API reports them: the chosen
 // token's and the k most likely. They are the log-softmax of the logits as the model computed
 // them, before any sampling step (penalties, bias, forced output, temperature, top-k/p/min-p):
-// the model's own distribution, which is what evaluations score and what `offgraph logits`
-// prints, and the same whatever sampling settings a request chose.
+// the model's own distribution, which is what evaluations score (the log-softmax of what
+// `offgraph logits -o` writes), and the same whatever sampling settings a request chose.
 #pragma once
 
 #include <cstdint>

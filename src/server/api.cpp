@@ -88,7 +88,7 @@ std::optional<ApiError> parse_logprobs(const json &body, bool chat, Job &job) {
   engine::Request &r = job.request;
   const int32_t most = sample::kMaxTopLogprobs;
   if (chat) {
-    if (body.contains("echo") && !body["echo"].is_null())
+    if (body.contains("echo") && body["echo"] == true)
       return bad("echo", "'echo' is a /v1/completions field", "unsupported");
     bool wanted = false;
     if (auto e = read_bool(body, "logprobs", wanted)) return e;
@@ -360,9 +360,22 @@ std::optional<ApiError> refuse_unsupported(const json &body, bool chat) {
                  "'response_format' type '" + type + "' is not supported (only 'text')",
                  "unsupported");
   }
-  for (const char *key :
-       {"grammar", "json_schema", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
-        "functions", "function_call", "prediction", "audio", "suffix"})
+  for (const char *key : {"grammar",         "json_schema",
+                          "guided_json",     "guided_regex",
+                          "guided_grammar",  "guided_choice",
+                          "functions",       "function_call",
+                          "prediction",      "audio",
+                          "suffix",          "min_tokens",
+                          "ignore_eos",      "stop_token_ids",
+                          "bad_words",       "allowed_token_ids",
+                          "use_beam_search", "include_stop_str_in_output",
+                          "n_predict",       "typical_p",
+                          "mirostat",        "mirostat_tau",
+                          "mirostat_eta",    "dry_multiplier",
+                          "dry_base",        "dry_allowed_length",
+                          "xtc_probability", "xtc_threshold",
+                          "repeat_penalty",  "repeat_last_n",
+                          "samplers"})
     if (given(key)) return bad(key, std::string("'") + key + "' is not supported", "unsupported");
   if (given("best_of") && body["best_of"] != 1)
     return bad("best_of", "'best_of' other than 1 is not supported; use 'n'", "unsupported");
@@ -458,7 +471,8 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
     if (auto e = completion_prompt(body, facts, job)) return e;
   }
   const int64_t prompt = int64_t(job.request.prompt.size());
-  if (prompt >= facts.context)
+  // The answer needs room for a token; a prompt scored without one may fill the context.
+  if (prompt > facts.context || (prompt == facts.context && max_tokens != 0))
     return ApiError{400,
                     "the prompt has " + std::to_string(prompt) + " tokens; the context holds " +
                         std::to_string(facts.context) + " in all, prompt and answer",

@@ -128,8 +128,13 @@ TEST(Logprobs, MaxTokensZeroScoresThePromptOnly) {
   auto e = Engine::create(*fixture().model, options(2));
   ASSERT_TRUE(e.ok()) << e.message();
   Request r = greedy(random_tokens(rng, 40), 0);
-  r.prompt_logprobs = true;
+  r.prompt_logprobs = true, r.n = 2;
   const auto out = score(**e, r);
+  // Both choices end at once with the scores, once each.
+  EXPECT_EQ(out[1].prompt_events, 1);
+  EXPECT_EQ(out[1].finish, FinishReason::Length);
+  EXPECT_EQ(out[1].prompt.size(), 39u);
+  EXPECT_EQ(out[0].prompt_events, 1);
   EXPECT_TRUE(out[0].tokens.empty());
   EXPECT_EQ(out[0].finish, FinishReason::Length);
   ASSERT_EQ(out[0].prompt.size(), 39u);
