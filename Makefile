@@ -86,7 +86,7 @@ clean:
 # offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
 # (32 min) below. BENCH_ARGS go to bench/run; --quick also shortens bench/prefix (9 min).
-.PHONY: bench bench-pages bench-prefix
+.PHONY: bench bench-pages bench-prefix bench-grammar
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
@@ -100,3 +100,11 @@ bench-pages:
 # docs/prefix-cache-bench.md and docs/plots/prefix_cache.png.
 bench-prefix:
 	python3 bench/prefix
+
+# Structured output (issue 16): offgraph's grammar masks against llama.cpp's grammar sampler on the
+# same schemas, and decode with and without a JSON Schema (about 10 min): builds its three targets
+# in build-bench/, then docs/structured-output-bench.md. BENCH_ARGS go to bench/grammar/run.py.
+bench-grammar:
+	@$(MAKE) --no-print-directory configure BUILD_DIR=build-bench
+	cmake --build build-bench -j $(JOBS) --target grammar_bench llama_grammar_bench offgraph
+	python3 bench/grammar/run.py --build-dir build-bench $(BENCH_ARGS)

@@ -251,7 +251,52 @@ def request_seeds():
     return seeds
 
 
+def grammar_seeds():
+    # mode byte (bit 0 GBNF, bit 1 strict), source, NUL, test strings (NUL-separated), walk bytes.
+    walk = bytes(range(7, 250, 11))
+    schemas = {
+        "object": '{"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":120},'
+                  '"b":{"enum":["x","y",null]}},"required":["a","b"],"additionalProperties":false}',
+        "array": '{"type":"array","items":{"type":"string","maxLength":3},"minItems":1,"maxItems":2}',
+        "tree": '{"$defs":{"n":{"type":"object","properties":{"k":{"type":"array","items":'
+                '{"$ref":"#/$defs/n"}}},"required":["k"],"additionalProperties":false}},"$ref":"#/$defs/n"}',
+        "pattern": '{"type":"string","pattern":"^[a-c]+(-[0-9]{2})?$"}',
+        "formats": '{"anyOf":[{"type":"string","format":"date"},{"type":"string","format":"uuid"},'
+                   '{"type":"null"}]}',
+        "any": '{}',
+        "refused": '{"type":"object","oneOf":[{}]}',
+    }
+    tests = {
+        "object": ['{"a":3,"b":"x"}', '{"a":121,"b":"x"}', '{"a": -5, "b": null}', '{"b":"x","a":3}'],
+        "array": ['["ab"]', '["abcd"]', '[]', '["a","b"]'],
+        "tree": ['{"k":[]}', '{"k":[{"k":[]}]}', '{"k":[{}]}'],
+        "pattern": ['"abc"', '"ab-12"', '"ab-1"', '"ABC"'],
+        "formats": ['"2026-12-02"', '"2026-13-02"', 'null', '"123e4567-e89b-12d3-a456-426614174000"'],
+        "any": ['1', '[1,{"a":null}]', '{"a" 1}'],
+        "refused": [''],
+    }
+    seeds = {}
+    for name, src in schemas.items():
+        for strict in (0, 2):
+            seeds["schema_%s_%d" % (name, strict)] = bytes([strict]) + z(src, *tests[name]) + walk
+    gbnfs = {
+        "list": ('root ::= item ("," item)*\nitem ::= [a-z]+ | "(" root ")"', ["a,b", "(a,b),c", "a,", ""]),
+        "repeat": ('root ::= "x"{2,4} [^\\x00-\\x7F]? .', ["xxa", "xxxxé€", "x"]),
+        "json": ('root ::= object\nvalue ::= object | array | string | "null"\n'
+                 'object ::= "{" ws (string ":" ws value ("," ws string ":" ws value)*)? "}"\n'
+                 'array ::= "[" ws (value ("," ws value)*)? "]"\n'
+                 'string ::= "\\"" [a-z]* "\\""\nws ::= [ \\t\\n]{0,3}',
+                 ['{}', '{"a": null}', '{"a":[{}, "b"]}', '{"a"}']),
+        "left": ('root ::= root "a" | "b"', ["b"]),
+        "bad": ('root ::= "unterminated', [""]),
+    }
+    for name, (src, strings) in gbnfs.items():
+        seeds["gbnf_%s" % name] = bytes([1]) + z(src, *strings) + walk
+    return seeds
+
+
 def main():
+    write("grammar", grammar_seeds())
     write("request", request_seeds())
     write("tokenizer", tokenizer_seeds())
     write("template", template_seeds())

@@ -9,6 +9,7 @@
 
 #include "sample/sampler.h"
 #include "server/api.h"
+#include "text/atem/atem_grammar.h"
 
 #include "ggml.h"
 
@@ -42,7 +43,9 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
   f.facts.context = 4096;
   f.facts.max_tokens_cap = 2048;
   f.facts.model_names = {"offgraph", "muse-glimmer"};
-  f.facts.token_texts = server::token_texts_of(*f.tokenizer);
+  f.facts.vocabulary =
+      std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*f.tokenizer));
+  f.facts.grammars = std::make_shared<server::GrammarCache>(8);
   return 0;
 }
 

@@ -22,7 +22,7 @@ readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
 # clang, its sanitizer and libFuzzer runtimes (libclang-rt) and libomp (ggml's OpenMP under clang)
 # build the fuzz targets `make test` runs (docs/reliability.md).
 readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
-  python3 ca-certificates clang libclang-rt-14-dev libomp-dev)
+  python3 python3-jsonschema ca-certificates clang libclang-rt-14-dev libomp-dev)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

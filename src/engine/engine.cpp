@@ -62,14 +62,13 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          std::to_string(options_.context));
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
-  std::optional<sample::Constraint> constraint;
-  if (request.constraint) {
-    auto c = sample::Constraint::create(request.constraint, request.token_texts);
-    if (!c.ok()) return c.status();
-    constraint = std::move(c).value();
-  }
+  if (request.grammar &&
+      sample::grammar_vocabulary_size(*request.grammar) != size_t(model_.config().n_vocab))
+    return Status::error("the grammar was compiled for a vocabulary of " +
+                         std::to_string(sample::grammar_vocabulary_size(*request.grammar)) +
+                         " tokens; the model has " + std::to_string(model_.config().n_vocab));
   auto a = std::make_unique<Generation>();
-  a->constraint = std::move(constraint);
+  if (request.grammar) a->grammar.emplace(request.grammar);
   a->request = std::move(request);
   a->on_event = std::move(on_event);
   a->sampler = std::move(sampler).value();
@@ -687,9 +686,9 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
   }
   const std::span<const float> model_logits = logits; // what log-probabilities report
   std::vector<float> masked;
-  if (a.constraint && a.constraint->active()) {
+  if (a.grammar) {
     masked.assign(logits.begin(), logits.end());
-    if (Status s = a.constraint->mask(masked); !s.ok()) {
+    if (Status s = a.grammar->mask_logits(masked); !s.ok()) {
       finish(a, FinishReason::Error, s.message());
       return false;
     }
@@ -700,7 +699,10 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
     finish(a, FinishReason::Error, token.message());
     return false;
   }
-  if (a.constraint) a.constraint->accept(*token);
+  if (a.grammar && !a.grammar->accept_token(*token)) { // the mask allowed it: our bug
+    finish(a, FinishReason::Error, "internal: the grammar refused a token its mask allowed");
+    return false;
+  }
   ++a.generated;
   ++stats_.generated_tokens;
   const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(), *token) !=
@@ -748,9 +750,7 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
     }
     child->sampler = std::move(sampler).value();
     child->seq = *seq;
-    if (a.request.constraint)
-      if (auto k = sample::Constraint::create(a.request.constraint, a.request.token_texts); k.ok())
-        child->constraint = std::move(k).value();
+    if (a.request.grammar) child->grammar.emplace(a.request.grammar);
     if (advance(*child, logits)) born.push_back(std::move(child));
   }
 }

@@ -16,7 +16,7 @@
 #include "engine/prefix_tree.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
-#include "sample/constraint.h"
+#include "sample/grammar_matcher.h"
 #include "sample/logprobs.h"
 #include "sample/sampler.h"
 
@@ -83,9 +83,10 @@ struct Request {
   // top_logprobs of them, at least 0): the prompt is then computed whole, never reused, since a
   // reused position has no logits.
   bool prompt_logprobs = false;
-  // Forced output (tool_choice); each choice gets its own state. Null: free.
-  std::shared_ptr<const sample::ConstraintSpec> constraint;
-  std::shared_ptr<const sample::TokenTexts> token_texts;
+  // Constrained output (response_format, strict tools, tool_choice, a grammar): every sampled
+  // token is one the grammar allows, and the end tokens it names are allowed only where the
+  // grammar is complete. Each choice walks it on its own. Null: free.
+  std::shared_ptr<const sample::CompiledGrammar> grammar;
 };
 
 struct Event {
@@ -179,7 +180,7 @@ private:
       std::vector<float> logits;
     };
     std::vector<Taken> taken;
-    std::optional<sample::Constraint> constraint;
+    std::optional<sample::GrammarMatcher> grammar;
     bool spawned = false; // its other choices were forked
     // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
     // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).

@@ -317,80 +317,45 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
   return std::nullopt;
 }
 
-// tool_choice required or named, for ATEM templates: the generation prompt ends with a bare
-// "<|start|>assistant" and the model writes its recipient. The constraint makes that recipient
-// a tool (or the named one) and opens the call block, at the start and after every further
-// assistant header; reasoning first is not offered (the call comes at once).
-std::optional<ApiError> tool_constraint(const ModelFacts &facts, const json &tools,
-                                        const std::string &named, engine::Request &r) {
-  if (!facts.atem)
-    return bad("tool_choice",
-               "'tool_choice' required or a function needs a model whose chat "
-               "template has a known tool-call format",
-               "unsupported");
-  if (!facts.token_texts) return bad("tool_choice", "no token texts", "unsupported");
-  // Tokenized with specials on, so that <|message|> is the control token of Muse Glimmer's
-  // vocabulary (and plain text in one without it, such as the test models' Llama 3 vocabulary).
-  auto spec = std::make_shared<sample::ConstraintSpec>();
-  for (const auto &t : tools) {
-    const std::string name = t["function"]["name"];
-    if (!named.empty() && name != named) continue;
-    spec->alternatives.push_back(facts.tokenizer->encode(
-        " to=" + name + "<|message|><atem:function_calls>\n<atem:invoke name=\"" + name + "\">\n",
-        false, true));
-  }
-  spec->trigger = "<|start|>assistant";
-  r.constraint = std::move(spec);
-  r.token_texts = facts.token_texts;
-  return std::nullopt;
-}
-
 // Fields of OpenAI's API (and llama-server's, vLLM's) that would change the answer and that this
 // server does not honour: refused by name, never ignored.
-std::optional<ApiError> refuse_unsupported(const json &body, bool chat) {
+std::optional<ApiError> refuse_unsupported(const json &body) {
   auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
-  if (given("response_format")) {
-    const json &rf = body["response_format"];
-    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-      return bad("response_format", "'response_format' must be an object with a 'type'",
-                 "invalid_type");
-    const std::string type = rf["type"];
-    if (type != "text")
-      return bad("response_format",
-                 "'response_format' type '" + type + "' is not supported (only 'text')",
-                 "unsupported");
-  }
-  for (const char *key : {"grammar",         "json_schema",
-                          "guided_json",     "guided_regex",
-                          "guided_grammar",  "guided_choice",
-                          "functions",       "function_call",
-                          "prediction",      "audio",
-                          "suffix",          "min_tokens",
-                          "ignore_eos",      "stop_token_ids",
-                          "bad_words",       "allowed_token_ids",
-                          "use_beam_search", "include_stop_str_in_output",
-                          "n_predict",       "typical_p",
-                          "mirostat",        "mirostat_tau",
-                          "mirostat_eta",    "dry_multiplier",
-                          "dry_base",        "dry_allowed_length",
-                          "xtc_probability", "xtc_threshold",
-                          "repeat_penalty",  "repeat_last_n",
+  for (const char *key : {"json_schema",
+                          "guided_json",
+                          "guided_regex",
+                          "guided_grammar",
+                          "guided_choice",
+                          "functions",
+                          "function_call",
+                          "prediction",
+                          "audio",
+                          "suffix",
+                          "min_tokens",
+                          "ignore_eos",
+                          "stop_token_ids",
+                          "bad_words",
+                          "allowed_token_ids",
+                          "use_beam_search",
+                          "include_stop_str_in_output",
+                          "n_predict",
+                          "typical_p",
+                          "mirostat",
+                          "mirostat_tau",
+                          "mirostat_eta",
+                          "dry_multiplier",
+                          "dry_base",
+                          "dry_allowed_length",
+                          "xtc_probability",
+                          "xtc_threshold",
+                          "repeat_penalty",
+                          "repeat_last_n",
                           "samplers"})
     if (given(key)) return bad(key, std::string("'") + key + "' is not supported", "unsupported");
   if (given("best_of") && body["best_of"] != 1)
     return bad("best_of", "'best_of' other than 1 is not supported; use 'n'", "unsupported");
   if (given("modalities") && body["modalities"] != json::array({"text"}))
     return bad("modalities", "only the 'text' modality is supported", "unsupported");
-  if (chat && given("parallel_tool_calls") && body["parallel_tool_calls"] == false)
-    return bad("parallel_tool_calls",
-               "'parallel_tool_calls': false is not supported (the model may call several "
-               "tools in one turn)",
-               "unsupported");
-  if (chat && given("tools") && body["tools"].is_array())
-    for (const auto &t : body["tools"])
-      if (t.is_object() && t.contains("function") && t["function"].is_object() &&
-          t["function"].contains("strict") && t["function"]["strict"] == true)
-        return bad("tools", "strict tools (\"strict\": true) are not supported yet", "unsupported");
   return std::nullopt;
 }
 
@@ -450,7 +415,7 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
                                       Job &job) {
   if (!body.is_object()) return bad("", "the request body is not a JSON object", "invalid_json");
   if (auto e = check_model(body, facts)) return e;
-  if (auto e = refuse_unsupported(body, chat)) return e;
+  if (auto e = refuse_unsupported(body)) return e;
   if (auto e = read_bool(body, "stream", job.stream)) return e;
   if (auto e = parse_logprobs(body, chat, job)) return e;
   int32_t max_tokens = -1;
@@ -465,10 +430,11 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
       return bad("messages", "the chat template failed: " + tokens.message(), "template_error");
     job.request.prompt = std::move(tokens->tokens);
     job.request.message_starts = std::move(tokens->message_starts);
-    if (tool_choice == "required" || tool_choice == "named")
-      if (auto e = tool_constraint(facts, job.tools, named, job.request)) return e;
+    if (auto e = parse_structured(body, true, facts, {&job.tools, tool_choice, named}, job))
+      return e;
   } else {
     if (auto e = completion_prompt(body, facts, job)) return e;
+    if (auto e = parse_structured(body, false, facts, {}, job)) return e;
   }
   const int64_t prompt = int64_t(job.request.prompt.size());
   // The answer needs room for a token; a prompt scored without one may fill the context.
@@ -527,16 +493,6 @@ std::optional<ApiError> parse_body(std::string_view text, json &out, int max_dep
   if (!out.is_object())
     return ApiError{400, "the request body is not a JSON object", "", "invalid_json"};
   return std::nullopt;
-}
-
-std::shared_ptr<const sample::TokenTexts> token_texts_of(const text::Tokenizer &tokenizer) {
-  auto t = std::make_shared<sample::TokenTexts>();
-  const int32_t n = tokenizer.n_vocab();
-  t->bytes.resize(size_t(n));
-  for (int32_t i = 0; i < n; ++i)
-    t->bytes[size_t(i)] =
-        tokenizer.is_control(i) ? tokenizer.token_piece(i) : tokenizer.decode({i});
-  return t;
 }
 
 } // namespace offgraph::server

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "engine/engine.h"
-#include "sample/constraint.h"
+#include "server/structured.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -38,10 +38,13 @@ struct ModelFacts {
   bool atem = false;                             // the template speaks Muse Glimmer's ATEM format
   std::string arch;
   int32_t n_vocab = 0;
-  int32_t context = 0;                                   // per sequence
-  int32_t max_tokens_cap = 0;                            // the most tokens one request may ask for
-  std::vector<std::string> model_names;                  // ids a request may name
-  std::shared_ptr<const sample::TokenTexts> token_texts; // for tool_choice constraints
+  int32_t context = 0;                  // per sequence
+  int32_t max_tokens_cap = 0;           // the most tokens one request may ask for
+  std::vector<std::string> model_names; // ids a request may name
+  // For constrained output (structured.h): the vocabulary as grammars see it, and the grammars
+  // compiled against it so far.
+  std::shared_ptr<const sample::GrammarVocabulary> vocabulary;
+  std::shared_ptr<GrammarCache> grammars;
 };
 
 // One HTTP request turned into engine work and the instructions to assemble its answer.
@@ -71,8 +74,5 @@ std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &f
 // Parses a request body, refusing (instead of recursing into) nesting deeper than `max_depth`:
 // a body of a million '[' must not exhaust the stack.
 std::optional<ApiError> parse_body(std::string_view text, json &out, int max_depth = 64);
-
-// What each token id writes, for constraints: bytes of ordinary tokens, the text of control ones.
-std::shared_ptr<const sample::TokenTexts> token_texts_of(const text::Tokenizer &tokenizer);
 
 } // namespace offgraph::server

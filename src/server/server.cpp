@@ -2,6 +2,7 @@
 
 #include "server/metrics.h"
 #include "server/output.h"
+#include "text/atem/atem_grammar.h"
 
 #include <httplib.h>
 
@@ -542,7 +543,9 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   for (const std::string &n : {file.filename().string(), file.stem().string(), model.config().name})
     if (!n.empty()) facts_.model_names.push_back(n);
   for (const std::string &n : options_.model_aliases) facts_.model_names.push_back(n);
-  if (atem) facts_.token_texts = token_texts_of(*tokenizer_);
+  facts_.vocabulary =
+      std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*tokenizer_));
+  facts_.grammars = std::make_shared<GrammarCache>();
   published_kv_ = kv_metrics(engine_->store());
   ready_ = true;
   wake_.notify_all();

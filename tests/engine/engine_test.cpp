@@ -154,31 +154,72 @@ TEST(Engine, RequestsWaitForKvMemory) {
   EXPECT_NE(error.find("the budget is " + std::to_string(o.kv_budget)), std::string::npos) << error;
 }
 
-// Forced output: a constraint makes the model write one of the given token sequences whatever
-// its logits say, and again after each trigger; in between it writes freely.
-TEST(Engine, ConstraintForcesOneOfTheSequences) {
+// Constrained output: every choice, sampled at temperature 1 with a bias against the grammar,
+// writes a prefix of a sentence, and the end token comes only where a sentence is complete.
+TEST(Engine, GrammarMakesEveryChoiceASentence) {
   std::mt19937_64 rng(14);
   auto e = Engine::create(*fixture().model, options(0));
   ASSERT_TRUE(e.ok());
   auto texts = std::make_shared<sample::TokenTexts>();
   for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
-  auto spec = std::make_shared<sample::ConstraintSpec>();
-  spec->alternatives = {{7, 8, 9}, {7, 10}};
-  spec->trigger = "<3>";
+  texts->special.assign(500, 0);
+  texts->special[2] = 1; // the end token
+  // root ::= call ("<3>" call)* ; call ::= "<7>" ("<8><9>" | "<10>")
+  sample::GrammarBuilder g;
+  const sample::Element tail = g.choice("tail", {g.literal("<8><9>"), g.literal("<10>")});
+  sample::Sequence one = g.literal("<7>");
+  one.push_back(tail);
+  sample::Sequence again = g.literal("<3>");
+  again.insert(again.end(), one.begin(), one.end());
+  const sample::Element more = *g.repeat("more", again, 0, sample::kUnbounded);
+  one.push_back(more);
+  const sample::Element root = g.rule("root", {one});
+  auto grammar = std::move(g).finish(root.value);
+  ASSERT_TRUE(grammar.ok()) << grammar.message();
+  auto compiled =
+      sample::compile_grammar(*grammar, std::make_shared<sample::GrammarVocabulary>(texts), {2});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  int ended = 0;
   for (uint64_t seed = 0; seed < 6; ++seed) {
     Request r = greedy(random_tokens(rng, 12), 40);
     r.sampling.temperature = 1.0, r.sampling.seed = seed;
-    r.sampling.logit_bias[3] = 4; // makes the trigger likely
-    r.constraint = spec, r.token_texts = texts;
-    const auto out = run(**e, {r})[0];
-    ASSERT_GE(out.size(), 2u);
-    EXPECT_EQ(out[0], 7);
-    EXPECT_TRUE((out[1] == 8 && out[2] == 9) || out[1] == 10);
-    for (size_t i = 0; i + 1 < out.size(); ++i)
-      if (out[i] == 3 && i > 2) {
-        EXPECT_EQ(out[i + 1], 7) << "after the trigger at " << i;
+    r.sampling.logit_bias[3] = 3; // makes more calls likely
+    r.sampling.logit_bias[2] = 2;
+    r.sampling.logit_bias[7] = -5; // against the grammar: it must still come
+    r.stop_tokens = {2};
+    r.n = 2;
+    r.grammar = *compiled;
+    std::vector<std::vector<int32_t>> outs(2);
+    ASSERT_TRUE((*e)->submit(r,
+                             [&](const Event &ev) {
+                               EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                               if (ev.token >= 0) outs[size_t(ev.choice)].push_back(ev.token);
+                             })
+                    .ok());
+    (*e)->run_until_idle();
+    for (const auto &out : outs) {
+      ASSERT_GE(out.size(), 2u);
+      std::string text;
+      bool end = false;
+      for (int32_t t : out) {
+        ASSERT_FALSE(end) << "a token after the end token";
+        if (t == 2)
+          end = true;
+        else
+          text += texts->bytes[size_t(t)];
       }
+      auto whole = sample::grammar_accepts(*grammar, text);
+      ASSERT_TRUE(whole.ok());
+      if (end) {
+        EXPECT_TRUE(*whole) << text;
+        ++ended;
+      }
+      // Every output is a prefix of a sentence: completing it with "<7><10>" pieces works.
+      sample::GrammarMatcher m(*compiled);
+      EXPECT_TRUE(m.accept_bytes(text)) << text;
+    }
   }
+  EXPECT_GT(ended, 0);
 }
 
 TEST(Engine, CancelEndsTheRequestWithinOneStep) {

@@ -8,6 +8,9 @@ const assert = require('assert/strict');
 
 const [npmDir, base, key] = process.argv.slice(2);
 const OpenAI = require(path.join(npmDir, 'node_modules', 'openai'));
+const { zodResponseFormat, zodFunction } =
+  require(path.join(npmDir, 'node_modules', 'openai', 'helpers', 'zod'));
+const { z } = require(path.join(npmDir, 'node_modules', 'zod'));
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: key, maxRetries: 0, timeout: 120000 });
 const wrongKey = new OpenAI({ baseURL: base + '/v1', apiKey: key + 'x', maxRetries: 0 });
 
@@ -76,7 +79,7 @@ const checks = [
     const r = await client.chat.completions.create({
       model: 'openai-test', messages: [{ role: 'user', content: 'Weather in Oslo?' }],
       tools, tool_choice: { type: 'function', function: { name: 'get_weather' } },
-      max_tokens: 24, temperature: 0,
+      max_tokens: 24, temperature: 0, reasoning_effort: 'none',
     });
     const call = r.choices[0].message.tool_calls[0];
     assert.equal(call.type, 'function');
@@ -88,6 +91,7 @@ const checks = [
     const stream = await client.chat.completions.create({
       model: 'openai-test', messages: [{ role: 'user', content: 'Weather in Oslo?' }],
       tools, tool_choice: 'required', max_tokens: 24, temperature: 0, stream: true,
+      reasoning_effort: 'none',
     });
     let name = '', args = '', id = '';
     for await (const chunk of stream) {
@@ -145,6 +149,53 @@ const checks = [
     assert.equal(lp.tokens.length, c.usage.prompt_tokens);
     assert.equal(lp.token_logprobs[0], null);
     assert.ok(lp.token_logprobs.slice(1).every((x) => x <= 0));
+  }],
+  ['response_format from zod, parsed by the client', async () => {
+    const Forecast = z.object({
+      city: z.enum(['Oslo', 'Paris']),
+      days: z.number().int().min(1).max(7),
+      windy: z.boolean(),
+      note: z.string().max(12).nullable(),
+    });
+    for (const temperature of [0, 1]) {
+      const r = await client.chat.completions.parse({
+        model: 'openai-test', messages: [{ role: 'user', content: 'Forecast for Oslo?' }],
+        response_format: zodResponseFormat(Forecast, 'forecast'), max_tokens: 200, temperature,
+        seed: 3, reasoning_effort: 'none',
+      });
+      const parsed = r.choices[0].message.parsed;
+      assert.ok(parsed, `nothing parsed from ${JSON.stringify(r.choices[0])}`);
+      assert.deepEqual(Forecast.parse(parsed), parsed);
+      assert.equal(r.choices[0].finish_reason, 'stop');
+    }
+  }],
+  ['strict tool from zod, its arguments parsed by the client', async () => {
+    const r = await client.chat.completions.parse({
+      model: 'openai-test', messages: [{ role: 'user', content: 'Weather in Oslo?' }],
+      tools: [zodFunction({
+        name: 'get_weather',
+        parameters: z.object({ city: z.string().max(10), days: z.number().int().min(1).max(3) }),
+      })],
+      tool_choice: 'required', parallel_tool_calls: false, max_tokens: 200, temperature: 1,
+      seed: 5, reasoning_effort: 'none',
+    });
+    const calls = r.choices[0].message.tool_calls;
+    assert.equal(calls.length, 1);
+    const args = calls[0].function.parsed_arguments;
+    assert.equal(typeof args.city, 'string');
+    assert.ok(args.city.length <= 10, args.city);
+    assert.ok(Number.isInteger(args.days) && args.days >= 1 && args.days <= 3, `${args.days}`);
+  }],
+  ['a schema the server cannot enforce is refused by keyword and path', async () => {
+    await expectError(client.chat.completions.create({
+      model: 'openai-test', messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'x', strict: true, schema: {
+        type: 'object', properties: { a: { type: 'string', not: { const: 'b' } } },
+        required: ['a'], additionalProperties: false } } },
+    }), 400, (e) => {
+      assert.equal(e.code, 'invalid_json_schema');
+      assert.match(e.message, /'not' at #\/properties\/a/);
+    });
   }],
   ['errors: out of range, unknown model, context, wrong key', async () => {
     await expectError(client.chat.completions.create({

@@ -30,13 +30,13 @@ TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
   auto model = std::move(model::Model::load(path)).value();
   ServerOptions so = opts("openai-test");
   so.api_key = "sk-offgraph-test";
-  Running run(*model, small_engine(), so);
+  Running run(*model, small_engine(1024), so);
   auto [status, out] = run_command(
       "node " + std::string(OFFGRAPH_SOURCE_DIR) + "/tests/server/openai_client.cjs " + npm_dir +
       " http://127.0.0.1:" + std::to_string(run.server->port()) + " " + so.api_key);
   std::printf("%s", out.c_str());
   EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("9 of 9 checks passed"), std::string::npos);
+  EXPECT_NE(out.find("12 of 12 checks passed"), std::string::npos);
   fs::remove(path);
 }
 

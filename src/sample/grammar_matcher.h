@@ -1,0 +1,126 @@
+// A grammar walked against a vocabulary: which tokens may come next, and the state after each.
+//
+// The grammar runs as a pushdown automaton over bytes. A state is a set of stacks; a stack is a
+// chain of grammar positions (the top one a terminal: a byte set or a special token), stored
+// hash-consed so that equal stacks are one id and a state is a sorted list of ids. A token is
+// allowed when feeding its bytes (or, for a special token, its symbol) leaves some stack alive.
+//
+// Masks follow XGrammar's idea. The first time a stack stands at a terminal position, the
+// vocabulary is walked, as a trie, from that position with nothing known below it, sorting the
+// tokens into accepted there whatever the stack below (a path consumed them inside the position's
+// rule), rejected whatever it (every path died inside, or left the rule on a byte that cannot
+// follow the rule anywhere), and uncertain (a path left the rule with bytes to read). At run time a
+// mask is the union of the accepted tokens of each stack's top, plus the uncertain ones that
+// survive a walk on the real stack. Masks are cached per state, which repeats whenever a rule loops
+// (inside a string, a number, a list), so most steps cost a lookup.
+#pragma once
+
+#include "base/status.h"
+#include "sample/grammar.h"
+#include "sample/token_texts.h"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace offgraph::sample {
+
+// The ordinary tokens of a vocabulary as a byte trie, built once per model and shared by every
+// compiled grammar. Special tokens (TokenTexts::special) stay out of it: they match only a
+// grammar's special elements. Tokens that write no bytes are never allowed under a grammar.
+class GrammarVocabulary {
+public:
+  explicit GrammarVocabulary(std::shared_ptr<const TokenTexts> texts);
+  size_t size() const { return texts_->bytes.size(); }
+  const TokenTexts &texts() const { return *texts_; }
+  bool is_special(int32_t token) const;
+
+  // Depth-first preorder; a node's subtree runs to `skip`.
+  struct Node {
+    uint8_t byte;
+    uint16_t depth; // bytes from the root (the root is depth 0); tokens are cut at 65,535
+    uint32_t skip;  // the first node after this one's subtree
+    uint32_t first; // tokens ending here: token_ids[first, last)
+    uint32_t last;
+  };
+  const std::vector<Node> &nodes() const { return nodes_; }
+  const std::vector<int32_t> &token_ids() const { return token_ids_; }
+
+private:
+  std::shared_ptr<const TokenTexts> texts_;
+  std::vector<Node> nodes_;
+  std::vector<int32_t> token_ids_;
+};
+
+class CompiledGrammar;
+
+// Compiles `grammar` against `vocabulary`. `end_tokens` are the tokens allowed once the grammar
+// is complete (the model's end-of-turn tokens): nothing else may follow a complete sentence.
+Result<std::shared_ptr<const CompiledGrammar>>
+compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabulary,
+                std::vector<int32_t> end_tokens);
+
+// What compilation measured, for benchmarks and logs. Position tables are computed on first use
+// for the stack contexts answers reach (CompiledGrammar::table says why): `computed_tables`
+// tables so far, against `terminal_positions` positions in the grammar.
+struct GrammarCompileStats {
+  size_t terminal_positions = 0, computed_tables = 0; // tables: one per stack context reached
+  size_t accepted = 0, uncertain = 0; // summed over computed positions (accepted: when listed)
+  double seconds = 0;                 // compile_grammar itself
+  double table_seconds = 0;           // computing position tables, so far
+};
+GrammarCompileStats compile_stats(const CompiledGrammar &grammar);
+// Computes a table for every position with nothing known below it (benchmarks of the worst case;
+// a server computes tables for the contexts answers reach, as they reach them).
+void precompute_all(const CompiledGrammar &grammar);
+size_t grammar_vocabulary_size(const CompiledGrammar &grammar);
+
+// The per-request state. Not thread-safe; the CompiledGrammar it reads is shared and immutable.
+class GrammarMatcher {
+public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+  // Copies are independent (a forked choice goes on from here on its own).
+  GrammarMatcher(const GrammarMatcher &other);
+  GrammarMatcher &operator=(const GrammarMatcher &other);
+  GrammarMatcher(GrammarMatcher &&) = default;
+  GrammarMatcher &operator=(GrammarMatcher &&) = default;
+
+  // Feeds a sampled token. False (and the state unchanged) if the grammar does not allow it.
+  bool accept_token(int32_t token);
+  // Feeds bytes (tests, and text forced by other means). False, state unchanged, if refused.
+  bool accept_bytes(std::string_view bytes);
+  // The grammar is complete here (an end token may come; more may also, if the grammar allows).
+  bool can_end() const;
+  // An end token was accepted: nothing more is allowed.
+  bool finished() const { return finished_; }
+
+  // Allowed next tokens as a bitset over token ids ((vocabulary size + 63) / 64 words). Fails
+  // only on a state too ambiguous to walk (more than kMaxStacks stacks).
+  Status fill_mask(std::vector<uint64_t> &bits);
+  // Sets every disallowed token's logit to -infinity.
+  Status mask_logits(std::span<float> logits);
+
+  static constexpr size_t kMaxStacks = 4096;
+
+private:
+  struct Cached {
+    std::vector<uint32_t> state;
+    std::vector<uint64_t> bits;
+  };
+  bool advance(uint32_t symbol);
+  void compact();
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  struct Arena;
+  std::shared_ptr<Arena> arena_; // the stacks' nodes
+  std::vector<uint32_t> state_;  // sorted top node ids; kComplete marks a finished sentence
+  bool finished_ = false;
+  std::vector<Cached> cache_;
+  size_t cache_next_ = 0;
+  std::vector<uint64_t> scratch_bits_;
+};
+
+} // namespace offgraph::sample

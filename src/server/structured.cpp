@@ -1,0 +1,215 @@
+#include "server/structured.h"
+
+#include "sample/gbnf.h"
+#include "server/api.h"
+#include "text/atem/atem_grammar.h"
+
+namespace offgraph::server {
+
+std::shared_ptr<const sample::CompiledGrammar> GrammarCache::find(const std::string &key) {
+  std::lock_guard lock(mutex_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return nullptr;
+  order_.splice(order_.begin(), order_, it->second);
+  return it->second->second;
+}
+
+void GrammarCache::put(const std::string &key,
+                       std::shared_ptr<const sample::CompiledGrammar> grammar) {
+  std::lock_guard lock(mutex_);
+  if (auto it = index_.find(key); it != index_.end()) {
+    it->second->second = std::move(grammar);
+    order_.splice(order_.begin(), order_, it->second);
+    return;
+  }
+  order_.emplace_front(key, std::move(grammar));
+  index_[key] = order_.begin();
+  while (order_.size() > capacity_) {
+    index_.erase(order_.back().first);
+    order_.pop_back();
+  }
+}
+
+size_t GrammarCache::size() const {
+  std::lock_guard lock(mutex_);
+  return order_.size();
+}
+
+namespace {
+
+using Content = text::AtemTurnSpec::Content;
+
+ApiError bad(const std::string &param, const std::string &message,
+             const std::string &code = "invalid_value") {
+  return ApiError{400, message, param, code};
+}
+
+bool given(const json &body, const char *key) { return body.contains(key) && !body[key].is_null(); }
+
+std::optional<ApiError> read_response_format(const json &body, text::AtemTurnSpec &spec) {
+  if (!given(body, "response_format")) return std::nullopt;
+  const json &rf = body["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    return bad("response_format", "'response_format' must be an object with a 'type'",
+               "invalid_type");
+  const std::string type = rf["type"];
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    spec.content = Content::kJsonObject;
+    return std::nullopt;
+  }
+  if (type != "json_schema")
+    return bad("response_format",
+               "'response_format' type '" + type +
+                   "' is not supported (text, json_object, "
+                   "json_schema)",
+               "unsupported");
+  if (!given(rf, "json_schema") || !rf["json_schema"].is_object())
+    return bad("response_format.json_schema",
+               "'response_format' json_schema needs a 'json_schema' object", "invalid_type");
+  const json &js = rf["json_schema"];
+  for (const auto &[key, value] : js.items()) {
+    if (key == "name" || key == "schema" || key == "strict") continue;
+    if (key == "description")
+      return bad("response_format.json_schema.description",
+                 "'response_format.json_schema.description' is not supported: the model is not "
+                 "shown it (describe the format in a message)",
+                 "unsupported");
+    return bad("response_format.json_schema." + key,
+               "'response_format.json_schema." + key + "' is not a field of json_schema");
+  }
+  // OpenAI's rule for the name: letters, digits, '_' and '-', at most 64.
+  if (!js.contains("name") || !js["name"].is_string() || js["name"].get<std::string>().empty() ||
+      js["name"].get<std::string>().size() > 64 ||
+      js["name"].get<std::string>().find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+    return bad("response_format.json_schema.name",
+               "'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'");
+  if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean())
+    return bad("response_format.json_schema.strict",
+               "'response_format.json_schema.strict' must be a boolean", "invalid_type");
+  spec.schema_strict = js.contains("strict") && js["strict"] == true;
+  // Without a schema, any JSON value.
+  spec.schema = js.contains("schema") && !js["schema"].is_null() ? js["schema"] : json::object();
+  if (!spec.schema.is_object() && !spec.schema.is_boolean())
+    return bad("response_format.json_schema.schema",
+               "'response_format.json_schema.schema' must be a JSON Schema object",
+               "invalid_json_schema");
+  spec.content = Content::kJsonSchema;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_grammar(const json &body, const ModelFacts &facts,
+                                     text::AtemTurnSpec &spec) {
+  if (!given(body, "grammar")) return std::nullopt;
+  if (!body["grammar"].is_string())
+    return bad("grammar", "'grammar' must be GBNF text", "invalid_type");
+  if (spec.content != Content::kText)
+    return bad("grammar", "'grammar' and 'response_format' cannot both constrain the answer");
+  const text::Tokenizer &t = *facts.tokenizer;
+  sample::GbnfOptions options;
+  options.special_token = [&t](std::string_view ref) -> std::optional<int32_t> {
+    if (auto id = sample::gbnf_token_id(ref); id && *id < t.n_vocab()) return id;
+    if (auto id = t.find_token(ref); id && t.is_control(*id)) return id;
+    return std::nullopt;
+  };
+  auto g = sample::parse_gbnf(body["grammar"].get<std::string>(), options);
+  if (!g.ok()) return bad("grammar", "'grammar': " + g.message(), "invalid_grammar");
+  spec.grammar = std::move(g).value();
+  spec.content = Content::kGrammar;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_tools(const OutputShape &shape, text::AtemTurnSpec &spec,
+                                   bool &strict_any) {
+  if (!shape.tools) return std::nullopt;
+  for (size_t i = 0; i < shape.tools->size(); ++i) {
+    const json &fn = (*shape.tools)[i]["function"];
+    const std::string name = fn["name"];
+    const bool strict_given = fn.contains("strict") && !fn["strict"].is_null();
+    if (strict_given && !fn["strict"].is_boolean())
+      return bad("tools", "tools[" + std::to_string(i) + "].function.strict must be a boolean",
+                 "invalid_type");
+    const bool strict = strict_given && fn["strict"] == true;
+    strict_any |= strict;
+    if (shape.tool_choice == "named" && name != shape.named) continue;
+    spec.tools.push_back({name, fn["parameters"], strict});
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<ApiError> parse_structured(const json &body, bool chat, const ModelFacts &facts,
+                                         const OutputShape &shape, Job &job) {
+  text::AtemTurnSpec spec;
+  if (auto e = read_response_format(body, spec)) return e;
+  if (auto e = read_grammar(body, facts, spec)) return e;
+  bool strict_any = false;
+  if (chat)
+    if (auto e = read_tools(shape, spec, strict_any)) return e;
+  const bool forced = chat && (shape.tool_choice == "required" || shape.tool_choice == "named");
+  if (given(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+    return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false",
+               "invalid_type");
+  // One call at most: enforced by the grammar, so it makes one.
+  const bool single = chat && shape.tools && !shape.tools->empty() &&
+                      given(body, "parallel_tool_calls") && body["parallel_tool_calls"] == false;
+  spec.parallel_calls = !single;
+  if (spec.content == Content::kText && !strict_any && !forced && !single) return std::nullopt;
+  if (!facts.vocabulary) return ApiError{500, "no grammar vocabulary", "", "internal_error"};
+
+  const bool atem = chat && facts.atem;
+  if (!atem && (strict_any || forced || single))
+    return bad(forced   ? "tool_choice"
+               : single ? "parallel_tool_calls"
+                        : "tools",
+               forced   ? "'tool_choice' required or a function needs a model whose chat template "
+                          "has a known tool-call format"
+               : single ? "'parallel_tool_calls': false needs a model whose chat template has a "
+                          "known tool-call format"
+                        : "strict tools need a model whose chat template has a known tool-call "
+                          "format",
+               "unsupported");
+  // The key is everything the grammar is built from.
+  json key = {
+      {"atem", atem},
+      {"response_format", given(body, "response_format") ? body["response_format"] : json()},
+      {"grammar", given(body, "grammar") ? body["grammar"] : json()},
+      {"stop", job.request.stop_tokens}};
+  if (atem) {
+    key["tools"] = json::array();
+    for (const auto &t : spec.tools)
+      key["tools"].push_back({t.name, t.strict, t.strict ? t.parameters : json()});
+    key["answer"] = !forced;
+    key["parallel"] = spec.parallel_calls;
+    key["reasoning"] = !(given(body, "reasoning_effort") && body["reasoning_effort"] == "none");
+  }
+  const std::string k = key.dump();
+  if (auto hit = facts.grammars ? facts.grammars->find(k) : nullptr) {
+    job.request.grammar = std::move(hit);
+    return std::nullopt;
+  }
+  spec.answer = !forced;
+  // The model has no "off" (MUSE_GLIMMER.md section 10); under a grammar, none can be enforced.
+  spec.reasoning = !(given(body, "reasoning_effort") && body["reasoning_effort"] == "none");
+  auto grammar =
+      atem ? text::atem_turn_grammar(*facts.tokenizer, spec) : text::plain_answer_grammar(spec);
+  if (!grammar.ok()) {
+    const std::string &m = grammar.message();
+    if (spec.content == Content::kGrammar && m.rfind("tools", 0) != 0)
+      return bad("grammar", "'grammar': " + m, "invalid_grammar");
+    const std::string param = m.rfind("tools", 0) == 0         ? "tools"
+                              : m.rfind("tool_choice", 0) == 0 ? "tool_choice"
+                                                               : "response_format";
+    return bad(param, m, param == "tool_choice" ? "invalid_value" : "invalid_json_schema");
+  }
+  auto compiled = sample::compile_grammar(std::move(grammar).value(), facts.vocabulary,
+                                          job.request.stop_tokens);
+  if (!compiled.ok()) return bad("", compiled.message(), "invalid_grammar");
+  if (facts.grammars) facts.grammars->put(k, *compiled);
+  job.request.grammar = std::move(compiled).value();
+  return std::nullopt;
+}
+
+} // namespace offgraph::server

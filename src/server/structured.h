@@ -1,0 +1,52 @@
+// Structured output: response_format, llama-server's `grammar`, strict tools and tool_choice
+// become the grammar the engine constrains sampling with (Request::grammar). Compiled grammars
+// are cached by what they were built from, since compiling walks the whole vocabulary.
+#pragma once
+
+#include "sample/grammar_matcher.h"
+
+#include <nlohmann/json.hpp>
+
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace offgraph::server {
+
+struct ApiError;
+struct ModelFacts;
+struct Job;
+
+// Compiled grammars by key, least recently used dropped first. Thread-safe.
+class GrammarCache {
+public:
+  explicit GrammarCache(size_t capacity = 64) : capacity_(capacity) {}
+  std::shared_ptr<const sample::CompiledGrammar> find(const std::string &key);
+  void put(const std::string &key, std::shared_ptr<const sample::CompiledGrammar> grammar);
+  size_t size() const;
+
+private:
+  using Entry = std::pair<std::string, std::shared_ptr<const sample::CompiledGrammar>>;
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::list<Entry> order_; // most recent first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+// What the request asks of its output's shape. `tools` are the request's tools after tool_choice
+// (none: empty); `tool_choice` is auto, none, required or named (then `named` is the tool).
+struct OutputShape {
+  const nlohmann::ordered_json *tools = nullptr;
+  std::string tool_choice = "auto";
+  std::string named;
+};
+
+// Sets job.request.grammar when the body asks for a constrained answer. Errors: 400 naming the
+// field, with code invalid_json_schema for a schema that cannot be enforced and invalid_grammar
+// for bad GBNF.
+std::optional<ApiError> parse_structured(const nlohmann::ordered_json &body, bool chat,
+                                         const ModelFacts &facts, const OutputShape &shape,
+                                         Job &job);
+
+} // namespace offgraph::server

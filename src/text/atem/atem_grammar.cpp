@@ -1,0 +1,180 @@
+#include "text/atem/atem_grammar.h"
+
+#include "sample/json_schema.h"
+
+namespace offgraph::text {
+
+namespace {
+
+using sample::Element;
+using sample::GrammarBuilder;
+using sample::Sequence;
+using ojson = nlohmann::ordered_json;
+
+constexpr std::string_view kParamEnd = "</atem:parameter>";
+
+// `text` as the model writes it: the vocabulary's special tokens as themselves, the rest as bytes.
+Sequence marked(GrammarBuilder &b, const Tokenizer &t, std::string_view text) {
+  Sequence out;
+  for (int32_t id : t.encode(text, false, true)) {
+    if (t.is_control(id)) {
+      out.push_back(GrammarBuilder::special(id));
+      continue;
+    }
+    const Sequence bytes = b.literal(t.decode({id}));
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+Sequence join(std::initializer_list<Sequence> parts) {
+  Sequence out;
+  for (const Sequence &p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// Free text: bytes that never spell "<|", where every marker the ATEM parser reads in the text
+// begins (it reads a marker written as ordinary tokens as the marker itself); no special token.
+//   text ::= "" | [^<] text | "<" after-lt ;  after-lt ::= "" | "<" after-lt | [^<|] text
+Element free_text(GrammarBuilder &b) {
+  sample::ByteSet not_lt, neither;
+  not_lt.set_range(0, 255);
+  not_lt.bits['<' >> 6] &= ~(uint64_t(1) << ('<' & 63));
+  neither = not_lt;
+  neither.bits['|' >> 6] &= ~(uint64_t(1) << ('|' & 63));
+  const uint32_t text = b.declare("text"), after_lt = b.declare("text-after-lt");
+  b.define(text, {{},
+                  {b.bytes(not_lt), GrammarBuilder::ref(text)},
+                  {b.byte('<'), GrammarBuilder::ref(after_lt)}});
+  b.define(after_lt, {{},
+                      {b.byte('<'), GrammarBuilder::ref(after_lt)},
+                      {b.bytes(neither), GrammarBuilder::ref(text)}});
+  return GrammarBuilder::ref(text);
+}
+
+bool accepts_string(const ojson &schema) {
+  if (!schema.is_object() || !schema.contains("type")) return false;
+  const ojson &type = schema["type"];
+  if (type.is_array())
+    return std::any_of(type.begin(), type.end(), [](const ojson &x) { return x == "string"; });
+  return type == "string";
+}
+
+// The argument block of a strict tool: one element per property, in schema order. The server's
+// parser keeps a property whose type admits strings as raw text (AtemParser), so such a value is
+// written raw (a string); every other value is JSON.
+Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTurnSpec::Tool &tool,
+                             const std::string &field) {
+  const ojson &params = tool.parameters;
+  auto refuse = [&](const std::string &what) { return Status::error(field + ": " + what); };
+  if (!params.is_object() || params.value("type", ojson()) != "object")
+    return refuse("a strict tool's parameters must be a schema of type 'object'");
+  sample::JsonSchemaCompiler compiler(b, params, {.strict = true});
+  // The whole schema is checked as strict mode requires, though the block writes only its
+  // properties: additionalProperties false and every property required.
+  if (auto whole = compiler.value(params, "#"); !whole.ok()) return refuse(whole.message());
+  Sequence body = marked(b, t, "<atem:function_calls>\n<atem:invoke name=\"" + tool.name + "\">\n");
+  if (params.contains("properties")) {
+    for (const auto &[name, schema] : params["properties"].items()) {
+      const std::string path = "#/properties/" + name;
+      Result<Element> value = Status::error("");
+      if (accepts_string(schema)) {
+        ojson as_string = schema;
+        as_string["type"] = "string";
+        value = compiler.raw_string(as_string, path, kParamEnd);
+      } else {
+        value = compiler.value(schema, path);
+      }
+      if (!value.ok()) return refuse(value.message());
+      body = join({body,
+                   marked(b, t, "<atem:parameter name=\"" + name + "\">"),
+                   {*value},
+                   marked(b, t, std::string(kParamEnd) + "\n")});
+    }
+  }
+  return join({body, marked(b, t, "</atem:invoke>\n</atem:function_calls>")});
+}
+
+Result<Element> content_of(GrammarBuilder &b, const AtemTurnSpec &spec,
+                           std::optional<sample::JsonSchemaCompiler> &compiler) {
+  using Content = AtemTurnSpec::Content;
+  if (spec.content == Content::kText) return free_text(b);
+  if (spec.content == Content::kGrammar) return b.embed(spec.grammar);
+  compiler.emplace(b, spec.schema, sample::JsonSchemaOptions{.strict = spec.schema_strict});
+  if (spec.content == Content::kJsonObject) return compiler->any_object();
+  auto v = compiler->value(spec.schema, "#");
+  if (!v.ok()) return Status::error("response_format.json_schema.schema: " + v.message());
+  return v;
+}
+
+} // namespace
+
+Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec &spec) {
+  if (!spec.answer && spec.tools.empty())
+    return Status::error("tool_choice: the turn must call a tool, and there are no tools");
+  GrammarBuilder b;
+  const Element text = free_text(b);
+  const Sequence next_message = marked(b, t, "<|eom|><|start|>assistant");
+  std::vector<Sequence> finals;
+  std::optional<sample::JsonSchemaCompiler> answer_compiler;
+  if (spec.answer) {
+    auto content = content_of(b, spec, answer_compiler);
+    if (!content.ok()) return content.status();
+    finals.push_back(
+        join({marked(b, t, " to=user<|message|>"), {*content}, marked(b, t, "<|eot|>")}));
+  }
+  if (!spec.tools.empty()) {
+    std::vector<Sequence> calls;
+    for (size_t i = 0; i < spec.tools.size(); ++i) {
+      const AtemTurnSpec::Tool &tool = spec.tools[i];
+      // Not strict: the block is opened as the template writes it, then free text.
+      Sequence body =
+          join({marked(b, t, "<atem:function_calls>\n<atem:invoke name=\"" + tool.name + "\">\n"),
+                {text}});
+      if (tool.strict) {
+        auto strict =
+            strict_body(b, t, tool, "tools[" + std::to_string(i) + "].function.parameters");
+        if (!strict.ok()) return strict.status();
+        body = std::move(strict).value();
+      }
+      calls.push_back(join({marked(b, t, " to=" + tool.name + "<|message|>"), body}));
+    }
+    const Element call = b.choice("call", std::move(calls));
+    const Element more = *b.repeat("more-calls", join({next_message, {call}}), 0,
+                                   spec.parallel_calls ? sample::kUnbounded : 0);
+    finals.push_back(join({{call, more}, marked(b, t, "<|eot|>")}));
+  }
+  Sequence turn;
+  if (spec.reasoning) {
+    const Sequence reasoning = join({marked(b, t, " to=self<|message|>"), {text}, next_message});
+    turn.push_back(*b.repeat("reasoning", reasoning, 0, sample::kUnbounded));
+  }
+  turn.push_back(b.choice("final", std::move(finals)));
+  const Element root = b.rule("turn", {std::move(turn)});
+  return std::move(b).finish(root.value);
+}
+
+std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer) {
+  auto t = std::make_shared<sample::TokenTexts>();
+  const int32_t n = tokenizer.n_vocab();
+  t->bytes.resize(size_t(n));
+  t->special.resize(size_t(n));
+  for (int32_t i = 0; i < n; ++i) {
+    t->special[size_t(i)] = tokenizer.is_control(i);
+    t->bytes[size_t(i)] =
+        tokenizer.is_control(i) ? tokenizer.token_piece(i) : tokenizer.decode({i});
+  }
+  return t;
+}
+
+Result<sample::Grammar> plain_answer_grammar(const AtemTurnSpec &spec) {
+  using Content = AtemTurnSpec::Content;
+  if (spec.content == Content::kGrammar) return spec.grammar;
+  if (spec.content == Content::kJsonObject) return sample::json_object_grammar();
+  if (spec.content == Content::kText) return Status::error("plain_answer_grammar: free text");
+  auto g = sample::json_schema_grammar(spec.schema, {.strict = spec.schema_strict});
+  if (!g.ok()) return Status::error("response_format.json_schema.schema: " + g.message());
+  return g;
+}
+
+} // namespace offgraph::text

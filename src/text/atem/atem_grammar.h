@@ -1,0 +1,63 @@
+// What a constrained ATEM turn may write, as a grammar: the one place that knows how Muse
+// Glimmer spells a reasoning message, an answer and a tool call (MUSE_GLIMMER.md section 10)
+// for the sampler. The turn starts after the generation prompt's bare "<|start|>assistant".
+//
+//   turn      ::= reasoning* (answer | calls)
+//   reasoning ::= " to=self" <|message|> text <|eom|> <|start|> "assistant"
+//   answer    ::= " to=user" <|message|> content <|eot|>
+//   calls     ::= call (<|eom|> <|start|> "assistant" call)* <|eot|>
+//   call      ::= " to=" name <|message|> body
+//
+// `content` is free text, or JSON (response_format); a strict tool's `body` is the
+// <atem:function_calls> block with one parameter element per property, in schema order, strings
+// raw as the template writes them and other values JSON, so that the server's ATEM parser reads
+// back exactly the arguments the grammar allowed. A tool that is not strict has the block opened
+// for it (<atem:function_calls> and its invoke), then free text. Free text holds no special token
+// and never "<|", where the markers begin; the markers are the vocabulary's special tokens when it
+// has them (tokenized with specials on), plain text otherwise.
+#pragma once
+
+#include "base/status.h"
+#include "sample/grammar.h"
+#include "sample/token_texts.h"
+#include "text/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace offgraph::text {
+
+struct AtemTurnSpec {
+  enum class Content { kText, kJsonObject, kJsonSchema, kGrammar };
+  // Whether the turn may end in an answer to the user (tool_choice none or auto), and what it
+  // holds.
+  bool answer = true;
+  Content content = Content::kText;
+  nlohmann::ordered_json schema; // kJsonSchema: the answer's JSON Schema
+  bool schema_strict = false;
+  sample::Grammar grammar; // kGrammar: what the answer holds (the request's GBNF)
+  struct Tool {
+    std::string name;
+    nlohmann::ordered_json parameters; // a JSON Schema of type object
+    bool strict = false;
+  };
+  std::vector<Tool> tools;    // the tools the turn may call (tool_choice named: that one)
+  bool reasoning = true;      // to=self messages may come first
+  bool parallel_calls = true; // several calls in one turn (parallel_tool_calls)
+};
+
+// Errors name the field: "tools[2].function.parameters: keyword 'oneOf' at ...".
+Result<sample::Grammar> atem_turn_grammar(const Tokenizer &tokenizer, const AtemTurnSpec &spec);
+
+// What each token id writes, as grammars read it: the bytes of ordinary tokens, the text of
+// control ones (flagged special).
+std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer);
+
+// For models without a known chat format: the whole output is the answer's content alone
+// (spec.content other than kText; tools and reasoning do not apply).
+Result<sample::Grammar> plain_answer_grammar(const AtemTurnSpec &spec);
+
+} // namespace offgraph::text

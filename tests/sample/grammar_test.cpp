@@ -1,0 +1,159 @@
+// The grammar builder against direct definitions: code point classes against membership and the
+// UTF-8 encoder, repetition against counting, validation against hand-made grammars.
+#include "base/utf8.h"
+#include "sample/grammar.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace offgraph::sample {
+namespace {
+
+Grammar one_element(GrammarBuilder b, Element e) {
+  const Element root = b.rule("root", {{e}});
+  auto g = std::move(b).finish(root.value);
+  EXPECT_TRUE(g.ok()) << g.message();
+  return std::move(g).value();
+}
+
+bool accepts(const Grammar &g, std::string_view text) {
+  auto r = grammar_accepts(g, text);
+  EXPECT_TRUE(r.ok()) << r.message();
+  return r.ok() && *r;
+}
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  append_utf8(s, cp);
+  return s;
+}
+
+TEST(Grammar, CodePointClassesMatchMembershipAsUtf8) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<std::pair<uint32_t, uint32_t>> ranges;
+    const int k = 1 + int(rng() % 4);
+    for (int i = 0; i < k; ++i) {
+      // Ranges around the encoding boundaries, where splitting goes wrong.
+      const uint32_t edges[] = {0x7F, 0x800, 0xFFFF, 0xD800, 0x10000, 0x10FFFF, 0x41, 0x3000};
+      const uint32_t edge = edges[rng() % 8];
+      const uint32_t lo = edge - std::min<uint32_t>(edge, rng() % 100);
+      const uint32_t hi = std::min<uint32_t>(0x10FFFF, lo + rng() % 70000);
+      ranges.push_back({lo, hi});
+    }
+    const bool negated = rng() % 2;
+    GrammarBuilder b;
+    auto e = b.code_points(ranges, negated);
+    ASSERT_TRUE(e.ok()) << e.message();
+    const Grammar g = one_element(std::move(b), *e);
+    auto member = [&](uint32_t cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) return false;
+      bool in = false;
+      for (auto [lo, hi] : ranges) in = in || (cp >= lo && cp <= hi);
+      return in != negated;
+    };
+    for (int i = 0; i < 300; ++i) {
+      uint32_t cp = rng() % 0x110000;
+      if (i % 3 == 0) cp = ranges[size_t(i) % ranges.size()].first + (rng() % 3) - 1;
+      if (cp > 0x10FFFF) continue;
+      EXPECT_EQ(accepts(g, utf8(cp)), member(cp)) << std::hex << cp << " trial " << trial;
+    }
+  }
+}
+
+TEST(Grammar, AnyCodePointRefusesInvalidUtf8) {
+  GrammarBuilder b;
+  const Element any = b.any_code_point();
+  const Grammar g = one_element(std::move(b), any);
+  EXPECT_TRUE(accepts(g, "a"));
+  EXPECT_TRUE(accepts(g, "\xC3\xA9"));
+  EXPECT_TRUE(accepts(g, "\xF0\x9F\x98\x80"));
+  EXPECT_TRUE(accepts(g, "\xEF\xBF\xBF"));
+  EXPECT_FALSE(accepts(g, "\xC0\x80"));         // overlong NUL
+  EXPECT_FALSE(accepts(g, "\xE0\x80\xAF"));     // overlong '/'
+  EXPECT_FALSE(accepts(g, "\xED\xA0\x80"));     // a surrogate
+  EXPECT_FALSE(accepts(g, "\xF4\x90\x80\x80")); // past U+10FFFF
+  EXPECT_FALSE(accepts(g, "\x80"));
+  EXPECT_FALSE(accepts(g, "ab"));
+  EXPECT_FALSE(accepts(g, ""));
+}
+
+TEST(Grammar, RepetitionCountsExactly) {
+  for (auto [min, max] : std::vector<std::pair<uint32_t, uint32_t>>{
+           {0, kUnbounded}, {1, kUnbounded}, {3, kUnbounded}, {0, 1}, {2, 5}, {4, 4}, {0, 0}}) {
+    GrammarBuilder b;
+    Sequence item = b.literal("ab");
+    auto e = b.repeat("r", item, min, max);
+    ASSERT_TRUE(e.ok()) << e.message();
+    const Grammar g = one_element(std::move(b), *e);
+    for (uint32_t n = 0; n < 9; ++n) {
+      std::string text;
+      for (uint32_t i = 0; i < n; ++i) text += "ab";
+      EXPECT_EQ(accepts(g, text), n >= min && (max == kUnbounded || n <= max))
+          << min << ".." << max << " n=" << n;
+      EXPECT_FALSE(accepts(g, text + "a"));
+    }
+  }
+  GrammarBuilder b;
+  EXPECT_FALSE(b.repeat("r", b.literal("a"), 3, 2).ok());
+  EXPECT_FALSE(b.repeat("r", b.literal("a"), 0, kMaxRepeatBound + 1).ok());
+}
+
+TEST(Grammar, LeftRecursionIsRefusedEvenThroughEmptyRules) {
+  {
+    GrammarBuilder b;
+    const uint32_t a = b.declare("a");
+    b.define(a, {{GrammarBuilder::ref(a), b.byte('x')}, {b.byte('y')}});
+    auto g = std::move(b).finish(a);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.message().find("'a' is left-recursive"), std::string::npos) << g.message();
+  }
+  {
+    GrammarBuilder b;
+    const Element empty = b.rule("empty", {{}});
+    const uint32_t a = b.declare("a");
+    const Element c = b.rule("c", {{empty, GrammarBuilder::ref(a)}});
+    b.define(a, {{c, b.byte('x')}, {b.byte('y')}});
+    auto g = std::move(b).finish(a);
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.message().find("left-recursive"), std::string::npos) << g.message();
+  }
+  {
+    // Right recursion is fine.
+    GrammarBuilder b;
+    const uint32_t a = b.declare("a");
+    b.define(a, {{b.byte('x'), GrammarBuilder::ref(a)}, {}});
+    auto g = std::move(b).finish(a);
+    ASSERT_TRUE(g.ok()) << g.message();
+    EXPECT_TRUE(accepts(*g, "xxx"));
+    EXPECT_TRUE(accepts(*g, ""));
+    EXPECT_FALSE(accepts(*g, "xy"));
+  }
+}
+
+TEST(Grammar, UndefinedRulesAreNamed) {
+  GrammarBuilder b;
+  const uint32_t missing = b.declare("value");
+  const Element root = b.rule("root", {{GrammarBuilder::ref(missing)}});
+  auto g = std::move(b).finish(root.value);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.message().find("'value' is used but never defined"), std::string::npos);
+}
+
+TEST(Grammar, SpecialTokensAreNotTheirText) {
+  GrammarBuilder b;
+  Sequence s = b.literal("a");
+  s.push_back(GrammarBuilder::special(7));
+  const Element root = b.rule("root", {s});
+  auto g = std::move(b).finish(root.value);
+  ASSERT_TRUE(g.ok());
+  const std::vector<int32_t> good{'a', 256 + 7}, wrong{'a', 256 + 8}, text{'a', '7'};
+  EXPECT_TRUE(*grammar_accepts_symbols(*g, good));
+  EXPECT_FALSE(*grammar_accepts_symbols(*g, wrong));
+  EXPECT_FALSE(*grammar_accepts_symbols(*g, text));
+  EXPECT_EQ(g->to_text(), "root ::= \"a\" <[7]>\n");
+}
+
+} // namespace
+} // namespace offgraph::sample

@@ -1,0 +1,151 @@
+// The ATEM turn grammar on a real vocabulary (llama-bpe, where the markers are text) and on one
+// with the markers as special tokens: reasoning is free, the answer and strict tool arguments
+// conform, and what the grammar lets a model write, the server's ATEM parser reads back.
+#include "text/atem/atem_grammar.h"
+
+#include "sample/grammar_matcher.h"
+#include "text/atem/atem_parser.h"
+
+#include <gtest/gtest.h>
+
+namespace offgraph::text {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const Tokenizer &tokenizer() {
+  static std::unique_ptr<Tokenizer> t = [] {
+    auto r = Tokenizer::from_gguf(std::string(OFFGRAPH_LLAMA_TREE) +
+                                  "/models/ggml-vocab-llama-bpe.gguf");
+    EXPECT_TRUE(r.ok()) << r.message();
+    return std::move(r).value();
+  }();
+  return *t;
+}
+
+std::shared_ptr<const sample::GrammarVocabulary> vocabulary() {
+  static auto v = std::make_shared<sample::GrammarVocabulary>(grammar_token_texts(tokenizer()));
+  return v;
+}
+
+std::shared_ptr<const sample::CompiledGrammar> compile(const AtemTurnSpec &spec) {
+  auto g = atem_turn_grammar(tokenizer(), spec);
+  EXPECT_TRUE(g.ok()) << g.message();
+  auto c = sample::compile_grammar(std::move(g).value(), vocabulary(),
+                                   tokenizer().end_of_generation_ids());
+  EXPECT_TRUE(c.ok()) << c.message();
+  return std::move(c).value();
+}
+
+ojson weather() {
+  return ojson::parse(R"({"type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                   "units": {"enum": ["c", "f"]},
+                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+                   "note": {"type": ["string", "null"]}},
+    "required": ["city", "days", "units", "tags", "note"], "additionalProperties": false})");
+}
+
+TEST(AtemGrammar, ReasoningAllowsEveryOrdinaryToken) {
+  AtemTurnSpec spec;
+  spec.content = AtemTurnSpec::Content::kJsonObject;
+  sample::GrammarMatcher m(compile(spec));
+  ASSERT_TRUE(m.accept_bytes(" to=self<|message|>"));
+  std::vector<uint64_t> bits;
+  ASSERT_TRUE(m.fill_mask(bits).ok());
+  const auto &texts = vocabulary()->texts();
+  size_t ordinary = 0, allowed = 0;
+  for (size_t t = 0; t < texts.bytes.size(); ++t) {
+    const bool bit = (bits[t >> 6] >> (t & 63)) & 1;
+    allowed += bit;
+    if (texts.special[t] || texts.bytes[t].empty()) {
+      EXPECT_FALSE(bit) << "special token " << t << " inside reasoning";
+      continue;
+    }
+    ++ordinary;
+    EXPECT_TRUE(bit) << "token " << t << " '" << texts.bytes[t] << "' refused inside reasoning";
+  }
+  EXPECT_EQ(allowed, ordinary);
+  // Then the answer: JSON only, and the reasoning text may hold anything, braces included.
+  ASSERT_TRUE(
+      m.accept_bytes("let me think {about} \"it\"<|eom|><|start|>assistant to=user<|message|>"));
+  EXPECT_FALSE(sample::GrammarMatcher(m).accept_bytes("Sure!"));
+  ASSERT_TRUE(m.accept_bytes("{\"a\": [1, 2.5, \"x\"]}<|eot|>"));
+  EXPECT_TRUE(m.can_end());
+}
+
+TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
+  AtemTurnSpec spec;
+  spec.answer = false; // tool_choice required
+  spec.tools = {{"get_weather", weather(), true}, {"free_tool", ojson::object(), false}};
+  auto compiled = compile(spec);
+  // As the template renders a call: strings raw, other values JSON.
+  const std::string body = "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n"
+                           "<atem:parameter name=\"city\">Paris <b>centre</b></atem:parameter>\n"
+                           "<atem:parameter name=\"days\">3</atem:parameter>\n"
+                           "<atem:parameter name=\"units\">\"c\"</atem:parameter>\n"
+                           "<atem:parameter name=\"tags\">[\"a\", \"b\"]</atem:parameter>\n"
+                           "<atem:parameter name=\"note\">null</atem:parameter>\n"
+                           "</atem:invoke>\n</atem:function_calls>";
+  sample::GrammarMatcher m(compiled);
+  ASSERT_TRUE(m.accept_bytes(" to=get_weather<|message|>" + body + "<|eot|>"));
+  EXPECT_TRUE(m.can_end());
+  AtemParser parser(nlohmann::json::parse(
+      ojson::array({{{"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"parameters", weather()}}}}})
+          .dump()));
+  parser.feed(" to=get_weather<|message|>" + body + "<|eot|>");
+  parser.finish();
+  const auto &calls = parser.message().tool_calls;
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(
+      calls[0].arguments.dump(),
+      R"({"city":"Paris <b>centre</b>","days":3,"note":"null","tags":["a","b"],"units":"c"})");
+  // Out of range, a missing parameter, another order, an answer to the user: refused.
+  for (const std::string &bad :
+       {std::string(" to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
+                    "name=\"get_weather\">\n<atem:parameter name=\"city\">P</atem:parameter>\n"
+                    "<atem:parameter name=\"days\">8"),
+        std::string(" to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
+                    "name=\"get_weather\">\n<atem:parameter name=\"days\">"),
+        std::string(" to=user<|message|>")}) {
+    sample::GrammarMatcher fresh(compiled);
+    EXPECT_FALSE(fresh.accept_bytes(bad)) << bad;
+  }
+  // A string parameter never holds its own closing tag.
+  sample::GrammarMatcher tag(compiled);
+  EXPECT_TRUE(
+      tag.accept_bytes(" to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
+                       "name=\"get_weather\">\n<atem:parameter name=\"city\">a</atem:param"));
+  EXPECT_FALSE(sample::GrammarMatcher(tag).accept_bytes("eter>x"));
+  // A tool that is not strict writes freely, and several calls may follow one another.
+  sample::GrammarMatcher free_call(compiled);
+  const std::string open = "<atem:function_calls>\n<atem:invoke name=\"free_tool\">\n";
+  EXPECT_TRUE(free_call.accept_bytes(
+      " to=free_tool<|message|>" + open +
+      "anything at all<|eom|><|start|>assistant to=free_tool<|message|>" + open + "x<|eot|>"));
+  EXPECT_TRUE(free_call.can_end());
+}
+
+TEST(AtemGrammar, RefusalsNameTheField) {
+  AtemTurnSpec spec;
+  spec.tools = {
+      {"f", ojson::parse(R"({"type":"object","properties":{"a":{"type":"string"}}})"), true}};
+  auto g = atem_turn_grammar(tokenizer(), spec);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.message().rfind("tools[0].function.parameters: ", 0), 0u) << g.message();
+  AtemTurnSpec none;
+  none.answer = false;
+  EXPECT_FALSE(atem_turn_grammar(tokenizer(), none).ok());
+  AtemTurnSpec schema;
+  schema.content = AtemTurnSpec::Content::kJsonSchema;
+  schema.schema = ojson::parse(R"({"type":"object","not":{}})");
+  auto s = atem_turn_grammar(tokenizer(), schema);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("response_format.json_schema.schema: "), std::string::npos);
+  EXPECT_NE(s.message().find("'not'"), std::string::npos) << s.message();
+}
+
+} // namespace
+} // namespace offgraph::text
