@@ -85,12 +85,14 @@ clean:
 
 # offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
-# (32 min) below. BENCH_ARGS go to bench/run; --quick also shortens bench/prefix (9 min).
+# (32 min) and bench-grammar (10 min) below. BENCH_ARGS go to bench/run; --quick also shortens
+# bench/prefix (9 min).
 .PHONY: bench bench-pages bench-prefix bench-grammar
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
 	python3 bench/prefix $(filter --quick,$(BENCH_ARGS))
+	@$(MAKE) --no-print-directory bench-grammar BENCH_ARGS='$(filter --quick,$(BENCH_ARGS))'
 
 # Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
 bench-pages:
