@@ -463,7 +463,8 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
 
 GrammarMatcher::GrammarMatcher(const GrammarMatcher &o)
     : grammar_(o.grammar_), arena_(std::make_shared<Arena>(*o.arena_)), state_(o.state_),
-      finished_(o.finished_), cache_(o.cache_), cache_next_(o.cache_next_) {}
+      finished_(o.finished_), cache_(o.cache_), cache_next_(o.cache_next_),
+      compact_at_(o.compact_at_) {}
 
 GrammarMatcher &GrammarMatcher::operator=(const GrammarMatcher &o) {
   if (this != &o) *this = GrammarMatcher(o);
@@ -501,6 +502,14 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
 bool GrammarMatcher::accept_token(int32_t token) {
   const GrammarVocabulary &v = *grammar_->vocabulary;
   if (finished_ || token < 0 || size_t(token) >= v.size()) return false;
+  const auto &ends = grammar_->end_tokens;
+  const bool end = std::find(ends.begin(), ends.end(), token) != ends.end();
+  // An end token ends a complete sentence, whatever its text (end tokens need not be control
+  // tokens, and the mask allows them exactly there).
+  if (end && can_end() && !v.is_special(token)) {
+    finished_ = true;
+    return true;
+  }
   if (!v.is_special(token)) {
     const std::string &b = v.texts().bytes[size_t(token)];
     return !b.empty() && accept_bytes(b);
@@ -508,8 +517,7 @@ bool GrammarMatcher::accept_token(int32_t token) {
   const size_t mark = arena_->mark();
   if (advance(256 + uint32_t(token))) return true;
   arena_->rollback(mark);
-  const auto &ends = grammar_->end_tokens;
-  if (can_end() && std::find(ends.begin(), ends.end(), token) != ends.end()) {
+  if (can_end() && end) {
     finished_ = true;
     return true;
   }
@@ -601,7 +609,7 @@ Status GrammarMatcher::mask_logits(std::span<float> logits) {
 
 // Drops nodes no stack reaches any more, when they dominate: every accepted byte interns a few.
 void GrammarMatcher::compact() {
-  if (arena_->nodes.size() < 65536) return;
+  if (arena_->nodes.size() < compact_at_) return;
   std::unordered_map<uint32_t, uint32_t> remap;
   auto fresh = std::make_shared<Arena>();
   std::vector<uint32_t> chain;
@@ -616,11 +624,18 @@ void GrammarMatcher::compact() {
     }
     return remap.at(id);
   };
-  for (uint32_t &t : state_)
+  std::vector<uint32_t> moved = state_;
+  for (uint32_t &t : moved)
     if (t != kComplete) t = move(t);
-  if (fresh->nodes.size() * 4 > arena_->nodes.size()) return; // mostly live: not worth it yet
-  std::sort(state_.begin(), state_.end());
+  // Mostly live (deep nesting): keep the arena, and look again only once it has doubled.
+  if (fresh->nodes.size() * 4 > arena_->nodes.size()) {
+    compact_at_ = 2 * arena_->nodes.size();
+    return;
+  }
+  std::sort(moved.begin(), moved.end());
+  state_ = std::move(moved);
   arena_ = std::move(fresh);
+  compact_at_ = std::max<size_t>(kCompactAt, 4 * arena_->nodes.size());
   cache_.clear();
   cache_next_ = 0;
 }

@@ -121,6 +121,8 @@ private:
   std::vector<Cached> cache_;
   size_t cache_next_ = 0;
   std::vector<uint64_t> scratch_bits_;
+  static constexpr size_t kCompactAt = 65536; // arena nodes before compaction is tried
+  size_t compact_at_ = kCompactAt;
 };
 
 } // namespace offgraph::sample

@@ -41,6 +41,9 @@ struct JsonSchemaOptions {
   // OpenAI strict mode: every object must also say additionalProperties: false and list every
   // property in required; a schema that does not is refused.
   bool strict = false;
+  // Never write '<' raw: inside strings and keys it is written \u003c (JSON decodes it back), so
+  // that no text of the value spells a chat format's marker (ATEM's all begin with '<').
+  bool escape_lt = false;
 };
 
 namespace json_schema_detail {

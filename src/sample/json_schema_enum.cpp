@@ -209,7 +209,7 @@ Result<std::vector<const Json *>> Compiler::enum_candidates(const Json &schema,
   if (!grammar) return grammar.status();
   size_t total = 0;
   for (const Json *value : values) {
-    auto text = dump_json(*value);
+    auto text = dump_json(*value, options_.escape_lt);
     if (!text) continue;
     total += text->size();
     if (text->size() > kMaxCheckedBytes || total > kMaxCheckedTotal)
@@ -229,7 +229,7 @@ Result<Element> Compiler::enum_value(const Json &schema, const std::string &path
   if (!values) return values.status();
   std::vector<std::string> texts;
   for (const Json *v : *values) {
-    auto text = dump_json(*v);
+    auto text = dump_json(*v, options_.escape_lt);
     if (!text)
       return error("'" + std::string(schema.contains("enum") ? "enum" : "const") + "' at " + path +
                    " holds a value that JSON cannot spell (invalid UTF-8 or not finite)");

@@ -31,7 +31,7 @@ std::string child(const std::string &path, std::string_view key);
 std::optional<std::u32string> decode_utf8(std::string_view text);
 std::string encode_utf8(uint32_t c);
 // Compact JSON text; fails on invalid UTF-8 or a non-finite number (which JSON cannot spell).
-std::optional<std::string> dump_json(const Json &value);
+std::optional<std::string> dump_json(const Json &value, bool escape_lt = false);
 
 // A pattern (ECMA-262 subset) as parsed. Sets hold the code points that ECMA-262 and Python's re
 // both match there, so that the grammar is sound whichever of them checks the schema.

@@ -17,7 +17,8 @@ constexpr size_t kMaxInlined = 16; // longer member chains become rules
 // and a trie of the listed names can rule them out code point by code point.
 Result<Element> Compiler::extra_key(const std::vector<std::string> &listed) {
   if (listed.empty()) return any_string();
-  const Ranges special = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+  Ranges special = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+  if (options_.escape_lt) special.push_back({'<', '<'});
   struct Node {
     std::map<uint32_t, size_t> next;
     bool end = false;
@@ -98,7 +99,7 @@ Result<Element> Compiler::object_value(const Json &schema, const std::string &pa
                  bool req) -> Status {
     auto v = value(sub, at, depth + 1);
     if (!v) return v.status();
-    auto quoted = dump_json(Json(key));
+    auto quoted = dump_json(Json(key), options_.escape_lt);
     if (!quoted) return error("'properties' at " + path + " has a name that is not valid UTF-8");
     Sequence rest = colon();
     rest.push_back(*v);

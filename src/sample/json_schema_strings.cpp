@@ -153,10 +153,20 @@ const char *format_pattern(std::string_view format) {
   return nullptr;
 }
 
-std::optional<std::string> dump_json(const Json &value) {
+std::optional<std::string> dump_json(const Json &value, bool escape_lt) {
   if (!finite_everywhere(value)) return std::nullopt;
   try {
-    return value.dump(-1, ' ', false, Json::error_handler_t::strict);
+    std::string text = value.dump(-1, ' ', false, Json::error_handler_t::strict);
+    if (!escape_lt) return text;
+    // Outside strings JSON has no '<': every one is inside a string, where \u003c stands for it.
+    std::string out;
+    for (char c : text) {
+      if (c == '<')
+        out += "\\u003c";
+      else
+        out += c;
+    }
+    return out;
   } catch (const Json::exception &) {
     return std::nullopt;
   }
@@ -165,7 +175,9 @@ std::optional<std::string> dump_json(const Json &value) {
 // One code point of JSON string content, written plainly or escaped (\u: no surrogates).
 Element Compiler::json_char() {
   if (auto it = cache_.find("char"); it != cache_.end()) return it->second;
-  Element plain = *b.code_points({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}, true);
+  Ranges escaped = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+  if (options_.escape_lt) escaped.push_back({'<', '<'});
+  Element plain = *b.code_points(escaped, true);
   ByteSet simple, hex, hex_no_d, low;
   for (char c : std::string("\"\\/bfnrt")) simple.set(uint8_t(c));
   hex.set_range('0', '9');
@@ -218,7 +230,8 @@ Element Compiler::char_set(const Ranges &set, Encoding enc) {
   if (enc == Encoding::kRaw) {
     alternatives.push_back({*b.code_points(set, false)});
   } else {
-    const Ranges special = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+    Ranges special = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+    if (options_.escape_lt) special.push_back({'<', '<'});
     const Ranges plain = subtract(set, special);
     if (!plain.empty()) alternatives.push_back({*b.code_points(plain, false)});
     auto hex_digit = [&](uint32_t v) {

@@ -109,7 +109,9 @@ std::optional<ApiError> read_grammar(const json &body, const ModelFacts &facts,
   const text::Tokenizer &t = *facts.tokenizer;
   sample::GbnfOptions options;
   options.special_token = [&t](std::string_view ref) -> std::optional<int32_t> {
-    if (auto id = sample::gbnf_token_id(ref); id && *id < t.n_vocab()) return id;
+    // Only control tokens: a grammar's token element matches a special token, never text.
+    if (auto id = sample::gbnf_token_id(ref); id && *id < t.n_vocab() && t.is_control(*id))
+      return id;
     if (auto id = t.find_token(ref); id && t.is_control(*id)) return id;
     return std::nullopt;
   };

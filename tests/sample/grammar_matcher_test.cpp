@@ -168,26 +168,47 @@ TEST(GrammarMatcher, RefusedInputLeavesTheStateAsItWas) {
 }
 
 TEST(GrammarMatcher, LongOutputsStayCorrectAcrossCompaction) {
-  // A string of 200,000 bytes interns far more nodes than the compaction threshold.
+  // A right-recursive string keeps one stack whatever its length; nesting grows one: 50,000
+  // brackets deep interns more nodes than the compaction threshold, most of them live.
   GrammarBuilder b;
+  const uint32_t nest = b.declare("nest");
+  b.define(nest, {{b.byte('['), GrammarBuilder::ref(nest), b.byte(']')}, {}});
   ByteSet lower;
   lower.set_range('a', 'z');
   const Element chars = *b.repeat("chars", {b.bytes(lower)}, 0, kUnbounded);
-  const Element root = b.rule("root", {{b.byte('"'), chars, b.byte('"')}});
+  const Element root =
+      b.rule("root", {{b.byte('"'), chars, b.byte('"'), GrammarBuilder::ref(nest)}});
   auto grammar = std::move(b).finish(root.value);
-  ASSERT_TRUE(grammar.ok());
+  ASSERT_TRUE(grammar.ok()) << grammar.message();
   auto texts = std::make_shared<TokenTexts>();
-  texts->bytes = {"\"", "ab", "c\"", "\"d", "E"};
+  texts->bytes = {"\"", "ab", "c\"", "\"d", "E", "[", "]", "[[", "]]"};
   texts->special.assign(texts->bytes.size(), 0);
   auto compiled = compile_grammar(*grammar, std::make_shared<GrammarVocabulary>(texts), {});
   ASSERT_TRUE(compiled.ok());
   GrammarMatcher m(*compiled);
   ASSERT_TRUE(m.accept_token(0));
   std::vector<uint64_t> bits;
-  for (int i = 0; i < 100000; ++i) ASSERT_TRUE(m.accept_token(1));
+  for (int i = 0; i < 50000; ++i) ASSERT_TRUE(m.accept_token(1));
   ASSERT_TRUE(m.fill_mask(bits).ok());
-  EXPECT_EQ(bits[0], uint64_t(0b00111)); // '"', "ab", 'c"' ; not '"d' nor 'E'
-  EXPECT_TRUE(m.accept_token(2));
+  EXPECT_EQ(bits[0], uint64_t(0b00111)); // '"', "ab", 'c"' ; not '"d' nor 'E' nor brackets
+  ASSERT_TRUE(m.accept_token(2));
+  EXPECT_TRUE(m.can_end());
+  const int depth = 140000;
+  for (int i = 0; i < depth / 2; ++i) ASSERT_TRUE(m.accept_token(7)) << i; // "[["
+  for (int step = 0; step < depth; ++step) {
+    if (step % 997 == 0) {
+      ASSERT_TRUE(m.fill_mask(bits).ok());
+      // Inside: '[' and ']' (and "[[", and "]]" while two or more are open); never a quote.
+      EXPECT_EQ(bits[0] & 0b000011111, 0u) << step;
+      EXPECT_TRUE((bits[0] >> 6) & 1) << step;
+      EXPECT_EQ(bool((bits[0] >> 8) & 1), depth - step >= 2) << step;
+    }
+    EXPECT_FALSE(m.can_end());
+    ASSERT_TRUE(m.accept_token(6)) << step;
+  }
+  EXPECT_TRUE(m.can_end()); // one nest: nothing may follow
+  EXPECT_FALSE(m.accept_token(6));
+  EXPECT_FALSE(m.accept_token(5));
   EXPECT_TRUE(m.can_end());
 }
 

@@ -250,6 +250,7 @@ TEST(Structured, ReasoningStaysFreeAndTheAnswerConforms) {
                        {"required", {"ok"}},
                        {"additionalProperties", false}};
   int reasoned = 0, answered = 0;
+  std::vector<std::pair<json, std::string>> answers;
   for (int seed = 0; seed < 8; ++seed) {
     json r = chat(40, "Think, then answer.");
     r["temperature"] = 1.0, r["seed"] = seed;
@@ -263,13 +264,11 @@ TEST(Structured, ReasoningStaysFreeAndTheAnswerConforms) {
       ++reasoned;
     if (b["choices"][0]["finish_reason"] == "stop") {
       ++answered;
-      const std::string content = m["content"];
-      EXPECT_TRUE(content == "{\"ok\":true}" || content == "{\"ok\":false}" ||
-                  json::parse(content, nullptr, false).is_object())
-          << content;
+      answers.push_back({schema, m["content"].get<std::string>()});
     }
   }
   EXPECT_GT(reasoned, 0);
+  for (const std::string &v : judge(answers)) EXPECT_EQ(v, "");
   std::printf("%d of 8 reasoned, %d answered within 40 tokens\n", reasoned, answered);
 }
 

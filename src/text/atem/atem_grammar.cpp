@@ -12,6 +12,10 @@ using sample::Sequence;
 using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kParamEnd = "</atem:parameter>";
+// Raw argument text never holds '<': every marker the parser reads inside a call block (the
+// parameter's end, an invoke, a chat marker) begins with it. Sound, though it keeps '<' out of
+// string arguments of strict tools.
+constexpr std::string_view kRawStop = "<";
 
 // `text` as the model writes it: the vocabulary's special tokens as themselves, the rest as bytes.
 Sequence marked(GrammarBuilder &b, const Tokenizer &t, std::string_view text) {
@@ -69,7 +73,7 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
   auto refuse = [&](const std::string &what) { return Status::error(field + ": " + what); };
   if (!params.is_object() || params.value("type", ojson()) != "object")
     return refuse("a strict tool's parameters must be a schema of type 'object'");
-  sample::JsonSchemaCompiler compiler(b, params, {.strict = true});
+  sample::JsonSchemaCompiler compiler(b, params, {.strict = true, .escape_lt = true});
   // The whole schema is checked as strict mode requires, though the block writes only its
   // properties: additionalProperties false and every property required.
   if (auto whole = compiler.value(params, "#"); !whole.ok()) return refuse(whole.message());
@@ -77,11 +81,15 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
   if (params.contains("properties")) {
     for (const auto &[name, schema] : params["properties"].items()) {
       const std::string path = "#/properties/" + name;
+      // The parser reads the name up to the next '"' and the tag up to the next '>'.
+      if (name.find_first_of("\"<>") != std::string::npos || name.empty())
+        return refuse("the property name at " + path +
+                      " holds '\"', '<' or '>' (or is empty), which ATEM cannot write");
       Result<Element> value = Status::error("");
       if (accepts_string(schema)) {
         ojson as_string = schema;
         as_string["type"] = "string";
-        value = compiler.raw_string(as_string, path, kParamEnd);
+        value = compiler.raw_string(as_string, path, kRawStop);
       } else {
         value = compiler.value(schema, path);
       }
@@ -100,7 +108,8 @@ Result<Element> content_of(GrammarBuilder &b, const AtemTurnSpec &spec,
   using Content = AtemTurnSpec::Content;
   if (spec.content == Content::kText) return free_text(b);
   if (spec.content == Content::kGrammar) return b.embed(spec.grammar);
-  compiler.emplace(b, spec.schema, sample::JsonSchemaOptions{.strict = spec.schema_strict});
+  compiler.emplace(b, spec.schema,
+                   sample::JsonSchemaOptions{.strict = spec.schema_strict, .escape_lt = true});
   if (spec.content == Content::kJsonObject) return compiler->any_object();
   auto v = compiler->value(spec.schema, "#");
   if (!v.ok()) return Status::error("response_format.json_schema.schema: " + v.message());
@@ -127,6 +136,13 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
     std::vector<Sequence> calls;
     for (size_t i = 0; i < spec.tools.size(); ++i) {
       const AtemTurnSpec::Tool &tool = spec.tools[i];
+      // The parser reads a recipient up to '<' or a space, and the invoke's name up to '"'.
+      if (tool.name.empty() ||
+          tool.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789_.:-") != std::string::npos)
+        return Status::error("tools[" + std::to_string(i) + "].function.name: '" + tool.name +
+                             "' holds characters other than letters, digits, '_', '.', ':' and "
+                             "'-', which a constrained ATEM call cannot write");
       // Not strict: the block is opened as the template writes it, then free text.
       Sequence body =
           join({marked(b, t, "<atem:function_calls>\n<atem:invoke name=\"" + tool.name + "\">\n"),
@@ -164,6 +180,9 @@ std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &t
     t->bytes[size_t(i)] =
         tokenizer.is_control(i) ? tokenizer.token_piece(i) : tokenizer.decode({i});
   }
+  // End tokens end the answer wherever they come: never part of its text.
+  for (int32_t id : tokenizer.end_of_generation_ids())
+    if (id >= 0 && id < n) t->special[size_t(id)] = 1;
   return t;
 }
 

@@ -82,10 +82,10 @@ TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
   auto compiled = compile(spec);
   // As the template renders a call: strings raw, other values JSON.
   const std::string body = "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n"
-                           "<atem:parameter name=\"city\">Paris <b>centre</b></atem:parameter>\n"
+                           "<atem:parameter name=\"city\">Paris centre</atem:parameter>\n"
                            "<atem:parameter name=\"days\">3</atem:parameter>\n"
                            "<atem:parameter name=\"units\">\"c\"</atem:parameter>\n"
-                           "<atem:parameter name=\"tags\">[\"a\", \"b\"]</atem:parameter>\n"
+                           "<atem:parameter name=\"tags\">[\"a\\u003cb\", \"b\"]</atem:parameter>\n"
                            "<atem:parameter name=\"note\">null</atem:parameter>\n"
                            "</atem:invoke>\n</atem:function_calls>";
   sample::GrammarMatcher m(compiled);
@@ -99,9 +99,8 @@ TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
   parser.finish();
   const auto &calls = parser.message().tool_calls;
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(
-      calls[0].arguments.dump(),
-      R"({"city":"Paris <b>centre</b>","days":3,"note":"null","tags":["a","b"],"units":"c"})");
+  EXPECT_EQ(calls[0].arguments.dump(),
+            R"({"city":"Paris centre","days":3,"note":"null","tags":["a<b","b"],"units":"c"})");
   // Out of range, a missing parameter, another order, an answer to the user: refused.
   for (const std::string &bad :
        {std::string(" to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
