@@ -685,14 +685,13 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
     return false;
   }
   const std::span<const float> model_logits = logits; // what log-probabilities report
-  std::vector<float> masked;
   if (a.grammar) {
-    masked.assign(logits.begin(), logits.end());
-    if (Status s = a.grammar->mask_logits(masked); !s.ok()) {
+    masked_logits_.assign(logits.begin(), logits.end());
+    if (Status s = a.grammar->mask_logits(masked_logits_); !s.ok()) {
       finish(a, FinishReason::Error, s.message());
       return false;
     }
-    logits = masked;
+    logits = masked_logits_;
   }
   auto token = a.sampler->sample_checked(logits, a.tokens);
   if (!token.ok()) {

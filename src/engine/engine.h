@@ -294,6 +294,8 @@ private:
   std::mutex inbox_mutex_;
   std::deque<std::unique_ptr<Generation>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;
+  // advance()'s copy of a constrained choice's logits, kept so that no step allocates one.
+  std::vector<float> masked_logits_;
   bool cancel_all_ = false;
   std::atomic<size_t> waiting_{0}; // inbox_ + queue_
   mutable std::mutex published_mutex_;

@@ -527,13 +527,14 @@ bool GrammarMatcher::accept_token(int32_t token) {
 Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
   const CompiledGrammar &g = *grammar_;
   const size_t n = g.vocabulary->size();
+  if (!finished_)
+    for (const Cached &c : cache_)
+      if (c.state == state_) {
+        bits = c.bits; // the common case: a state seen before
+        return ok_status();
+      }
   bits.assign((n + 63) / 64, 0);
   if (finished_) return ok_status();
-  for (const Cached &c : cache_)
-    if (c.state == state_) {
-      bits = c.bits;
-      return ok_status();
-    }
   Expander ex(g, *arena_);
   Expansion e;
   std::vector<uint32_t> walk;

@@ -75,48 +75,38 @@ uint32_t times(uint32_t a, uint32_t n) {
   return a * n;
 }
 
-uint32_t min_len(const RegexNode &n) {
+// The fewest and the most code points `n` matches (kUnbounded: no limit).
+struct Lengths {
+  uint32_t min, max;
+};
+Lengths lengths(const RegexNode &n) {
   switch (n.kind) {
   case RegexNode::Kind::kEmpty:
-    return 0;
+    return {0, 0};
   case RegexNode::Kind::kSet:
-    return 1;
+    return {1, 1};
   case RegexNode::Kind::kConcat: {
-    uint32_t s = 0;
-    for (const RegexNode &i : n.items) s = add_lengths(s, min_len(i));
+    Lengths s{0, 0};
+    for (const RegexNode &i : n.items) {
+      const Lengths l = lengths(i);
+      s = {add_lengths(s.min, l.min), add_lengths(s.max, l.max)};
+    }
     return s;
   }
   case RegexNode::Kind::kAlt: {
-    uint32_t m = kUnbounded;
-    for (const RegexNode &i : n.items) m = std::min(m, min_len(i));
+    Lengths m{kUnbounded, 0};
+    for (const RegexNode &i : n.items) {
+      const Lengths l = lengths(i);
+      m = {std::min(m.min, l.min), std::max(m.max, l.max)};
+    }
     return m;
   }
-  case RegexNode::Kind::kRepeat:
-    return times(min_len(n.items[0]), n.min);
+  case RegexNode::Kind::kRepeat: {
+    const Lengths l = lengths(n.items[0]);
+    return {times(l.min, n.min), times(l.max, n.max)};
   }
-  return 0;
-}
-
-uint32_t max_len(const RegexNode &n) {
-  switch (n.kind) {
-  case RegexNode::Kind::kEmpty:
-    return 0;
-  case RegexNode::Kind::kSet:
-    return 1;
-  case RegexNode::Kind::kConcat: {
-    uint32_t s = 0;
-    for (const RegexNode &i : n.items) s = add_lengths(s, max_len(i));
-    return s;
   }
-  case RegexNode::Kind::kAlt: {
-    uint32_t m = 0;
-    for (const RegexNode &i : n.items) m = std::max(m, max_len(i));
-    return m;
-  }
-  case RegexNode::Kind::kRepeat:
-    return times(max_len(n.items[0]), n.max);
-  }
-  return 0;
+  return {0, 0};
 }
 
 void collect(const RegexNode &n, Ranges &out) {
@@ -609,14 +599,14 @@ private:
 
 uint32_t Pattern::min_length() const {
   uint32_t m = kUnbounded;
-  for (const Branch &b : branches) m = std::min(m, min_len(b.node));
+  for (const Branch &b : branches) m = std::min(m, lengths(b.node).min);
   return m;
 }
 
 uint32_t Pattern::max_length() const {
   uint32_t m = 0;
   for (const Branch &b : branches)
-    m = std::max(m, b.anchored_start && b.anchored_end ? max_len(b.node) : kUnbounded);
+    m = std::max(m, b.anchored_start && b.anchored_end ? lengths(b.node).max : kUnbounded);
   return m;
 }
 
