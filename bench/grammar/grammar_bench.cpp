@@ -12,9 +12,15 @@
 //      specials), followed by the vocabulary's end-of-generation token;
 //   3. a walk over those tokens: at each step fill_mask over the whole vocabulary is timed, the
 //      token is checked against the mask (it must be allowed), and accept_token is timed.
-// The walk runs --requests times (default 2): the first request pays the compilation and the
-// tables it visits, later ones reuse the compiled grammar as the server's cache does, each with a
-// fresh GrammarMatcher (whose per-state mask cache starts empty, as it does for every request).
+// The walk runs once "cold" and then --requests times (default 2) on a warmed vocabulary, each
+// with a fresh GrammarMatcher (whose per-state mask cache starts empty, as for every request):
+//   cold:   compiled against a vocabulary of its own, which holds no table yet (a process's very
+//           first constrained request, with no warm-up);
+//   first:  compiled against a vocabulary that warm_json_tables filled beforehand, as
+//           `offgraph serve` does at startup (timed: "warm_up_us"): a server's first request with
+//           this schema, paying the compilation and the tables no warm-up grammar shares;
+//   cached: the compiled grammar again, as the server's grammar cache reuses it.
+// Each schema gets vocabularies of its own, so that schemas do not warm each other.
 //
 // A vocabulary offgraph's tokenizer does not read (gemma-4's "gemma4" model, used as the 262K
 // stand-in: the real 202K Muse Glimmer vocabulary is not on this machine) is read from the GGUF
@@ -287,6 +293,8 @@ int main(int argc, char **argv) {
   Vocab vocab = load_vocab(args.vocab);
   auto gv = std::make_shared<const sample::GrammarVocabulary>(vocab.texts);
   const double vocab_us = us_since(t_vocab);
+  const size_t trie_nodes = gv->nodes().size();
+  gv.reset();
   std::map<std::string, std::vector<int32_t>> given_ids;
   if (!args.token_ids.empty()) given_ids = read_token_ids(args.token_ids);
   if (!vocab.tokenizer && given_ids.empty()) {
@@ -310,7 +318,25 @@ int main(int argc, char **argv) {
                           {"vocab", fs::path(args.vocab).filename().string()},
                           {"n_vocab", vocab.texts->bytes.size()},
                           {"vocab_setup_us", vocab_us},
+                          {"trie_nodes", trie_nodes},
                           {"instance_bytes", instance.size()}};
+
+    // Vocabularies of this schema's own: one left cold, one warmed as `offgraph serve` warms its
+    // own at startup (server/structured.h; completions and models without a chat format write
+    // plain JSON, which is what these grammars are).
+    auto cold_gv = std::make_shared<const sample::GrammarVocabulary>(vocab.texts);
+    auto warm_gv = std::make_shared<const sample::GrammarVocabulary>(vocab.texts);
+    malloc_trim(0);
+    const auto t_warm = Clock::now();
+    const Status warmed = sample::warm_json_tables(warm_gv, {});
+    out["warm_up_us"] = us_since(t_warm);
+    out["warm_up_tables"] = warm_gv->shared_tables();
+    if (!warmed.ok()) {
+      out["error"] = "warm_json_tables: " + warmed.message();
+      std::cout << out.dump() << std::endl;
+      ++failures;
+      continue;
+    }
 
     // Schema -> Grammar, then compilation (the compiled grammar is what the server caches). The
     // previous schema's frees are consolidated first, untimed (glibc does it on the next large
@@ -330,10 +356,11 @@ int main(int argc, char **argv) {
     // Kept for the check at the end (grammar_accepts): run here, its allocations would land in
     // the compilation's time (glibc consolidates the freed chunks on the next large allocation).
     const sample::Grammar reference = grammar.value();
+    auto cold = sample::compile_grammar(grammar.value(), cold_gv, vocab.end_tokens);
     const auto t_compile = Clock::now();
-    auto compiled = sample::compile_grammar(std::move(grammar.value()), gv, vocab.end_tokens);
+    auto compiled = sample::compile_grammar(std::move(grammar.value()), warm_gv, vocab.end_tokens);
     const double compile_wall_us = us_since(t_compile);
-    if (!compiled.ok()) {
+    if (!compiled.ok() || !cold.ok()) {
       out["error"] = "compile_grammar: " + compiled.status().message();
       std::cout << out.dump() << std::endl;
       ++failures;
@@ -370,9 +397,10 @@ int main(int argc, char **argv) {
 
     nlohmann::json requests = nlohmann::json::array();
     std::vector<uint64_t> bits;
-    for (int r = 0; r < args.requests; ++r) {
+    for (int r = 0; r <= args.requests; ++r) {
       if (r > 0) malloc_trim(0); // likewise between requests
-      sample::GrammarMatcher m(compiled.value());
+      const auto &grammar_here = r == 0 ? cold.value() : compiled.value();
+      sample::GrammarMatcher m(grammar_here);
       std::vector<double> mask_us, accept_us;
       std::vector<size_t> allowed;
       std::string error;
@@ -402,8 +430,14 @@ int main(int argc, char **argv) {
       }
       if (error.empty() && !m.finished()) error = "the end token did not finish the grammar";
       // Position tables computed so far (lazily, by this and earlier requests' masks).
-      const sample::GrammarCompileStats after = sample::compile_stats(*compiled.value());
+      const sample::GrammarCompileStats after = sample::compile_stats(*grammar_here);
       nlohmann::json req = {{"request", r + 1},
+                            {"kind", r == 0   ? "cold"
+                                     : r == 1 ? "first"
+                                              : "cached"},
+                            {"tables_shared", after.shared_tables},
+                            {"tables_refined", after.refined_tables},
+                            {"trie_nodes_walked", after.trie_nodes_walked},
                             {"mask_us", to_json(summarize(mask_us))},
                             {"accept_us", to_json(summarize(accept_us))},
                             {"steps", mask_us.size()},
@@ -429,7 +463,10 @@ int main(int argc, char **argv) {
     // masks; this is the context-free worst case the header describes). After the walks, so that
     // its allocations stay out of their times.
     if (args.precompute) {
-      auto eager = sample::compile_grammar(reference, gv, vocab.end_tokens);
+      // A vocabulary of its own: no table made before.
+      auto eager = sample::compile_grammar(
+          reference, std::make_shared<const sample::GrammarVocabulary>(vocab.texts),
+          vocab.end_tokens);
       if (eager.ok()) {
         const auto t_all = Clock::now();
         sample::precompute_all(*eager.value());

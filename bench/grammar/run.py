@@ -15,10 +15,12 @@ bench/grammar/schemas/ (NAME.schema.json, NAME.instance.json: a valid instance, 
 in schema order), the instance is tokenized by the vocabulary's own tokenizer and walked token by
 token; each step times the full mask over the vocabulary (offgraph: GrammarMatcher::fill_mask;
 llama.cpp: llama_sampler_apply of its grammar sampler on every token id) and the accept
-(accept_token; llama_sampler_accept). Two requests per schema: the first pays the compilation
-(offgraph: json_schema_grammar + compile_grammar; llama.cpp: json_schema_to_grammar +
-llama_sampler_init_grammar), the second reuses offgraph's compiled grammar as the server's cache
-does (llama-server keeps none: it parses again). The two sides run one after the other, never at
+(accept_token; llama_sampler_accept). offgraph walks three requests per schema: cold (a vocabulary
+that holds no table: no warm-up), first (a vocabulary warmed as `offgraph serve` warms its own at
+startup), both paying the compilation (json_schema_grammar + compile_grammar), and cached (the
+compiled grammar again, as the server's cache keeps it). llama.cpp walks two: the first pays
+json_schema_to_grammar + llama_sampler_init_grammar, the second does it again (llama-server keeps
+no compiled grammar); both of offgraph's first requests are set against its first. The two sides run one after the other, never at
 once.
 
 Vocabularies: llama-bpe (128,256 tokens, the pinned tree's models/ggml-vocab-llama-bpe.gguf, which
@@ -347,13 +349,22 @@ def request_of(row, k):
     return reqs[k] if len(reqs) > k else None
 
 
+# (offgraph request index, llama.cpp request index, title): grammar_bench walks cold, then first
+# on a warmed vocabulary, then cached; llama_grammar_bench has a first and a second request.
+REQUEST_KINDS = [
+    (0, 0, "cold first request (no warm-up: a vocabulary that holds no table yet; offgraph compiles the grammar)"),
+    (1, 0, "first request on a warmed server (compiles the grammar; the tables of rules the startup warm-up "
+           "shares are reused, exactly or sorted again)"),
+    (2, 1, "cached (offgraph reuses the compiled grammar; llama.cpp parses again)"),
+]
+
+
 def mask_tables(res):
     lines = []
     ours, theirs = by_schema(res["offgraph"]), by_schema(res["llama"])
     names = sorted(set(ours) | set(theirs))
     problems = []
-    for k, title in [(0, "first request (compiles the grammar)"),
-                     (1, "second request (offgraph reuses the compiled grammar; llama.cpp parses again)")]:
+    for k, kl, title in REQUEST_KINDS:
         if not any(request_of(r, k) for r in res["offgraph"]):
             continue
         lines += [f"**{res['label']} ({res['vocab']}), {title}.** Mask µs per token over the whole vocabulary "
@@ -365,11 +376,11 @@ def mask_tables(res):
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for n in names:
             o, t = ours.get(n, {}), theirs.get(n, {})
-            ro, rt = request_of(o, k), request_of(t, k)
+            ro, rt = request_of(o, k), request_of(t, kl)
             if ro is None or rt is None:
                 lines.append(f"| {n} | - | {o.get('error', '')} | {t.get('error', '')} | | | | | | |")
                 continue
-            o_setup = (o["schema_to_grammar_us"] + o["compile_us"]) if k == 0 else 0.0
+            o_setup = (o["schema_to_grammar_us"] + o["compile_us"]) if k < 2 else 0.0
             t_setup = rt["schema_to_grammar_us"] + rt["init_us"]
             mo, mt = ro["mask_us"], rt["mask_us"]
             ratio_mean = mt["mean"] / mo["mean"] if mo.get("mean") else None
@@ -378,7 +389,7 @@ def mask_tables(res):
                 if rr.get("error"):
                     problems.append(f"{res['vocab']} {n} request {k + 1}, {side}: {rr['error']}")
             lines.append(
-                f"| {n} | {o.get('tokens', '-')} | {fms(o_setup) if k == 0 else '0 (cached)'} | {fms(t_setup)} | "
+                f"| {n} | {o.get('tokens', '-')} | {fms(o_setup) if k < 2 else '0 (cached)'} | {fms(t_setup)} | "
                 f"{fus(mo['mean'])} / {fus(mo['median'])} / {fus(mo['p99'])} / {fus(mo['max'])} | "
                 f"{fus(mt['mean'])} / {fus(mt['median'])} / {fus(mt['p99'])} / {fus(mt['max'])} | "
                 f"{'-' if ratio_mean is None else f'{ratio_mean:,.1f}x'} | "
@@ -404,10 +415,11 @@ def write_report(results, path):
     L += ["## Summary", ""]
     for res in masks:
         ours, theirs = by_schema(res["offgraph"]), by_schema(res["llama"])
-        for k, what in ((0, "first request"), (1, "second request (compiled grammar cached)")):
+        for k, kl, what in ((0, 0, "cold first request (no warm-up)"), (1, 0, "first request on a warmed server"),
+                            (2, 1, "compiled grammar cached")):
             cells = []
             for n in sorted(ours):
-                ro, rt = request_of(ours[n], k), request_of(theirs.get(n, {}), k)
+                ro, rt = request_of(ours[n], k), request_of(theirs.get(n, {}), kl)
                 if ro and rt and ro["mask_us"].get("mean"):
                     cells.append(f"{n} {fus(ro['mask_us']['mean'])} µs vs {fus(rt['mask_us']['mean'])} µs "
                                  f"({rt['mask_us']['mean'] / ro['mask_us']['mean']:,.0f}x)")
@@ -496,7 +508,7 @@ def write_report(results, path):
     L.append("")
 
     # Where offgraph's mask time goes, from the per-step times.
-    L += ["### Where offgraph's mask time goes (per-step times, first request)", "",
+    L += ["### Where offgraph's mask time goes (per-step times, cold first request)", "",
           "Steps by their mask time; a step of ≤ 5 µs is a hit in the matcher's per-state mask cache (a copy of "
           "the bitset). Share = part of the schema's total mask time.", "",
           "| vocab | schema | ≤ 5 µs | 5-50 µs | 50 µs-1 ms | 1-100 ms | > 100 ms | slowest 3 steps (time @ step, before token id) |",
@@ -514,25 +526,31 @@ def write_report(results, path):
                                  for i in sorted(slow))
             L.append(f"| {res['vocab']} | {row['schema']} | " + " | ".join(cells) + f" | {slow_txt} |")
     L.append("")
-    L += ["offgraph compilation: `compile_grammar` lays the grammar out; each terminal position's table (the "
+    L += ["offgraph compilation: `compile_grammar` lays the grammar out; each stack context's table (the "
           "vocabulary trie walked from it: tokens accepted / rejected whatever the stack below, and uncertain ones "
-          "that a mask-cache miss walks byte by byte on the real stack) is computed the first time a stack stands "
-          "there, inside that mask. Request 1's masks therefore include the tables it visits (the table ms "
-          "column); request 2 finds them computed. All tables = `precompute_all` on a second compilation: what "
-          "computing every table eagerly would cost.", "",
-          "| vocab | schema | grammar rules | schema→grammar ms | compile_grammar ms | tables visited by request 1 "
-          "| their table ms | uncertain tokens in them | all tables ms | uncertain tokens, all tables "
-          "| llama.cpp GBNF bytes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "that a mask-cache miss walks byte by byte on the real stack) is made the first time a stack stands "
+          "there, inside that mask. Tables are shared through the vocabulary by every grammar whose code the "
+          "context reaches is the same (sample/README.md): taken as they are, or, made for a wider FOLLOW set, "
+          "sorted again from their uncertain tokens only. The cold request's masks include every table it visits; "
+          "the first request on a warmed vocabulary (after `warm_json_tables`, what `offgraph serve` runs at "
+          "startup: warm-up ms) walks the trie only for the contexts no warm-up grammar shares; the cached "
+          "request finds them all made. All tables = `precompute_all` on a fresh compilation and vocabulary: "
+          "one-frame tables for every position, the context-free worst case.", "",
+          "| vocab | schema | grammar rules | schema→grammar ms | compile_grammar ms | tables visited "
+          "| table ms cold / first | shared / sorted again (first) | trie nodes walked cold / first "
+          "| warm-up ms | all tables ms | llama.cpp GBNF bytes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in masks:
         theirs = by_schema(res["llama"])
         for row in sorted(res["offgraph"], key=lambda r: r["schema"]):
             if "compile_us" not in row:
                 continue
-            r1 = request_of(row, 0) or {}
+            r1, r2 = request_of(row, 0) or {}, request_of(row, 1) or {}
             L.append(f"| {res['vocab']} | {row['schema']} | {row['grammar_rules']} | {fms(row['schema_to_grammar_us'])} | "
-                     f"{fms(row['compile_us'])} | {r1.get('tables_computed', '-')} of {row['terminal_positions']} | "
-                     f"{fms(r1.get('table_us_so_far'))} | {r1.get('uncertain_sum_so_far', 0):,} | "
-                     f"{fms(row.get('all_tables_us'))} | {row.get('all_tables_uncertain_sum', 0):,} | "
+                     f"{fms(row['compile_us'])} | {r1.get('tables_computed', '-')} | "
+                     f"{fms(r1.get('table_us_so_far'))} / {fms(r2.get('table_us_so_far'))} | "
+                     f"{r2.get('tables_shared', '-')} / {r2.get('tables_refined', '-')} | "
+                     f"{r1.get('trie_nodes_walked', 0):,} / {r2.get('trie_nodes_walked', 0):,} | "
+                     f"{fms(row.get('warm_up_us'))} | {fms(row.get('all_tables_us'))} | "
                      f"{theirs.get(row['schema'], {}).get('gbnf_bytes', '-')} |")
     L.append("")
     if problems:

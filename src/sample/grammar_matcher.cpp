@@ -1,195 +1,16 @@
-#include "sample/grammar_matcher.h"
+// The grammar laid out as code, the vocabulary trie, and the matcher's walk of one request.
+#include "sample/grammar_matcher_internal.h"
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <deque>
 #include <limits>
-#include <mutex>
-#include <unordered_set>
 
 namespace offgraph::sample {
 
-namespace {
-
-constexpr uint32_t kRoot = 0xFFFFFFFFu;     // parent of the sentence's own frame
-constexpr uint32_t kSentinel = 0xFFFFFFFEu; // parent standing for "unknown", in compilation
-constexpr uint32_t kComplete = 0xFFFFFFFFu; // a state entry: the sentence is complete here
-
-enum class Op : uint8_t { kBytes, kSpecial, kRule, kEnd };
-struct Code {
-  Op op;
-  uint32_t value;
-};
-
-struct StackNode {
-  uint32_t pos, parent;
-};
-
-uint64_t node_key(uint32_t pos, uint32_t parent) { return (uint64_t(pos) << 32) | parent; }
-
-// Hash-consed stack nodes: one id per (position, parent), so equal stacks have equal ids.
-// Nodes made while trying something out are dropped again with mark/rollback.
-struct StackArena {
-  std::vector<StackNode> nodes;
-  std::unordered_map<uint64_t, uint32_t> index;
-
-  uint32_t intern(uint32_t pos, uint32_t parent) {
-    auto [it, fresh] = index.try_emplace(node_key(pos, parent), uint32_t(nodes.size()));
-    if (fresh) nodes.push_back({pos, parent});
-    return it->second;
-  }
-  size_t mark() const { return nodes.size(); }
-  void rollback(size_t mark) {
-    for (size_t i = mark; i < nodes.size(); ++i)
-      index.erase(node_key(nodes[i].pos, nodes[i].parent));
-    nodes.resize(mark);
-  }
-};
-
-} // namespace
+using namespace matcher_detail;
 
 struct GrammarMatcher::Arena : StackArena {};
 
-class CompiledGrammar {
-public:
-  struct Table {
-    std::vector<int32_t> accepted_ids;   // when few
-    std::vector<uint64_t> accepted_bits; // when many: a bitset over token ids
-    std::vector<int32_t> uncertain;
-  };
-
-  Grammar grammar;
-  std::vector<Code> code;
-  std::vector<std::vector<uint32_t>> alternatives; // per rule: where each alternative starts
-  std::vector<uint32_t> rule_of;                   // per position
-  std::vector<ByteSet> follow;                     // per rule: bytes that may come after it
-  std::shared_ptr<const GrammarVocabulary> vocabulary;
-  std::vector<int32_t> end_tokens;
-  size_t terminal_positions = 0;
-  double seconds = 0;
-
-  // The table of a stack's top frames: its top position and the return positions of up to
-  // kContextFrames - 1 frames below, with `rooted` when those are all the frames there are (then
-  // nothing is unknown below, and no token is uncertain). Knowing where a rule returns to is what
-  // keeps the uncertain sets small: a token that ends whitespace and goes on into the next
-  // value is decided by the value that follows here, not by everything that may follow
-  // whitespace anywhere. Computed the first time a stack has these top frames (a grammar has far
-  // more contexts than an answer visits, and each costs a walk of the vocabulary), shared by every
-  // request with this grammar and every thread: computed once under the lock, then read.
-  static constexpr size_t kContextFrames = 3;
-  const Table &table(std::span<const uint32_t> frames, bool rooted) const;
-  GrammarCompileStats stats() const;
-
-private:
-  mutable std::mutex mutex_;
-  mutable std::unordered_map<std::string, std::unique_ptr<Table>> tables_;
-  mutable GrammarCompileStats computed_;
-};
-
 namespace {
-
-// Where a step's stacks end up: the tops (terminal positions), and whether some path finished
-// the sentence or, in compilation, ran into the unknown below.
-struct Expansion {
-  std::vector<uint32_t> tops;
-  bool complete = false;
-  bool sentinel = false;
-  bool overflow = false; // more than kMaxStacks stacks
-};
-
-class Expander {
-public:
-  Expander(const CompiledGrammar &g, StackArena &arena) : g_(g), arena_(arena) {}
-
-  // The stacks of `state` after reading `symbol` (a byte, or 256 + a special token's id).
-  void step(std::span<const uint32_t> state, uint32_t symbol, Expansion &out) {
-    begin(out);
-    for (uint32_t t : state) {
-      if (t == kComplete) continue;
-      const StackNode n = arena_.nodes[t];
-      const Code c = g_.code[n.pos];
-      const bool match = c.op == Op::kBytes
-                             ? symbol < 256 && g_.grammar.byte_sets[c.value].test(uint8_t(symbol))
-                             : symbol >= 256 && symbol - 256 == c.value;
-      if (match) push(n.pos + 1, n.parent);
-    }
-    run(out);
-  }
-  // The stacks that start at `pos` above `parent`.
-  void start(uint32_t pos, uint32_t parent, Expansion &out) {
-    begin(out);
-    push(pos, parent);
-    run(out);
-  }
-
-private:
-  void begin(Expansion &out) {
-    work_.clear();
-    seen_.clear();
-    if (!seen_set_.empty()) seen_set_.clear();
-    out.tops.clear();
-    out.complete = out.sentinel = out.overflow = false;
-  }
-  // Expansions are small (a handful of frames): a linear scan beats hashing until they are not.
-  void push(uint32_t pos, uint32_t parent) {
-    const uint64_t key = node_key(pos, parent);
-    if (seen_set_.empty()) {
-      if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) return;
-      seen_.push_back(key);
-      if (seen_.size() > 32) seen_set_.insert(seen_.begin(), seen_.end());
-    } else if (!seen_set_.insert(key).second) {
-      return;
-    }
-    work_.push_back({pos, parent});
-  }
-  void run(Expansion &out) {
-    while (!work_.empty()) {
-      const auto [pos, parent] = work_.back();
-      work_.pop_back();
-      const Code c = g_.code[pos];
-      switch (c.op) {
-      case Op::kEnd:
-        if (parent == kRoot)
-          out.complete = true;
-        else if (parent == kSentinel)
-          out.sentinel = true;
-        else
-          push(arena_.nodes[parent].pos, arena_.nodes[parent].parent);
-        break;
-      case Op::kBytes:
-      case Op::kSpecial:
-        out.tops.push_back(arena_.intern(pos, parent));
-        break;
-      case Op::kRule: {
-        // A reference in last place returns straight to the caller's caller: right recursion
-        // keeps the stack flat.
-        const uint32_t ret =
-            g_.code[pos + 1].op == Op::kEnd ? parent : arena_.intern(pos + 1, parent);
-        for (uint32_t s : g_.alternatives[c.value]) push(s, ret);
-        break;
-      }
-      }
-      if (out.tops.size() > GrammarMatcher::kMaxStacks) {
-        out.overflow = true;
-        work_.clear();
-      }
-    }
-    std::sort(out.tops.begin(), out.tops.end());
-    out.tops.erase(std::unique(out.tops.begin(), out.tops.end()), out.tops.end());
-  }
-
-  const CompiledGrammar &g_;
-  StackArena &arena_;
-  std::vector<std::pair<uint32_t, uint32_t>> work_;
-  std::vector<uint64_t> seen_;
-  std::unordered_set<uint64_t> seen_set_;
-};
-
-void set_bit(std::vector<uint64_t> &bits, size_t i) { bits[i >> 6] |= uint64_t(1) << (i & 63); }
-bool test_bit(const std::vector<uint64_t> &bits, size_t i) {
-  return (bits[i >> 6] >> (i & 63)) & 1;
-}
 
 void lay_out(CompiledGrammar &g) {
   const Grammar &gr = g.grammar;
@@ -264,86 +85,10 @@ void compute_follow(CompiledGrammar &g) {
   }
 }
 
-// Sorts every token for a stack whose top frames are `frames` (top first), walking the trie with
-// the unknown below them, or nothing below when `rooted`.
-void compile_context(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted,
-                     StackArena &arena, CompiledGrammar::Table &table) {
-  const GrammarVocabulary &v = *g.vocabulary;
-  const auto &nodes = v.nodes();
-  const auto &ids = v.token_ids();
-  // Leaving the deepest known frame's rule: what may be read next is what may follow that rule.
-  ByteSet none;
-  const ByteSet &follow = rooted ? none : g.follow[g.rule_of[frames.back()]];
-  Expander ex(g, arena);
-  struct Level {
-    std::vector<uint32_t> tops;
-    bool escape = false;   // a path left the rule before this depth and may go on below it
-    bool sentinel = false; // a path left the rule exactly here
-    size_t mark = 0;
-  };
-  std::vector<Level> levels(1);
-  const size_t base = arena.mark();
-  uint32_t below = rooted ? kRoot : kSentinel;
-  for (size_t f = frames.size(); f-- > 1;) below = arena.intern(frames[f], below);
-  levels[0].tops = {arena.intern(frames[0], below)};
-  levels[0].mark = arena.mark();
-  std::vector<int32_t> accepted;
-  auto tokens_below = [&](uint32_t i) { // tokens of node i's subtree, itself excluded
-    const uint32_t from = nodes[i].last;
-    const uint32_t to =
-        nodes[i].skip < nodes.size() ? nodes[nodes[i].skip].first : uint32_t(ids.size());
-    for (uint32_t k = from; k < to; ++k) table.uncertain.push_back(ids[k]);
-  };
-  auto tokens_of_subtree = [&](uint32_t i) {
-    for (uint32_t k = nodes[i].first; k < nodes[i].last; ++k) table.uncertain.push_back(ids[k]);
-    tokens_below(i);
-  };
-  Expansion e;
-  for (uint32_t i = 1; i < nodes.size();) {
-    const auto &node = nodes[i];
-    const size_t d = node.depth;
-    const Level &up = levels[d - 1];
-    arena.rollback(up.mark);
-    ex.step(up.tops, node.byte, e);
-    const bool escape = up.escape || (up.sentinel && follow.test(node.byte));
-    const bool here = !e.tops.empty() || e.sentinel || e.complete;
-    for (uint32_t k = node.first; k < node.last; ++k) {
-      if (here)
-        accepted.push_back(ids[k]);
-      else if (escape)
-        table.uncertain.push_back(ids[k]);
-    }
-    if (e.tops.empty()) {
-      if (escape) {
-        tokens_below(i);
-      } else if (e.sentinel) {
-        for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
-          if (follow.test(nodes[c].byte)) tokens_of_subtree(c);
-      }
-      i = node.skip;
-      continue;
-    }
-    if (levels.size() <= d) levels.resize(d + 1);
-    levels[d].tops = e.tops;
-    levels[d].escape = escape;
-    levels[d].sentinel = e.sentinel;
-    levels[d].mark = arena.mark();
-    ++i;
-  }
-  arena.rollback(base);
-  const size_t n = v.size();
-  if (accepted.size() * 32 > n) {
-    table.accepted_bits.assign((n + 63) / 64, 0);
-    for (int32_t t : accepted) set_bit(table.accepted_bits, size_t(t));
-  } else {
-    table.accepted_ids = std::move(accepted);
-  }
-}
-
 } // namespace
 
 GrammarVocabulary::GrammarVocabulary(std::shared_ptr<const TokenTexts> texts)
-    : texts_(std::move(texts)) {
+    : texts_(std::move(texts)), tables_(std::make_shared<GrammarTableCache>()) {
   const auto &bytes = texts_->bytes;
   std::vector<int32_t> order;
   for (size_t t = 0; t < bytes.size(); ++t)
@@ -405,26 +150,6 @@ compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabu
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }
 
-const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> frames,
-                                                     bool rooted) const {
-  std::string key(reinterpret_cast<const char *>(frames.data()), frames.size() * sizeof(uint32_t));
-  key += rooted ? 'r' : 'u';
-  std::lock_guard lock(mutex_);
-  auto [it, fresh] = tables_.try_emplace(std::move(key));
-  if (!fresh) return *it->second;
-  const auto t0 = std::chrono::steady_clock::now();
-  it->second = std::make_unique<Table>();
-  Table &t = *it->second;
-  StackArena arena;
-  compile_context(*this, frames, rooted, arena, t);
-  ++computed_.computed_tables;
-  computed_.accepted += t.accepted_bits.empty() ? t.accepted_ids.size() : 0;
-  computed_.uncertain += t.uncertain.size();
-  computed_.table_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return t;
-}
-
 GrammarCompileStats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   GrammarCompileStats s = computed_;
@@ -435,15 +160,21 @@ GrammarCompileStats CompiledGrammar::stats() const {
 
 GrammarCompileStats compile_stats(const CompiledGrammar &grammar) { return grammar.stats(); }
 
-void precompute_all(const CompiledGrammar &grammar) {
-  for (uint32_t p = 0; p < grammar.code.size(); ++p)
-    if (grammar.code[p].op == Op::kBytes) {
-      const uint32_t frame[1] = {p};
-      (void)grammar.table(frame, false);
-    }
-}
 size_t grammar_vocabulary_size(const CompiledGrammar &grammar) {
   return grammar.vocabulary->size();
+}
+
+Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols) {
+  GrammarMatcher m(std::move(grammar));
+  std::vector<uint64_t> bits;
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    if (Status s = m.fill_mask(bits); !s.ok()) return s;
+    const int32_t sym = symbols[i];
+    const char byte = char(uint8_t(sym));
+    const bool ok = sym < 256 ? m.accept_bytes({&byte, 1}) : m.accept_token(sym - 256);
+    if (!ok) return Status::error("warm-up: the grammar refuses symbol " + std::to_string(i));
+  }
+  return m.fill_mask(bits);
 }
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)

@@ -28,9 +28,12 @@
 
 namespace offgraph::sample {
 
+struct GrammarTableCache;
+
 // The ordinary tokens of a vocabulary as a byte trie, built once per model and shared by every
 // compiled grammar. Special tokens (TokenTexts::special) stay out of it: they match only a
 // grammar's special elements. Tokens that write no bytes are never allowed under a grammar.
+// It also holds the mask tables that grammars share (thread-safe; see grammar_matcher.cpp).
 class GrammarVocabulary {
 public:
   explicit GrammarVocabulary(std::shared_ptr<const TokenTexts> texts);
@@ -49,8 +52,14 @@ public:
   const std::vector<Node> &nodes() const { return nodes_; }
   const std::vector<int32_t> &token_ids() const { return token_ids_; }
 
+  GrammarTableCache &table_cache() const { return *tables_; }
+  // The shared tables held now, and their size.
+  size_t shared_tables() const;
+  size_t shared_table_bytes() const;
+
 private:
   std::shared_ptr<const TokenTexts> texts_;
+  std::shared_ptr<GrammarTableCache> tables_;
   std::vector<Node> nodes_;
   std::vector<int32_t> token_ids_;
 };
@@ -68,15 +77,28 @@ compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabu
 // tables so far, against `terminal_positions` positions in the grammar.
 struct GrammarCompileStats {
   size_t terminal_positions = 0, computed_tables = 0; // tables: one per stack context reached
+  // Of those, the ones another grammar had made (shared through the vocabulary), and the ones
+  // sorted again from another grammar's table for a wider FOLLOW set: neither walked the trie.
+  size_t shared_tables = 0, refined_tables = 0;
+  size_t trie_nodes_walked = 0;       // by the tables this grammar walked the trie for: their cost
   size_t accepted = 0, uncertain = 0; // summed over computed positions (accepted: when listed)
   double seconds = 0;                 // compile_grammar itself
   double table_seconds = 0;           // computing position tables, so far
 };
 GrammarCompileStats compile_stats(const CompiledGrammar &grammar);
-// Computes a table for every position with nothing known below it (benchmarks of the worst case;
-// a server computes tables for the contexts answers reach, as they reach them).
+// Computes a table for every position with nothing known below it: the worst case, for
+// benchmarks, and a server's warm-up, since those tables are shared through the vocabulary with
+// every grammar that has the same rules (a server otherwise computes tables for the contexts
+// answers reach, as they reach them).
 void precompute_all(const CompiledGrammar &grammar);
 size_t grammar_vocabulary_size(const CompiledGrammar &grammar);
+
+// Computes the masks, and so the tables, that a walk of `symbols` (0-255 a byte, 256 + id a
+// special token) reaches, stopping after every byte so that any tokenization of the text finds
+// its tables made. A warm-up on representative answers, off the engine thread: the tables are
+// shared through the vocabulary with every grammar that has the same rules. Fails, naming the
+// position, if the grammar refuses the text.
+Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols);
 
 // The per-request state. Not thread-safe; the CompiledGrammar it reads is shared and immutable.
 class GrammarMatcher {

@@ -528,10 +528,10 @@ Result<Grammar> json_schema_grammar(const Json &schema, JsonSchemaOptions option
   return std::move(builder).finish(root);
 }
 
-Result<Grammar> json_object_grammar() {
+Result<Grammar> json_object_grammar(JsonSchemaOptions options) {
   GrammarBuilder builder;
   const Json none = Json::object();
-  JsonSchemaCompiler compiler(builder, none);
+  JsonSchemaCompiler compiler(builder, none, options);
   const Element object = compiler.any_object();
   const uint32_t root = builder.declare("root");
   builder.define(root, {{object}});

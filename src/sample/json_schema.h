@@ -84,6 +84,14 @@ private:
 Result<Grammar> json_schema_grammar(const nlohmann::ordered_json &schema,
                                     JsonSchemaOptions options = {});
 // Any JSON object (response_format json_object), likewise without surrounding whitespace.
-Result<Grammar> json_object_grammar();
+Result<Grammar> json_object_grammar(JsonSchemaOptions options = {});
+
+class GrammarVocabulary;
+// Computes, on sample answers, the mask tables that most JSON answers in grammars built with
+// `options` reach (strings, numbers, whitespace in objects and arrays; grammar_matcher.h's
+// warm_up), so that a server pays their full-vocabulary walks at startup rather than inside a
+// request. An error is a bug in the samples.
+Status warm_json_tables(const std::shared_ptr<const GrammarVocabulary> &vocabulary,
+                        JsonSchemaOptions options);
 
 } // namespace offgraph::sample

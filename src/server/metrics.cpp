@@ -111,6 +111,12 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_cached_conversation_bytes", "gauge",
         "KV bytes held by cached conversations and their snapshots", double(in.cached_bytes));
 
+  w.one("offgraph_grammar_tables", "gauge",
+        "grammar mask tables shared by constrained requests (the startup warm-up's included)",
+        double(in.grammar_tables));
+  w.one("offgraph_grammar_table_bytes", "gauge", "bytes of those tables",
+        double(in.grammar_table_bytes));
+
   w.family("offgraph_kv_bytes", "gauge", "KV bytes held, by cache kind (snapshots apart)");
   w.sample("offgraph_kv_bytes", double(in.kv.flat), "kind=\"flat\"");
   w.sample("offgraph_kv_bytes", double(in.kv.ring), "kind=\"ring\"");

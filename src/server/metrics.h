@@ -32,6 +32,7 @@ struct MetricsInput {
   engine::EngineStats engine;
   size_t active = 0, queued = 0, cached = 0, tree_nodes = 0, snapshots = 0;
   int64_t cached_bytes = 0, kv_budget = 0;
+  size_t grammar_tables = 0, grammar_table_bytes = 0; // mask tables shared through the vocabulary
   KvMetrics kv;
 };
 std::string render_metrics(const MetricsInput &in, const HttpCounters &http);

@@ -490,6 +490,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.vocabulary =
       std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*tokenizer_));
   facts_.grammars = std::make_shared<GrammarCache>();
+  warm_thread_ = start_grammar_warm_up(facts_);
   published_kv_ = kv_metrics(engine_->store());
   ready_ = true;
   wake_.notify_all();
@@ -547,6 +548,7 @@ void Server::stop() {
   engine_done_ = true;
   wake_engine();
   if (engine_thread_.joinable()) engine_thread_.join();
+  if (warm_thread_.joinable()) warm_thread_.join();
 }
 
 void Server::wait() {
@@ -566,6 +568,8 @@ std::string Server::metrics_text() {
     in.tree_nodes = load.tree_nodes;
     in.snapshots = load.snapshots;
     in.kv_budget = engine_->options().kv_budget;
+    in.grammar_tables = facts_.vocabulary->shared_tables();
+    in.grammar_table_bytes = facts_.vocabulary->shared_table_bytes();
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;
   }

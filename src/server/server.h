@@ -71,6 +71,7 @@ private:
   ModelFacts facts_;
   std::unique_ptr<httplib::Server> http_;
   std::thread http_thread_, engine_thread_;
+  std::thread warm_thread_; // grammar mask tables made at attach (structured.h)
   int port_ = 0;
   std::atomic<bool> ready_{false};
 

@@ -1,8 +1,11 @@
 #include "server/structured.h"
 
 #include "sample/gbnf.h"
+#include "sample/json_schema.h"
 #include "server/api.h"
 #include "text/atem/atem_grammar.h"
+
+#include <cstdio>
 
 namespace offgraph::server {
 
@@ -141,6 +144,29 @@ std::optional<ApiError> read_tools(const OutputShape &shape, text::AtemTurnSpec 
 }
 
 } // namespace
+
+std::thread start_grammar_warm_up(const ModelFacts &facts) {
+  std::optional<text::AtemWarmUp> turn;
+  Status failed;
+  if (facts.atem) {
+    auto t = text::atem_warm_up_turn(*facts.tokenizer);
+    if (t.ok())
+      turn = std::move(t).value();
+    else
+      failed = t.status();
+  }
+  return std::thread([vocabulary = facts.vocabulary, turn = std::move(turn), failed] {
+    Status s = failed;
+    // Completions (and models without a chat format) write plain JSON; ATEM chat escapes '<'.
+    if (s.ok()) s = sample::warm_json_tables(vocabulary, {});
+    if (s.ok() && turn) s = sample::warm_json_tables(vocabulary, {.escape_lt = true});
+    if (s.ok() && turn) {
+      auto compiled = sample::compile_grammar(turn->grammar, vocabulary, {});
+      s = compiled.ok() ? sample::warm_up(*compiled, turn->symbols) : compiled.status();
+    }
+    if (!s.ok()) std::fprintf(stderr, "offgraph: grammar warm-up: %s\n", s.message().c_str());
+  });
+}
 
 std::optional<ApiError> parse_structured(const json &body, bool chat, const ModelFacts &facts,
                                          const OutputShape &shape, Job &job) {

@@ -10,6 +10,7 @@
 #include <list>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 namespace offgraph::server {
@@ -41,6 +42,13 @@ struct OutputShape {
   std::string tool_choice = "auto";
   std::string named;
 };
+
+// Makes, on a thread of its own, the mask tables most constrained answers reach (JSON strings,
+// numbers and whitespace; on ATEM models also the free text of reasoning and the escaped JSON of
+// answers), so that the first such request does not pay their full-vocabulary walks on the
+// engine's thread. What needs the tokenizer is done before it returns; the thread then reads only
+// the vocabulary. A failure (a bug in the samples) is written to stderr.
+std::thread start_grammar_warm_up(const ModelFacts &facts);
 
 // Sets job.request.grammar when the body asks for a constrained answer. Errors: 400 naming the
 // field, with code invalid_json_schema for a schema that cannot be enforced and invalid_grammar

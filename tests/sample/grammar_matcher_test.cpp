@@ -39,21 +39,26 @@ std::shared_ptr<const TokenTexts> random_vocabulary(std::mt19937 &rng, size_t n)
 int32_t end_token(const TokenTexts &t) { return int32_t(t.bytes.size() - 2); }
 int32_t sep_token(const TokenTexts &t) { return int32_t(t.bytes.size() - 1); }
 
+// string ::= '"' ([a-z ] | "\\n"){0,6} '"'
+Element string_rule(GrammarBuilder &b) {
+  ByteSet chars;
+  chars.set_range('a', 'z');
+  chars.set(' ');
+  const Element str_char = b.choice("char", {{b.bytes(chars)}, b.literal("\\n")});
+  return b.rule("string", {{b.byte('"'), *b.repeat("chars", {str_char}, 0, 6), b.byte('"')}});
+}
+
 // value ::= object | array | string | number | "true" | "false" | "null", with recursion.
 Grammar json_like(int32_t sep) {
   GrammarBuilder b;
   const uint32_t value = b.declare("value");
-  ByteSet digit, chars;
+  ByteSet digit;
   digit.set_range('0', '9');
-  chars.set_range('a', 'z');
-  chars.set(' ');
   const Element d = b.bytes(digit);
   const Element digits = *b.repeat("digits", {d}, 1, kUnbounded);
   const Element frac = b.optional("frac", {b.byte('.'), digits});
   const Element number = b.rule("number", {{b.optional("sign", {b.byte('-')}), digits, frac}});
-  const Element str_char = b.choice("char", {{b.bytes(chars)}, b.literal("\\n")});
-  const Element str =
-      b.rule("string", {{b.byte('"'), *b.repeat("chars", {str_char}, 0, 6), b.byte('"')}});
+  const Element str = string_rule(b);
   const Element ws = b.optional("ws", {b.byte(' ')});
   const Element member = b.rule("member", {{str, b.byte(':'), ws, GrammarBuilder::ref(value)}});
   const Element members = *b.repeat("more", {b.byte(','), ws, member}, 0, kUnbounded);
@@ -147,6 +152,109 @@ TEST(GrammarMatcher, MasksEqualTryingEveryTokenAndSentencesAreTheGrammars) {
   EXPECT_GT(steps, 300u);
   EXPECT_GT(complete, 10u);
   EXPECT_GT(uncertain_seen, 0u); // the walks exercised the run-time check
+}
+
+// Grammars that use the same string rule where different bytes may follow it (FOLLOW sets
+// narrower than, disjoint from and equal to json_like's).
+std::vector<Grammar> grammars_sharing_a_string_rule(int32_t sep) {
+  std::vector<Grammar> out{json_like(sep)};
+  auto finish = [&out](GrammarBuilder &b, Sequence root) {
+    const Element r = b.rule("root", {std::move(root)});
+    auto g = std::move(b).finish(r.value);
+    EXPECT_TRUE(g.ok()) << g.message();
+    out.push_back(std::move(g).value());
+  };
+  { // "[" string ("," string)* "]"
+    GrammarBuilder b;
+    const Element s = string_rule(b);
+    finish(b, {b.byte('['), s, *b.repeat("rest", {b.byte(','), s}, 0, kUnbounded), b.byte(']')});
+  }
+  { // string " " string, then optionally the special separator and "x"
+    GrammarBuilder b;
+    const Element s = string_rule(b);
+    finish(b, {s, b.byte(' '), s, b.optional("tail", {GrammarBuilder::special(sep), b.byte('x')})});
+  }
+  out.push_back(json_like(sep)); // the same as the first: every table shared
+  return out;
+}
+
+TEST(GrammarMatcher, TablesSharedThroughTheVocabularyGiveTheMasksOfFreshOnes) {
+  std::mt19937 rng(23);
+  size_t shared = 0, refined = 0, compared = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    auto texts = random_vocabulary(rng, 300 + size_t(trial) * 60);
+    auto vocab = std::make_shared<GrammarVocabulary>(texts); // shared by every grammar below
+    for (Grammar &grammar : grammars_sharing_a_string_rule(sep_token(*texts))) {
+      auto warm = compile_grammar(grammar, vocab, {end_token(*texts)});
+      auto fresh =
+          compile_grammar(grammar, std::make_shared<GrammarVocabulary>(texts), {end_token(*texts)});
+      ASSERT_TRUE(warm.ok() && fresh.ok());
+      for (int walk = 0; walk < 3; ++walk) {
+        GrammarMatcher a(*warm), b(*fresh);
+        std::vector<uint64_t> bits_a, bits_b;
+        for (int step = 0; step < 40 && !a.finished(); ++step) {
+          ASSERT_TRUE(a.fill_mask(bits_a).ok());
+          ASSERT_TRUE(b.fill_mask(bits_b).ok());
+          ASSERT_EQ(bits_a, bits_b) << "trial " << trial << " step " << step;
+          ++compared;
+          std::vector<int32_t> allowed;
+          for (size_t t = 0; t < texts->bytes.size(); ++t)
+            if ((bits_a[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
+          ASSERT_FALSE(allowed.empty());
+          const int32_t pick = allowed[rng() % allowed.size()];
+          ASSERT_TRUE(a.accept_token(pick));
+          ASSERT_TRUE(b.accept_token(pick));
+        }
+      }
+      const GrammarCompileStats stats = compile_stats(**warm);
+      shared += stats.shared_tables;
+      refined += stats.refined_tables;
+    }
+  }
+  EXPECT_GT(compared, 500u);
+  EXPECT_GT(shared, 0u);  // the same rules met again: tables taken as they are
+  EXPECT_GT(refined, 0u); // a narrower FOLLOW: tables sorted again from a wider one
+}
+
+// A walk of ordinary tokens stops at a special token, so what follows one is no part of a table's
+// key: free text that ends at a separator token has one table whatever comes after it.
+TEST(GrammarMatcher, TextEndingAtASpecialTokenSharesItsTableAcrossGrammars) {
+  std::mt19937 rng(5);
+  auto texts = random_vocabulary(rng, 600);
+  auto vocab = std::make_shared<GrammarVocabulary>(texts);
+  const int32_t sep = sep_token(*texts);
+  // root ::= text <|sep|> tail, text ::= [^{] text | ""
+  auto grammar = [&](std::string_view tail) {
+    GrammarBuilder b;
+    ByteSet any;
+    any.set_range(0, 255);
+    any.bits['{' >> 6] &= ~(uint64_t(1) << ('{' & 63));
+    const uint32_t text = b.declare("text");
+    b.define(text, {{}, {b.bytes(any), GrammarBuilder::ref(text)}});
+    Sequence root = {GrammarBuilder::ref(text), GrammarBuilder::special(sep)};
+    const Sequence t = b.literal(tail);
+    root.insert(root.end(), t.begin(), t.end());
+    const Element r = b.rule("root", {root});
+    auto g = std::move(b).finish(r.value);
+    EXPECT_TRUE(g.ok());
+    return std::move(g).value();
+  };
+  auto first_mask = [&](std::string_view tail, std::shared_ptr<const GrammarVocabulary> v) {
+    auto c = compile_grammar(grammar(tail), std::move(v), {end_token(*texts)});
+    EXPECT_TRUE(c.ok());
+    GrammarMatcher m(*c);
+    std::vector<uint64_t> bits;
+    EXPECT_TRUE(m.fill_mask(bits).ok());
+    return std::make_pair(bits, compile_stats(**c));
+  };
+  const auto [bits_a, a] = first_mask("ab", vocab);
+  const auto [bits_b, b] = first_mask("xyz\n", vocab);
+  const auto [bits_fresh, fresh] = first_mask("xyz\n", std::make_shared<GrammarVocabulary>(texts));
+  EXPECT_GT(a.trie_nodes_walked, 0u);
+  EXPECT_EQ(b.trie_nodes_walked, 0u);
+  EXPECT_EQ(b.shared_tables, b.computed_tables);
+  EXPECT_EQ(bits_b, bits_fresh);
+  EXPECT_EQ(fresh.trie_nodes_walked, a.trie_nodes_walked);
 }
 
 TEST(GrammarMatcher, RefusedInputLeavesTheStateAsItWas) {

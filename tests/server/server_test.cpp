@@ -181,6 +181,26 @@ TEST(Server, BadRequestsGetClearErrors) {
   EXPECT_EQ(live().post("/v1/chat/completions", chat(2)).first, 200);
 }
 
+// The grammar warm-up (server/structured.h) runs at startup, and its tables are what the next
+// constrained request shares.
+TEST(Server, GrammarTablesAreMadeAtStartup) {
+  auto value = [](const std::string &body, const std::string &name) {
+    const size_t at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + name.size() + 2));
+  };
+  double tables = 0;
+  for (int i = 0; i < 600 && tables < 50; ++i) { // the warm-up makes hundreds; 30 s at most
+    auto m = live().client->Get("/metrics");
+    ASSERT_TRUE(m);
+    tables = value(m->body, "offgraph_grammar_tables");
+    if (tables < 50) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(tables, 50);
+  auto m = live().client->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_GT(value(m->body, "offgraph_grammar_table_bytes"), 0);
+}
+
 TEST(Server, MetricsCountWhatHappened) {
   ASSERT_EQ(live().post("/v1/chat/completions", chat(3, "count me")).first, 200);
   // Metrics are published at the end of each step; the answer may arrive just before.

@@ -170,6 +170,28 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
   return std::move(b).finish(root.value);
 }
 
+Result<AtemWarmUp> atem_warm_up_turn(const Tokenizer &t) {
+  AtemTurnSpec spec;
+  spec.content = AtemTurnSpec::Content::kJsonObject;
+  auto grammar = atem_turn_grammar(t, spec);
+  if (!grammar.ok()) return grammar.status();
+  AtemWarmUp out{std::move(grammar).value(), {}};
+  const std::string turn =
+      " to=self<|message|>The user asks for JSON: an object with a \"name\" (a string) and "
+      "\"n\", a list of numbers like 1, -2.5 and 3e4.\n\nCheck: nothing else is needed. "
+      "<|eom|><|start|>assistant to=user<|message|>"
+      "{\"name\": \"caf\xC3\xA9 \\u003c\\\"q\\\"\", \"n\": [1, -2.5, 3e4], \"ok\": true}<|eot|>";
+  // Spelled as marked() spells the grammar's literals: control tokens as themselves.
+  for (int32_t id : t.encode(turn, false, true)) {
+    if (t.is_control(id)) {
+      out.symbols.push_back(256 + id);
+      continue;
+    }
+    for (char c : t.decode({id})) out.symbols.push_back(int32_t(uint8_t(c)));
+  }
+  return out;
+}
+
 std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer) {
   auto t = std::make_shared<sample::TokenTexts>();
   const int32_t n = tokenizer.n_vocab();

@@ -56,6 +56,15 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &tokenizer, const Atem
 // control ones (flagged special).
 std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer);
 
+// A constrained turn and a sample of it (0-255 a byte, 256 + id a special token), for warming a
+// vocabulary's mask tables (sample::warm_up): reasoning, then a JSON object as the answer. The
+// free text and the escaped JSON it reaches are the same rules in every constrained turn.
+struct AtemWarmUp {
+  sample::Grammar grammar;
+  std::vector<int32_t> symbols;
+};
+Result<AtemWarmUp> atem_warm_up_turn(const Tokenizer &tokenizer);
+
 // For models without a known chat format: the whole output is the answer's content alone
 // (spec.content other than kText; tools and reasoning do not apply).
 Result<sample::Grammar> plain_answer_grammar(const AtemTurnSpec &spec);

@@ -4,6 +4,7 @@
 #include "text/atem/atem_grammar.h"
 
 #include "sample/grammar_matcher.h"
+#include "sample/json_schema.h"
 #include "text/atem/atem_parser.h"
 
 #include <gtest/gtest.h>
@@ -125,6 +126,55 @@ TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
       " to=free_tool<|message|>" + open +
       "anything at all<|eom|><|start|>assistant to=free_tool<|message|>" + open + "x<|eot|>"));
   EXPECT_TRUE(free_call.can_end());
+}
+
+// What a server does at startup (server/structured.h): after the warm-up, a turn with a schema
+// the vocabulary has never seen walks the trie for few of its tables, and its masks are those of
+// tables made from nothing.
+TEST(AtemGrammar, WarmUpMakesTheTablesAConstrainedTurnNeeds) {
+  auto texts = grammar_token_texts(tokenizer());
+  auto warmed = std::make_shared<sample::GrammarVocabulary>(texts);
+  ASSERT_TRUE(sample::warm_json_tables(warmed, {.escape_lt = true}).ok());
+  auto turn = atem_warm_up_turn(tokenizer());
+  ASSERT_TRUE(turn.ok()) << turn.message();
+  auto turn_grammar = sample::compile_grammar(turn->grammar, warmed, {});
+  ASSERT_TRUE(turn_grammar.ok());
+  ASSERT_TRUE(sample::warm_up(*turn_grammar, turn->symbols).ok());
+  EXPECT_GT(warmed->shared_tables(), 10u);
+
+  AtemTurnSpec spec;
+  spec.content = AtemTurnSpec::Content::kJsonSchema;
+  spec.schema = weather();
+  auto grammar = atem_turn_grammar(tokenizer(), spec);
+  ASSERT_TRUE(grammar.ok());
+  const auto ends = tokenizer().end_of_generation_ids();
+  auto warm = sample::compile_grammar(*grammar, warmed, ends);
+  auto cold =
+      sample::compile_grammar(*grammar, std::make_shared<sample::GrammarVocabulary>(texts), ends);
+  ASSERT_TRUE(warm.ok() && cold.ok());
+  const std::string answer =
+      " to=self<|message|>Weather for Lyon, three days.<|eom|><|start|>assistant to=user"
+      "<|message|>{\"city\": \"Lyon\", \"days\": 3, \"units\": \"c\", \"tags\": [\"sun\"], "
+      "\"note\": null}<|eot|>";
+  sample::GrammarMatcher a(*warm), b(*cold);
+  std::vector<uint64_t> bits_a, bits_b;
+  for (int32_t id : tokenizer().encode(answer, false, true)) {
+    ASSERT_TRUE(a.fill_mask(bits_a).ok());
+    ASSERT_TRUE(b.fill_mask(bits_b).ok());
+    ASSERT_EQ(bits_a, bits_b) << "before token " << id;
+    ASSERT_TRUE(a.accept_token(id)) << id;
+    ASSERT_TRUE(b.accept_token(id));
+  }
+  const sample::GrammarCompileStats w = sample::compile_stats(**warm),
+                                    c = sample::compile_stats(**cold);
+  EXPECT_EQ(w.computed_tables, c.computed_tables);
+  EXPECT_GT(w.shared_tables + w.refined_tables, 0u);
+  // The plain strings ("tags", "note") were walked at the warm-up. On this vocabulary the markers
+  // are text, so the reasoning's tables reach into the answer and are this grammar's own; with
+  // the markers as special tokens (the real file) they are shared too (grammar_matcher_test).
+  // The bounded "city" string has a table per length left, its own (sample/README.md).
+  EXPECT_LT(w.trie_nodes_walked * 3, c.trie_nodes_walked * 2)
+      << w.trie_nodes_walked << " trie nodes walked warm, " << c.trie_nodes_walked << " cold";
 }
 
 TEST(AtemGrammar, RefusalsNameTheField) {

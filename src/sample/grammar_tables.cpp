@@ -1,0 +1,337 @@
+// Mask tables: the vocabulary trie walked from a stack context, and the cache through which every
+// grammar compiled against a vocabulary shares them.
+#include "sample/grammar_matcher_internal.h"
+
+#include <chrono>
+
+namespace offgraph::sample {
+
+using namespace matcher_detail;
+
+namespace {
+
+// The states a table's trie walk passes through, determinized as they are met. A state is the
+// set of stack tops after some bytes; most bytes of a walk lead into a handful of states (inside
+// a string every ordinary character returns to the same one), so the expansion of a state on a
+// byte is computed once and every later trie node with that byte below that state is a lookup.
+// Invariant: state 0 is the empty set (dead); ids index `starts`; a transition packs the next
+// state with the sentinel and complete flags of that step.
+class WalkAutomaton {
+public:
+  WalkAutomaton(const CompiledGrammar &g, const StackArena &arena, Expander &ex)
+      : g_(g), arena_(arena), ex_(ex) {
+    intern({});
+  }
+
+  uint32_t intern(std::span<const uint32_t> tops) {
+    std::string key(reinterpret_cast<const char *>(tops.data()), tops.size() * sizeof(uint32_t));
+    auto [it, fresh] = index_.try_emplace(std::move(key), uint32_t(starts_.size()));
+    if (fresh) {
+      starts_.push_back(uint32_t(pool_.size()));
+      pool_.insert(pool_.end(), tops.begin(), tops.end());
+      ends_.push_back(uint32_t(pool_.size()));
+      ByteSet live; // the bytes some top reads: any other byte kills every stack at once
+      for (uint32_t t : tops) {
+        const Code c = g_.code[arena_.nodes[t].pos];
+        if (c.op == Op::kBytes)
+          for (size_t w = 0; w < live.bits.size(); ++w)
+            live.bits[w] |= g_.grammar.byte_sets[c.value].bits[w];
+      }
+      live_.push_back(live);
+      // Rows for the first states only: a walk that keeps finding new states (a grammar that
+      // counts bytes) still runs, just without the memo past that.
+      if (starts_.size() <= kMaxRows) next_.resize(next_.size() + 256, kUnknown);
+    }
+    return it->second;
+  }
+
+  static constexpr uint32_t kSentinelFlag = 2, kCompleteFlag = 1;
+  // (next state << 2) | flags.
+  uint32_t step(uint32_t state, uint8_t byte) {
+    if (state < kMaxRows) {
+      const uint32_t known = next_[size_t(state) * 256 + byte];
+      if (known != kUnknown) return known;
+    }
+    return expand(state, byte);
+  }
+
+private:
+  [[gnu::noinline]] uint32_t expand(uint32_t state, uint8_t byte) {
+    if (!live_[state].test(byte)) {
+      if (state < kMaxRows) next_[size_t(state) * 256 + byte] = 0;
+      return 0;
+    }
+    tops_.assign(pool_.begin() + starts_[state], pool_.begin() + ends_[state]);
+    ex_.step(tops_, byte, e_);
+    const uint32_t packed = (intern(e_.tops) << 2) | (e_.sentinel ? kSentinelFlag : 0) |
+                            (e_.complete ? kCompleteFlag : 0);
+    if (state < kMaxRows) next_[size_t(state) * 256 + byte] = packed;
+    return packed;
+  }
+
+  static constexpr uint32_t kUnknown = 0xFFFFFFFFu;
+  static constexpr size_t kMaxRows = 16384; // 16 MiB of transitions at most
+  const CompiledGrammar &g_;
+  const StackArena &arena_;
+  Expander &ex_;
+  std::unordered_map<std::string, uint32_t> index_;
+  std::vector<ByteSet> live_;
+  std::vector<uint32_t> pool_, starts_, ends_, next_, tops_;
+  Expansion e_;
+};
+
+// The walk of tokens' bytes from one stack context: its top frames (top first) with the unknown
+// below them, or nothing below when `rooted`.
+class ContextWalk {
+public:
+  struct Level {
+    uint32_t state = 0;    // WalkAutomaton state; 0: no stack is alive
+    bool escape = false;   // a path left the known frames before here and may go on below them
+    bool sentinel = false; // a path left them exactly here
+  };
+
+  ContextWalk(const ContextWalk &) = delete; // members refer to each other
+  ContextWalk &operator=(const ContextWalk &) = delete;
+  ContextWalk(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted)
+      : follow_(rooted ? none_ : g.follow[g.rule_of[frames.back()]]), ex_(g, arena_),
+        automaton_(g, arena_, ex_) {
+    uint32_t below = rooted ? kRoot : kSentinel;
+    for (size_t f = frames.size(); f-- > 1;) below = arena_.intern(frames[f], below);
+    const uint32_t top = arena_.intern(frames[0], below);
+    root_.state = automaton_.intern({&top, 1});
+  }
+
+  const Level &root() const { return root_; }
+  // The level after `byte`; `here`: a token ending on this byte is accepted.
+  Level descend(const Level &up, uint8_t byte, bool &here) {
+    const uint32_t next = automaton_.step(up.state, byte);
+    here = next != 0; // a stack is alive, or a path left the frames or finished
+    // Leaving the deepest known frame's rule: what may be read next is what may follow it.
+    return {next >> 2, up.escape || (up.sentinel && follow_.test(byte)),
+            bool(next & WalkAutomaton::kSentinelFlag)};
+  }
+  // `byte` may come after the deepest known frame's rule.
+  bool follows(uint8_t byte) const { return follow_.test(byte); }
+
+  enum class Verdict { kAccepted, kUncertain, kRejected };
+  // One token, as the trie walk would sort it.
+  Verdict classify(std::string_view bytes) {
+    Level level = root_;
+    for (size_t k = 0; k < bytes.size(); ++k) {
+      bool here = false;
+      level = descend(level, uint8_t(bytes[k]), here);
+      if (k + 1 == bytes.size())
+        return here ? Verdict::kAccepted : level.escape ? Verdict::kUncertain : Verdict::kRejected;
+      if (level.state == 0)
+        return level.escape || (level.sentinel && follows(uint8_t(bytes[k + 1])))
+                   ? Verdict::kUncertain
+                   : Verdict::kRejected;
+    }
+    return Verdict::kRejected; // no bytes: never allowed under a grammar
+  }
+
+private:
+  ByteSet none_;
+  const ByteSet &follow_;
+  StackArena arena_;
+  Expander ex_;
+  WalkAutomaton automaton_;
+  Level root_;
+};
+
+// Tokens as runs of the trie's token order: a walk accepts whole subtrees at a time.
+class TokenRuns {
+public:
+  void add(uint32_t from, uint32_t to) {
+    if (from == to) return;
+    if (!runs_.empty() && runs_.back().second == from)
+      runs_.back().second = to;
+    else
+      runs_.push_back({from, to});
+    count_ += to - from;
+  }
+  // As a table's accepted tokens: a bitset when many, else a list.
+  void store(const GrammarVocabulary &v, ContextTable &table) const {
+    const auto &ids = v.token_ids();
+    if (count_ * 32 > v.size()) {
+      table.accepted_bits.assign((v.size() + 63) / 64, 0);
+      for (const auto &[from, to] : runs_)
+        for (uint32_t k = from; k < to; ++k) set_bit(table.accepted_bits, size_t(ids[k]));
+    } else {
+      table.accepted_ids.reserve(count_);
+      for (const auto &[from, to] : runs_)
+        table.accepted_ids.insert(table.accepted_ids.end(), ids.begin() + from, ids.begin() + to);
+    }
+  }
+
+private:
+  std::vector<std::pair<uint32_t, uint32_t>> runs_;
+  size_t count_ = 0;
+};
+
+// Sorts every token of the vocabulary for a context: a walk of the trie, which skips a subtree as
+// soon as its bytes decide it.
+std::shared_ptr<const ContextTable> walk_vocabulary(const CompiledGrammar &g,
+                                                    std::span<const uint32_t> frames, bool rooted,
+                                                    size_t &visited) {
+  const GrammarVocabulary &v = *g.vocabulary;
+  const auto &nodes = v.nodes();
+  const auto &ids = v.token_ids();
+  auto table = std::make_shared<ContextTable>();
+  ContextWalk walk(g, frames, rooted);
+  std::vector<ContextWalk::Level> levels{walk.root()};
+  TokenRuns accepted;
+  auto uncertain = [&](uint32_t from, uint32_t to) {
+    table->uncertain.insert(table->uncertain.end(), ids.begin() + from, ids.begin() + to);
+  };
+  auto end_of_subtree = [&](uint32_t i) { // the first token after node i's subtree
+    return nodes[i].skip < nodes.size() ? nodes[nodes[i].skip].first : uint32_t(ids.size());
+  };
+  for (uint32_t i = 1; i < nodes.size();) {
+    const auto &node = nodes[i];
+    const size_t d = node.depth;
+    bool here = false;
+    ++visited;
+    const ContextWalk::Level level = walk.descend(levels[d - 1], node.byte, here);
+    if (here)
+      accepted.add(node.first, node.last);
+    else if (level.escape)
+      uncertain(node.first, node.last);
+    if (level.state == 0) {
+      if (level.escape)
+        uncertain(node.last, end_of_subtree(i));
+      else if (level.sentinel)
+        for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
+          if (walk.follows(nodes[c].byte)) uncertain(nodes[c].first, end_of_subtree(c));
+      i = node.skip;
+      continue;
+    }
+    if (levels.size() <= d) levels.resize(d + 1);
+    levels[d] = level;
+    ++i;
+  }
+  accepted.store(v, *table);
+  return table;
+}
+
+// A context's table from one made for the same code and a wider FOLLOW set: the same accepted
+// tokens (accepting a token never reads FOLLOW), and its uncertain ones sorted again, since some
+// left the frames on a byte this FOLLOW set lacks.
+std::shared_ptr<const ContextTable> refine(const CompiledGrammar &g, const ContextTable &wider,
+                                           std::span<const uint32_t> frames, bool rooted) {
+  auto table = std::make_shared<ContextTable>();
+  table->accepted_ids = wider.accepted_ids;
+  table->accepted_bits = wider.accepted_bits;
+  ContextWalk walk(g, frames, rooted);
+  for (int32_t u : wider.uncertain)
+    if (walk.classify(g.vocabulary->texts().bytes[size_t(u)]) == ContextWalk::Verdict::kUncertain)
+      table->uncertain.push_back(u);
+  return table;
+}
+
+// What a context's table depends on, written out so that equal code in two grammars gives equal
+// keys: the rest of each frame's alternative and every rule reachable from those (numbered in
+// the order first met), and whether it is rooted; beside the key, FOLLOW of its deepest frame's
+// rule. Only what bytes can reach counts: tokens in the trie are ordinary, so a walk stops at a
+// special token, and code after one (a frame below it, the end of the sentence, FOLLOW) is left
+// out. The ATEM free text, which ends at <|eom|>, has one key in every grammar.
+struct ClosureKey {
+  std::string key;
+  ByteSet follow; // empty where nothing below the frames is reached
+};
+ClosureKey closure_key(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted) {
+  std::string code;
+  auto put = [&code](const void *p, size_t n) { code.append(static_cast<const char *>(p), n); };
+  std::vector<uint32_t> number(g.grammar.rules.size(), kRoot), queue;
+  auto sequence = [&](uint32_t p) { // false: it stops at a special token
+    for (;; ++p) {
+      const Code c = g.code[p];
+      code.push_back(char(c.op));
+      switch (c.op) {
+      case Op::kEnd:
+        return true;
+      case Op::kBytes:
+        put(g.grammar.byte_sets[c.value].bits.data(), sizeof(ByteSet::bits));
+        break;
+      case Op::kSpecial:
+        put(&c.value, sizeof(c.value));
+        return false;
+      case Op::kRule:
+        if (number[c.value] == kRoot) {
+          number[c.value] = uint32_t(queue.size());
+          queue.push_back(c.value);
+        }
+        put(&number[c.value], sizeof(uint32_t));
+        break;
+      }
+    }
+  };
+  uint32_t reached = 0; // frames whose code a byte can reach
+  bool below = true;    // bytes can leave them all
+  while (below && reached < frames.size()) below = sequence(frames[reached++]);
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const auto &starts = g.alternatives[queue[q]];
+    const uint32_t count = uint32_t(starts.size());
+    put(&count, sizeof(count));
+    for (uint32_t s : starts) sequence(s);
+  }
+  ClosureKey out;
+  out.key.assign(reinterpret_cast<const char *>(&reached), sizeof(reached));
+  out.key += !below ? 's' : rooted ? 'r' : 'u';
+  out.key += code;
+  if (below && !rooted) out.follow = g.follow[g.rule_of[frames.back()]];
+  return out;
+}
+
+} // namespace
+
+size_t GrammarVocabulary::shared_tables() const {
+  std::lock_guard lock(tables_->mutex);
+  return tables_->entries.size();
+}
+size_t GrammarVocabulary::shared_table_bytes() const {
+  std::lock_guard lock(tables_->mutex);
+  return tables_->bytes;
+}
+
+const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> frames,
+                                                     bool rooted) const {
+  std::string key(reinterpret_cast<const char *>(frames.data()), frames.size() * sizeof(uint32_t));
+  key += rooted ? 'r' : 'u';
+  std::lock_guard lock(mutex_);
+  auto [it, fresh] = tables_.try_emplace(std::move(key));
+  if (!fresh) return *it->second;
+  const auto t0 = std::chrono::steady_clock::now();
+  GrammarTableCache &shared = vocabulary->table_cache();
+  const ClosureKey closure = closure_key(*this, frames, rooted);
+  const GrammarTableCache::Found found = shared.find(closure.key, closure.follow);
+  if (found.exact) {
+    it->second = found.exact;
+    ++computed_.shared_tables;
+  } else {
+    if (found.wider) {
+      it->second = refine(*this, *found.wider, frames, rooted);
+      ++computed_.refined_tables;
+    } else {
+      it->second = walk_vocabulary(*this, frames, rooted, computed_.trie_nodes_walked);
+    }
+    shared.insert(closure.key, closure.follow, it->second);
+  }
+  const Table &t = *it->second;
+  ++computed_.computed_tables;
+  computed_.accepted += t.accepted_bits.empty() ? t.accepted_ids.size() : 0;
+  computed_.uncertain += t.uncertain.size();
+  computed_.table_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return t;
+}
+
+void precompute_all(const CompiledGrammar &grammar) {
+  for (uint32_t p = 0; p < grammar.code.size(); ++p)
+    if (grammar.code[p].op == Op::kBytes) {
+      const uint32_t frame[1] = {p};
+      (void)grammar.table(frame, false);
+    }
+}
+
+} // namespace offgraph::sample
