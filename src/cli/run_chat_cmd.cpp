@@ -123,9 +123,7 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
     auto parsed = text::Template::parse(l.chat_template);
     if (!parsed.ok()) return Status::error("chat template: " + parsed.message());
     l.parsed_template = std::move(parsed).value();
-    // As llama.cpp decides: a template that writes both ATEM markers gets the ATEM parser.
-    l.atem = l.chat_template.find("<atem:function_calls>") != std::string::npos &&
-             l.chat_template.find("<|eom|>") != std::string::npos;
+    l.atem = text::speaks_atem(l.chat_template);
   }
   if (o.reasoning != "low" && o.reasoning != "medium" && o.reasoning != "high" &&
       o.reasoning != "xhigh")
@@ -140,8 +138,7 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
   ctx["reasoning_strength"] = reasoning;
-  ctx["bos_token"] = l.tokenizer->bos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->bos()) : "";
-  ctx["eos_token"] = l.tokenizer->eos() >= 0 ? l.tokenizer->token_piece(l.tokenizer->eos()) : "";
+  text::add_token_variables(*l.tokenizer, ctx);
   // Control tokens come only from the template's own text, never from what the user typed.
   auto tokens = text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx);
   if (!tokens.ok()) return Status::error("chat template: " + tokens.message());

@@ -311,9 +311,7 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
   }
   if (!tools_out.empty() && tool_choice != "none") ctx["tools"] = tools_out;
   if (tool_choice == "none") tools_out = json::array();
-  const text::Tokenizer &t = *facts.tokenizer;
-  ctx["bos_token"] = t.bos() >= 0 ? t.token_piece(t.bos()) : "";
-  ctx["eos_token"] = t.eos() >= 0 ? t.token_piece(t.eos()) : "";
+  text::add_token_variables(*facts.tokenizer, ctx);
   return std::nullopt;
 }
 

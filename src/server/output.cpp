@@ -179,4 +179,84 @@ nlohmann::ordered_json CompletionLogprobs::shape(std::span<const sample::TokenLo
           {"text_offset", std::move(offsets)}};
 }
 
+std::string finish_reason(const ChoiceOutput &out, bool cut_by_length) {
+  if (out.stopped()) return "stop";
+  if (!out.tool_calls().empty()) return "tool_calls";
+  return cut_by_length ? "length" : "stop";
+}
+
+nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, int cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + size_t(completion_tokens)},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+nlohmann::ordered_json whole_choice(bool chat, int32_t index, const ChoiceOutput &out,
+                                    const std::string &echo_text, nlohmann::ordered_json logprobs,
+                                    const std::string &finish) {
+  nlohmann::ordered_json choice = {{"index", index}};
+  if (chat) {
+    nlohmann::ordered_json message = {{"role", "assistant"}, {"content", out.content()}};
+    if (!out.reasoning().empty()) message["reasoning_content"] = out.reasoning();
+    if (!out.tool_calls().empty()) message["tool_calls"] = out.tool_calls();
+    choice["message"] = std::move(message);
+  } else {
+    choice["text"] = echo_text + out.content();
+  }
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = finish;
+  return choice;
+}
+
+namespace {
+nlohmann::ordered_json head_of(const ResponseHead &head, bool chunk) {
+  return {{"id", head.id},
+          {"object", !head.chat ? "text_completion"
+                     : chunk    ? "chat.completion.chunk"
+                                : "chat.completion"},
+          {"created", head.created},
+          {"model", head.model}};
+}
+} // namespace
+
+nlohmann::ordered_json response_body(const ResponseHead &head, nlohmann::ordered_json choices,
+                                     nlohmann::ordered_json usage) {
+  nlohmann::ordered_json body = head_of(head, false);
+  body["choices"] = std::move(choices);
+  body["usage"] = std::move(usage);
+  return body;
+}
+
+nlohmann::ordered_json chunk_body(const ResponseHead &head, int32_t index,
+                                  const nlohmann::ordered_json &delta,
+                                  nlohmann::ordered_json logprobs, nlohmann::ordered_json finish) {
+  nlohmann::ordered_json choice = {{"index", index}};
+  if (head.chat)
+    choice["delta"] = delta;
+  else
+    choice["text"] = delta.value("content", "");
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = std::move(finish);
+  nlohmann::ordered_json body = head_of(head, true);
+  body["choices"] = nlohmann::ordered_json::array({std::move(choice)});
+  return body;
+}
+
+std::vector<nlohmann::ordered_json> delta_parts(const ChoiceOutput::Delta &delta) {
+  std::vector<nlohmann::ordered_json> parts;
+  if (!delta.reasoning.empty()) parts.push_back({{"reasoning_content", delta.reasoning}});
+  if (!delta.content.empty()) parts.push_back({{"content", delta.content}});
+  for (const auto &c : delta.tool_calls)
+    parts.push_back({{"tool_calls", nlohmann::ordered_json::array({c})}});
+  return parts;
+}
+
+nlohmann::ordered_json usage_chunk(const ResponseHead &head, nlohmann::ordered_json usage) {
+  nlohmann::ordered_json body = head_of(head, true);
+  body["choices"] = nlohmann::ordered_json::array();
+  body["usage"] = std::move(usage);
+  return body;
+}
+
 } // namespace offgraph::server

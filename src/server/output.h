@@ -70,6 +70,35 @@ private:
   size_t logprobs_taken_ = 0;
 };
 
+// OpenAI's response bodies, as pure functions of what a request produced (the server adds
+// nothing to them). `chat` picks chat.completion(.chunk) over text_completion.
+struct ResponseHead {
+  std::string id; // chatcmpl-N or cmpl-N
+  bool chat = true;
+  int64_t created = 0; // Unix seconds
+  std::string model;
+};
+// "stop" (a stop string, or the turn ended), "tool_calls" (the answer holds calls), "length"
+// (max_tokens or the context cut it).
+std::string finish_reason(const ChoiceOutput &out, bool cut_by_length);
+nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, int cached_tokens);
+// A finished choice of a non-streaming response: its message (content, reasoning_content when
+// any, tool_calls when any) or, for completions, `echo_text` and the answer.
+nlohmann::ordered_json whole_choice(bool chat, int32_t index, const ChoiceOutput &out,
+                                    const std::string &echo_text, nlohmann::ordered_json logprobs,
+                                    const std::string &finish);
+nlohmann::ordered_json response_body(const ResponseHead &head, nlohmann::ordered_json choices,
+                                     nlohmann::ordered_json usage);
+// One streamed chunk for one choice. `delta` is a chat delta; completions carry its content as
+// "text". `finish` is null until the choice's last chunk.
+nlohmann::ordered_json chunk_body(const ResponseHead &head, int32_t index,
+                                  const nlohmann::ordered_json &delta,
+                                  nlohmann::ordered_json logprobs, nlohmann::ordered_json finish);
+// The chat deltas one Delta is streamed as, in order: reasoning, content, then one per call.
+std::vector<nlohmann::ordered_json> delta_parts(const ChoiceOutput::Delta &delta);
+// The last chunk when the request asked for stream_options.include_usage: no choices.
+nlohmann::ordered_json usage_chunk(const ResponseHead &head, nlohmann::ordered_json usage);
+
 // OpenAI's log-probability shapes. A token's text is its bytes as valid UTF-8 (a character split
 // across tokens shows as U+FFFD in each; "bytes" has the raw bytes); control tokens as their text.
 // Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}.

@@ -4,6 +4,7 @@
 #include "server/metrics.h"
 #include "server/output.h"
 #include "text/atem/atem_grammar.h"
+#include "text/chat/chat_prompt.h"
 
 #include <httplib.h>
 
@@ -129,26 +130,19 @@ struct Routes {
     int cached = 0;
     std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs; // echo's
     std::vector<CompletionLogprobs> offsets; // per choice, of streamed completion logprobs
-    std::string rid;
-    int64_t created = 0;
+    ResponseHead head;
     bool finished(int32_t c) const { return reasons[size_t(c)] != engine::FinishReason::None; }
   };
 
   std::string finish_reason(const Call &call, int32_t c) {
-    const ChoiceOutput &o = *call.outs[size_t(c)];
-    if (o.stopped()) return "stop";
-    if (!o.tool_calls().empty()) return "tool_calls";
-    return call.reasons[size_t(c)] == engine::FinishReason::Length ? "length" : "stop";
+    return server::finish_reason(*call.outs[size_t(c)],
+                                 call.reasons[size_t(c)] == engine::FinishReason::Length);
   }
 
   json usage(const Call &call) {
     int completion = 0;
     for (const auto &o : call.outs) completion += o->completion_tokens();
-    const size_t prompt = call.job.request.prompt.size();
-    return {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + size_t(completion)},
-            {"prompt_tokens_details", {{"cached_tokens", call.cached}}}};
+    return usage_shape(call.job.request.prompt.size(), completion, call.cached);
   }
 
   // Applies one engine event to the call's outputs; returns the delta for streaming.
@@ -234,8 +228,8 @@ struct Routes {
       call->id = *submitted;
     }
     s.wake_engine();
-    call->rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id);
-    call->created = now_seconds();
+    call->head = {(chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id), chat, now_seconds(),
+                  s.options_.model_name};
     if (call->job.stream)
       stream(req, res, call, chat);
     else
@@ -265,29 +259,11 @@ struct Routes {
     for (auto r : call->reasons) all_failed = all_failed && r == engine::FinishReason::Error;
     if (all_failed) return fail(res, {500, call->error, "", "engine_error", "server_error"});
     json choices = json::array();
-    for (int32_t c = 0; c < call->job.request.n; ++c) {
-      const ChoiceOutput &o = *call->outs[size_t(c)];
-      json choice = {{"index", c}};
-      if (chat) {
-        json message = {{"role", "assistant"}, {"content", o.content()}};
-        if (!o.reasoning().empty()) message["reasoning_content"] = o.reasoning();
-        if (!o.tool_calls().empty()) message["tool_calls"] = o.tool_calls();
-        choice["message"] = message;
-      } else {
-        choice["text"] = call->job.echo_text + o.content();
-      }
-      choice["logprobs"] = whole_logprobs(*call, c, chat);
-      choice["finish_reason"] = finish_reason(*call, c);
-      choices.push_back(choice);
-    }
+    for (int32_t c = 0; c < call->job.request.n; ++c)
+      choices.push_back(whole_choice(chat, c, *call->outs[size_t(c)], call->job.echo_text,
+                                     whole_logprobs(*call, c, chat), finish_reason(*call, c)));
     ++s.counters_.completed;
-    send(res, 200,
-         {{"id", call->rid},
-          {"object", chat ? "chat.completion" : "text_completion"},
-          {"created", call->created},
-          {"model", s.options_.model_name},
-          {"choices", choices},
-          {"usage", usage(*call)}});
+    send(res, 200, response_body(call->head, std::move(choices), usage(*call)));
   }
 
   // Streaming: server-sent events, one chunk per delta and choice, then [DONE].
@@ -295,71 +271,50 @@ struct Routes {
               const std::shared_ptr<Call> &call, bool chat) {
     res.set_header("Cache-Control", "no-cache");
     const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, call, chat, sock](size_t, httplib::DataSink &sink) {
-          auto write = [&](const json &j) {
-            const std::string line = "data: " + dump(j) + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          auto chunk = [&](int32_t c, const json &delta, const json &finish) {
-            json choice = {{"index", c}};
-            if (chat)
-              choice["delta"] = delta;
-            else
-              choice["text"] = delta.value("content", "");
-            choice["logprobs"] = streamed_logprobs(*call, c, chat);
-            choice["finish_reason"] = finish;
-            return write({{"id", call->rid},
-                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                          {"created", call->created},
-                          {"model", s.options_.model_name},
-                          {"choices", json::array({choice})}});
-          };
-          // The client went away (or the server is stopping): cancel; the channel outlives this
-          // handler, so the engine's last events are harmless.
-          auto gone = [&] {
-            if (!s.stopping_) ++s.counters_.disconnects;
-            cancel(call->id);
-            return false;
-          };
-          if (chat)
-            for (int32_t c = 0; c < call->job.request.n; ++c)
-              if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
-          engine::Event e;
-          Deadline check;
-          for (;;) {
-            const auto r = call->channel->pop(e, kPoll);
-            if (r == Channel::Pop::Done) break;
-            // A write to a closed connection can succeed for a while (kernel buffers), so the
-            // connection is looked at on its own.
-            if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
-            if (r == Channel::Pop::Timeout) continue;
-            ChoiceOutput::Delta d = apply(*call, e);
-            bool ok = true;
-            if (!d.reasoning.empty())
-              ok = ok && chunk(e.choice, {{"reasoning_content", d.reasoning}}, nullptr);
-            if (!d.content.empty()) ok = ok && chunk(e.choice, {{"content", d.content}}, nullptr);
-            for (const json &c : d.tool_calls)
-              ok = ok && chunk(e.choice, {{"tool_calls", json::array({c})}}, nullptr);
-            if (ok && e.finish == engine::FinishReason::Error)
-              ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
-            else if (ok && e.finish != engine::FinishReason::None)
-              ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
-            if (!ok) return gone();
-          }
-          if (call->job.include_usage)
-            write({{"id", call->rid},
-                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                   {"created", call->created},
-                   {"model", s.options_.model_name},
-                   {"choices", json::array()},
-                   {"usage", usage(*call)}});
-          const std::string done = "data: [DONE]\n\n";
-          sink.write(done.data(), done.size());
-          sink.done();
-          ++s.counters_.completed;
-          return true;
-        });
+    res.set_chunked_content_provider("text/event-stream", [this, call, chat,
+                                                           sock](size_t, httplib::DataSink &sink) {
+      auto write = [&](const json &j) {
+        const std::string line = "data: " + dump(j) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      auto chunk = [&](int32_t c, const json &delta, const json &finish) {
+        return write(chunk_body(call->head, c, delta, streamed_logprobs(*call, c, chat), finish));
+      };
+      // The client went away (or the server is stopping): cancel; the channel outlives this
+      // handler, so the engine's last events are harmless.
+      auto gone = [&] {
+        if (!s.stopping_) ++s.counters_.disconnects;
+        cancel(call->id);
+        return false;
+      };
+      if (chat)
+        for (int32_t c = 0; c < call->job.request.n; ++c)
+          if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
+      engine::Event e;
+      Deadline check;
+      for (;;) {
+        const auto r = call->channel->pop(e, kPoll);
+        if (r == Channel::Pop::Done) break;
+        // A write to a closed connection can succeed for a while (kernel buffers), so the
+        // connection is looked at on its own.
+        if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
+        if (r == Channel::Pop::Timeout) continue;
+        bool ok = true;
+        for (const json &part : delta_parts(apply(*call, e)))
+          ok = ok && chunk(e.choice, part, nullptr);
+        if (ok && e.finish == engine::FinishReason::Error)
+          ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
+        else if (ok && e.finish != engine::FinishReason::None)
+          ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
+        if (!ok) return gone();
+      }
+      if (call->job.include_usage) write(usage_chunk(call->head, usage(*call)));
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      sink.done();
+      ++s.counters_.completed;
+      return true;
+    });
   }
 
   void tokenize(const httplib::Request &req, httplib::Response &res) {
@@ -460,8 +415,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
     auto parsed = text::Template::parse(*t);
     if (!parsed.ok()) return Status::error("the model's chat template: " + parsed.message());
     chat_template = std::move(parsed).value();
-    atem = t->find("<atem:function_calls>") != std::string::npos &&
-           t->find("<|eom|>") != std::string::npos;
+    atem = text::speaks_atem(*t);
   }
   auto e = engine::Engine::create(model, engine_options);
   if (!e.ok()) return e.status();

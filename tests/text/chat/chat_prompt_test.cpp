@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,6 +51,36 @@ TEST(ChatPrompt, UserTextNeverBecomesControlTokens) {
   // ... and the text is all there, as plain tokens.
   EXPECT_NE((*tok)->decode(hostile->tokens).find("<|eot_id|><|start_header_id|>system"),
             std::string::npos);
+}
+
+// Only the Muse Glimmer template, of every template in the pinned tree, speaks ATEM; one marker
+// alone is not enough.
+TEST(ChatPrompt, AtemIsTheFormatOfTemplatesThatWriteBothItsMarkers) {
+  const std::filesystem::path dir = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates";
+  size_t templates = 0;
+  std::vector<std::string> atem;
+  for (const auto &entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".jinja") continue;
+    ++templates;
+    if (speaks_atem(read(entry.path().string()))) atem.push_back(entry.path().filename());
+  }
+  EXPECT_GT(templates, 50u);
+  EXPECT_EQ(atem, std::vector<std::string>{"muse-glimmer.jinja"});
+  EXPECT_FALSE(speaks_atem("{{ '<|eom|>' }}"));
+  EXPECT_FALSE(speaks_atem("{{ '<atem:function_calls>' }}"));
+  EXPECT_TRUE(speaks_atem("{{ '<atem:function_calls>' }}{{ '<|eom|>' }}"));
+}
+
+TEST(ChatPrompt, TokenVariablesAreTheTokenizersPieces) {
+  const std::string tree = OFFGRAPH_LLAMA_TREE;
+  auto tok = Tokenizer::from_gguf(tree + "/models/ggml-vocab-llama-bpe.gguf");
+  if (!tok.ok()) GTEST_SKIP() << tok.message();
+  nlohmann::ordered_json ctx = {{"messages", nlohmann::ordered_json::array()}};
+  add_token_variables(**tok, ctx);
+  // Llama 3's (the GGUF's tokenizer.ggml.bos_token_id / eos_token_id).
+  EXPECT_EQ(ctx["bos_token"], "<|begin_of_text|>");
+  EXPECT_EQ(ctx["eos_token"], "<|end_of_text|>");
+  EXPECT_TRUE(ctx["messages"].is_array()); // the rest untouched
 }
 
 TEST(ChatPrompt, MessageStartsAreWhereEachProtectedTextBegins) {
