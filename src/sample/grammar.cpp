@@ -157,27 +157,46 @@ int single_byte(const ByteSet &s) {
   return found;
 }
 
+} // namespace
+
+// Which rules can match the empty string. A worklist, linear in the grammar's size: an
+// alternative of rule references only waits for as many of them as it has; each rule found
+// nullable counts down the alternatives it occurs in. (Sweeping all rules until nothing changes
+// is quadratic on a chain of rules declared in the wrong order, which one request can send.)
 std::vector<bool> nullable_rules(const Grammar &g) {
   std::vector<bool> nullable(g.rules.size(), false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < g.rules.size(); ++r) {
-      if (nullable[r]) continue;
-      for (const Sequence &alt : g.rules[r].alternatives) {
-        const bool all = std::all_of(alt.begin(), alt.end(), [&](const Element &e) {
-          return e.kind == Element::Kind::kRule && nullable[e.value];
-        });
-        if (all) {
-          nullable[r] = changed = true;
-          break;
-        }
+  std::vector<uint32_t> waiting, rule_of; // per alternative: references left; its rule
+  std::vector<std::vector<uint32_t>> occurs(g.rules.size()); // rule -> alternatives it is in
+  std::vector<uint32_t> found;
+  for (uint32_t r = 0; r < g.rules.size(); ++r)
+    for (const Sequence &alt : g.rules[r].alternatives) {
+      const uint32_t a = uint32_t(waiting.size());
+      const bool terminal = std::any_of(
+          alt.begin(), alt.end(), [](const Element &e) { return e.kind != Element::Kind::kRule; });
+      waiting.push_back(terminal ? 0xFFFFFFFFu : uint32_t(alt.size()));
+      rule_of.push_back(r);
+      if (terminal) continue;
+      if (alt.empty() && !nullable[r]) {
+        nullable[r] = true;
+        found.push_back(r);
+      }
+      for (const Element &e : alt)
+        if (e.value < g.rules.size()) occurs[e.value].push_back(a);
+    }
+  while (!found.empty()) {
+    const uint32_t x = found.back();
+    found.pop_back();
+    for (uint32_t a : occurs[x]) {
+      if (--waiting[a] != 0) continue;
+      const uint32_t r = rule_of[a];
+      if (!nullable[r]) {
+        nullable[r] = true;
+        found.push_back(r);
       }
     }
   }
   return nullable;
 }
-
-} // namespace
 
 uint32_t GrammarBuilder::declare(std::string name) {
   grammar_.rules.push_back({std::move(name), {}});

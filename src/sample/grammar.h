@@ -109,6 +109,8 @@ private:
 
 // Checks a grammar built by other means (GrammarBuilder::finish runs this).
 Status validate_grammar(const Grammar &grammar);
+// Per rule, whether it can match the empty string (in time linear in the grammar's size).
+std::vector<bool> nullable_rules(const Grammar &grammar);
 
 // Whether `text` (bytes only, no special tokens) is a complete sentence of the grammar: a
 // direct interpretation, for tests and references; the matcher is what generation uses.

@@ -30,59 +30,137 @@ void lay_out(CompiledGrammar &g) {
     }
 }
 
+// Drops the alternatives that can never be completed (an empty byte set, a special token the
+// vocabulary does not have as one, or a rule that is itself such, on every way through), so that
+// every stack the matcher makes can reach the end of the sentence: a grammar never leaves a
+// request where no token is allowed. A worklist, like nullable_rules. Error when the root is
+// such a rule: the grammar matches nothing.
+Status prune_unproductive(Grammar &g, const GrammarVocabulary &vocabulary) {
+  const size_t n = g.rules.size();
+  std::vector<bool> productive(n, false);
+  std::vector<uint32_t> waiting, rule_of;                        // per alternative
+  std::vector<std::vector<uint32_t>> occurs(n), alternatives(n); // rule -> alternatives
+  std::vector<uint32_t> found;
+  for (uint32_t r = 0; r < n; ++r)
+    for (const Sequence &alt : g.rules[r].alternatives) {
+      const uint32_t a = uint32_t(waiting.size());
+      alternatives[r].push_back(a);
+      rule_of.push_back(r);
+      uint32_t refs = 0;
+      bool dead = false;
+      for (const Element &e : alt) {
+        if (e.kind == Element::Kind::kRule) {
+          occurs[e.value].push_back(a);
+          ++refs;
+        }
+        dead |= e.kind == Element::Kind::kBytes && g.byte_sets[e.value].empty();
+        dead |= e.kind == Element::Kind::kSpecial && !vocabulary.is_special(int32_t(e.value));
+      }
+      waiting.push_back(dead ? 0xFFFFFFFFu : refs);
+      if (!dead && refs == 0 && !productive[r]) {
+        productive[r] = true;
+        found.push_back(r);
+      }
+    }
+  while (!found.empty()) {
+    const uint32_t x = found.back();
+    found.pop_back();
+    for (uint32_t a : occurs[x])
+      if (waiting[a] != 0xFFFFFFFFu && --waiting[a] == 0 && !productive[rule_of[a]]) {
+        productive[rule_of[a]] = true;
+        found.push_back(rule_of[a]);
+      }
+  }
+  if (!productive[g.root])
+    return Status::error("grammar: rule '" + g.rules[g.root].name +
+                         "' matches nothing (every way through it needs an empty character "
+                         "class or a special token this vocabulary does not have)");
+  for (uint32_t r = 0; r < n; ++r) {
+    std::vector<Sequence> kept;
+    for (size_t i = 0; i < g.rules[r].alternatives.size(); ++i)
+      if (waiting[alternatives[r][i]] == 0) kept.push_back(std::move(g.rules[r].alternatives[i]));
+    g.rules[r].alternatives = std::move(kept);
+  }
+  return ok_status();
+}
+
+// Unites `from` into `into`; true if `into` grew.
+bool unite(ByteSet &into, const ByteSet &from) {
+  bool grew = false;
+  for (size_t w = 0; w < into.bits.size(); ++w) {
+    const uint64_t x = into.bits[w] | from.bits[w];
+    grew |= x != into.bits[w];
+    into.bits[w] = x;
+  }
+  return grew;
+}
+
+// Grows sets[r] by sets[x] along every edge x -> r until nothing changes: a worklist, so that
+// each set is pushed on at most once per byte it gains (linear in the edges times 256).
+void propagate(std::vector<ByteSet> &sets, const std::vector<std::vector<uint32_t>> &edges) {
+  std::vector<uint32_t> work;
+  std::vector<bool> queued(sets.size(), true);
+  for (uint32_t r = 0; r < sets.size(); ++r) work.push_back(r);
+  while (!work.empty()) {
+    const uint32_t x = work.back();
+    work.pop_back();
+    queued[x] = false;
+    for (uint32_t r : edges[x])
+      if (unite(sets[r], sets[x]) && !queued[r]) {
+        queued[r] = true;
+        work.push_back(r);
+      }
+  }
+}
+
 // FOLLOW(rule) over bytes: what may be read right after the rule ends, anywhere it is used. A
-// position whose rule ends on a byte outside it is dead whatever lies below.
+// position whose rule ends on a byte outside it is dead whatever lies below. FIRST and FOLLOW are
+// each a direct part plus propagation along "contains" edges, so that a request's grammar of
+// long chains costs time linear in its size.
 void compute_follow(CompiledGrammar &g) {
   const Grammar &gr = g.grammar;
   const size_t n = gr.rules.size();
+  const std::vector<bool> nullable = nullable_rules(gr);
+  // FIRST(r) >= FIRST(x) for each x a prefix of nullable rules can lead to.
   std::vector<ByteSet> first(n);
-  std::vector<bool> nullable(n, false);
-  auto unite = [](ByteSet &a, const ByteSet &b) {
-    bool changed = false;
-    for (int w = 0; w < 4; ++w) {
-      const uint64_t x = a.bits[size_t(w)] | b.bits[size_t(w)];
-      changed |= x != a.bits[size_t(w)];
-      a.bits[size_t(w)] = x;
-    }
-    return changed;
-  };
-  // FIRST of the elements from i on; true if they can all be empty.
-  auto first_of = [&](const Sequence &alt, size_t i, ByteSet &out) {
-    for (; i < alt.size(); ++i) {
-      const Element &e = alt[i];
-      if (e.kind == Element::Kind::kBytes) {
-        unite(out, gr.byte_sets[e.value]);
-        return false;
+  std::vector<std::vector<uint32_t>> first_edges(n);
+  for (uint32_t r = 0; r < n; ++r)
+    for (const Sequence &alt : gr.rules[r].alternatives)
+      for (const Element &e : alt) {
+        if (e.kind == Element::Kind::kBytes) unite(first[r], gr.byte_sets[e.value]);
+        if (e.kind != Element::Kind::kRule) break;
+        first_edges[e.value].push_back(r);
+        if (!nullable[e.value]) break;
       }
-      if (e.kind == Element::Kind::kSpecial) return false;
-      unite(out, first[e.value]);
-      if (!nullable[e.value]) return false;
-    }
-    return true;
-  };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r)
-      for (const Sequence &alt : gr.rules[r].alternatives) {
-        ByteSet f;
-        const bool empty = first_of(alt, 0, f);
-        changed |= unite(first[r], f);
-        if (empty && !nullable[r]) nullable[r] = changed = true;
-      }
-  }
+  propagate(first, first_edges);
+  // FOLLOW(x) >= FIRST(what comes after x), and >= FOLLOW(r) when that can be empty.
   g.follow.assign(n, ByteSet{});
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r)
-      for (const Sequence &alt : gr.rules[r].alternatives)
-        for (size_t i = 0; i < alt.size(); ++i) {
-          if (alt[i].kind != Element::Kind::kRule) continue;
-          ByteSet f;
-          const bool rest_empty = first_of(alt, i + 1, f);
-          if (rest_empty) unite(f, g.follow[r]);
-          changed |= unite(g.follow[alt[i].value], f);
+  std::vector<std::vector<uint32_t>> follow_edges(n);
+  for (uint32_t r = 0; r < n; ++r)
+    for (const Sequence &alt : gr.rules[r].alternatives) {
+      ByteSet tail; // FIRST of the elements after position i
+      bool tail_empty = true;
+      for (size_t i = alt.size(); i-- > 0;) {
+        const Element &e = alt[i];
+        if (e.kind == Element::Kind::kBytes) {
+          tail = gr.byte_sets[e.value];
+          tail_empty = false;
+        } else if (e.kind == Element::Kind::kSpecial) {
+          tail = ByteSet{};
+          tail_empty = false;
+        } else {
+          unite(g.follow[e.value], tail);
+          if (tail_empty) follow_edges[r].push_back(e.value);
+          if (!nullable[e.value]) {
+            tail = first[e.value];
+            tail_empty = false;
+          } else {
+            unite(tail, first[e.value]);
+          }
         }
-  }
+      }
+    }
+  propagate(g.follow, follow_edges);
 }
 
 } // namespace
@@ -139,6 +217,7 @@ compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabu
     if (t < 0 || size_t(t) >= vocabulary->size())
       return Status::error("grammar: end token " + std::to_string(t) +
                            " is outside the vocabulary");
+  if (Status s = prune_unproductive(grammar, *vocabulary); !s.ok()) return s;
   auto g = std::make_shared<CompiledGrammar>();
   g->grammar = std::move(grammar);
   g->vocabulary = std::move(vocabulary);
@@ -188,14 +267,15 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
   }
   std::sort(all.tops.begin(), all.tops.end());
   all.tops.erase(std::unique(all.tops.begin(), all.tops.end()), all.tops.end());
+  ambiguous_ = e.overflow || all.tops.size() > kMaxStacks;
   state_ = std::move(all.tops);
   if (all.complete) state_.push_back(kComplete);
 }
 
 GrammarMatcher::GrammarMatcher(const GrammarMatcher &o)
     : grammar_(o.grammar_), arena_(std::make_shared<Arena>(*o.arena_)), state_(o.state_),
-      finished_(o.finished_), cache_(o.cache_), cache_next_(o.cache_next_),
-      compact_at_(o.compact_at_) {}
+      finished_(o.finished_), ambiguous_(o.ambiguous_), cache_(o.cache_),
+      cache_next_(o.cache_next_), compact_at_(o.compact_at_) {}
 
 GrammarMatcher &GrammarMatcher::operator=(const GrammarMatcher &o) {
   if (this != &o) *this = GrammarMatcher(o);
@@ -255,6 +335,13 @@ bool GrammarMatcher::accept_token(int32_t token) {
   return false;
 }
 
+namespace {
+Status too_ambiguous() {
+  return Status::error("the grammar is too ambiguous here (more than " +
+                       std::to_string(GrammarMatcher::kMaxStacks) + " parses at once)");
+}
+} // namespace
+
 Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
   const CompiledGrammar &g = *grammar_;
   const size_t n = g.vocabulary->size();
@@ -266,6 +353,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
       }
   bits.assign((n + 63) / 64, 0);
   if (finished_) return ok_status();
+  if (ambiguous_) return too_ambiguous();
   Expander ex(g, *arena_);
   Expansion e;
   std::vector<uint32_t> walk;
@@ -286,6 +374,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
     for (; at != kRoot && n_frames < CompiledGrammar::kContextFrames; at = arena_->nodes[at].parent)
       frames[n_frames++] = arena_->nodes[at].pos;
     const CompiledGrammar::Table &table = g.table({frames, n_frames}, at == kRoot);
+    if (table.overflowed) return too_ambiguous();
     if (!table.accepted_bits.empty())
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= table.accepted_bits[w];
     for (int32_t a : table.accepted_ids) set_bit(bits, size_t(a));
@@ -298,9 +387,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
       bool alive = true;
       for (char ch : b) {
         ex.step(walk, uint8_t(ch), e);
-        if (e.overflow)
-          return Status::error("the grammar is too ambiguous here (more than " +
-                               std::to_string(kMaxStacks) + " parses at once)");
+        if (e.overflow) return too_ambiguous();
         if (e.tops.empty() && !e.complete) {
           alive = false;
           break;

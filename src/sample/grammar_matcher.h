@@ -120,7 +120,8 @@ public:
   bool finished() const { return finished_; }
 
   // Allowed next tokens as a bitset over token ids ((vocabulary size + 63) / 64 words). Fails
-  // only on a state too ambiguous to walk (more than kMaxStacks stacks).
+  // only where the grammar is too ambiguous to walk (more than kMaxStacks stacks at once, here or
+  // in a table this state needs): an error, never a mask that silently lost parses.
   Status fill_mask(std::vector<uint64_t> &bits);
   // Sets every disallowed token's logit to -infinity.
   Status mask_logits(std::span<float> logits);
@@ -140,6 +141,7 @@ private:
   std::shared_ptr<Arena> arena_; // the stacks' nodes
   std::vector<uint32_t> state_;  // sorted top node ids; kComplete marks a finished sentence
   bool finished_ = false;
+  bool ambiguous_ = false; // the start alone has more than kMaxStacks stacks
   std::vector<Cached> cache_;
   size_t cache_next_ = 0;
   std::vector<uint64_t> scratch_bits_;

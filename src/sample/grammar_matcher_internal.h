@@ -58,6 +58,7 @@ struct ContextTable {
   std::vector<int32_t> accepted_ids;   // when few
   std::vector<uint64_t> accepted_bits; // when many: a bitset over token ids
   std::vector<int32_t> uncertain;
+  bool overflowed = false; // a walk met more than kMaxStacks parses: the table is incomplete
   size_t bytes() const {
     return (accepted_ids.size() + uncertain.size()) * sizeof(int32_t) +
            accepted_bits.size() * sizeof(uint64_t);

@@ -45,6 +45,9 @@ public:
     return it->second;
   }
 
+  // Some expansion met more than kMaxStacks parses (and kept only those).
+  bool overflowed() const { return overflowed_; }
+
   static constexpr uint32_t kSentinelFlag = 2, kCompleteFlag = 1;
   // (next state << 2) | flags.
   uint32_t step(uint32_t state, uint8_t byte) {
@@ -63,6 +66,7 @@ private:
     }
     tops_.assign(pool_.begin() + starts_[state], pool_.begin() + ends_[state]);
     ex_.step(tops_, byte, e_);
+    overflowed_ |= e_.overflow;
     const uint32_t packed = (intern(e_.tops) << 2) | (e_.sentinel ? kSentinelFlag : 0) |
                             (e_.complete ? kCompleteFlag : 0);
     if (state < kMaxRows) next_[size_t(state) * 256 + byte] = packed;
@@ -77,6 +81,7 @@ private:
   std::unordered_map<std::string, uint32_t> index_;
   std::vector<ByteSet> live_;
   std::vector<uint32_t> pool_, starts_, ends_, next_, tops_;
+  bool overflowed_ = false;
   Expansion e_;
 };
 
@@ -102,6 +107,7 @@ public:
   }
 
   const Level &root() const { return root_; }
+  bool overflowed() const { return automaton_.overflowed(); }
   // The level after `byte`; `here`: a token ending on this byte is accepted.
   Level descend(const Level &up, uint8_t byte, bool &here) {
     const uint32_t next = automaton_.step(up.state, byte);
@@ -211,6 +217,7 @@ std::shared_ptr<const ContextTable> walk_vocabulary(const CompiledGrammar &g,
     ++i;
   }
   accepted.store(v, *table);
+  table->overflowed = walk.overflowed();
   return table;
 }
 
@@ -226,6 +233,7 @@ std::shared_ptr<const ContextTable> refine(const CompiledGrammar &g, const Conte
   for (int32_t u : wider.uncertain)
     if (walk.classify(g.vocabulary->texts().bytes[size_t(u)]) == ContextWalk::Verdict::kUncertain)
       table->uncertain.push_back(u);
+  table->overflowed = wider.overflowed || walk.overflowed();
   return table;
 }
 

@@ -257,6 +257,104 @@ TEST(GrammarMatcher, TextEndingAtASpecialTokenSharesItsTableAcrossGrammars) {
   EXPECT_EQ(fresh.trie_nodes_walked, a.trie_nodes_walked);
 }
 
+// FIRST and FOLLOW of a chain at the rule limit, declared so that a sweep in order learns one
+// link per pass: compiled (a worklist), and the sentence and its FOLLOW-decided tokens right.
+TEST(GrammarMatcher, ChainsAtTheRuleLimitCompile) {
+  Grammar chain;
+  const size_t n = kMaxGrammarRules - 2;
+  chain.byte_sets.resize(2);
+  chain.byte_sets[0].set('x');
+  chain.byte_sets[1].set('y');
+  chain.rules.resize(n + 1);
+  for (size_t r = 0; r < n; ++r) {
+    chain.rules[r].name = "c" + std::to_string(r);
+    chain.rules[r].alternatives = {{Element{Element::Kind::kRule, uint32_t(r + 1)}}};
+  }
+  // the last ::= "x" | "", and root ::= c0 "y"
+  chain.rules[n - 1].alternatives = {{Element{Element::Kind::kBytes, 0}}, {}};
+  chain.rules[n].name = "root";
+  chain.rules[n].alternatives = {
+      {Element{Element::Kind::kRule, 0}, Element{Element::Kind::kBytes, 1}}};
+  chain.root = uint32_t(n);
+  auto texts = std::make_shared<TokenTexts>();
+  texts->bytes = {"x", "y", "xy", "yx", "z"};
+  texts->special.assign(texts->bytes.size(), 0);
+  auto compiled = compile_grammar(chain, std::make_shared<GrammarVocabulary>(texts), {4});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  GrammarMatcher m(*compiled);
+  std::vector<uint64_t> bits;
+  ASSERT_TRUE(m.fill_mask(bits).ok());
+  EXPECT_EQ(bits[0], 0b00111u); // x, y, xy; not yx (nothing follows y), not z
+  ASSERT_TRUE(m.accept_token(0));
+  ASSERT_TRUE(m.fill_mask(bits).ok());
+  EXPECT_EQ(bits[0], 0b00010u);
+}
+
+// A way through the grammar that can never be finished (an empty character class, a special
+// token the vocabulary lacks) is cut at compile time, so that no state allows nothing; a grammar
+// with no other way is refused.
+TEST(GrammarMatcher, DeadEndsAreCutAtCompileTime) {
+  auto texts = std::make_shared<TokenTexts>();
+  texts->bytes = {"a", "b", "ab", "c", "<|end|>"};
+  texts->special = {0, 0, 0, 0, 1};
+  auto vocab = std::make_shared<GrammarVocabulary>(texts);
+  GrammarBuilder b;
+  const Element nothing = b.rule("nothing", {{b.bytes(ByteSet{})}});
+  const Element missing = b.rule("missing", {{GrammarBuilder::special(3)}}); // "c" is ordinary
+  const Element root = b.rule("root", {{b.byte('a'), nothing},
+                                       {b.byte('a'), missing},
+                                       {b.byte('b')},
+                                       {b.byte('c'), nothing, b.byte('c')}});
+  auto g = std::move(b).finish(root.value);
+  ASSERT_TRUE(g.ok());
+  auto compiled = compile_grammar(*g, vocab, {4});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  GrammarMatcher m(*compiled);
+  std::vector<uint64_t> bits;
+  ASSERT_TRUE(m.fill_mask(bits).ok());
+  EXPECT_EQ(bits[0], 0b00010u); // only "b": "a" and "c" lead nowhere
+  EXPECT_FALSE(GrammarMatcher(*compiled).accept_bytes("a"));
+
+  GrammarBuilder d;
+  const Element dead = d.rule("dead", {{d.byte('a'), d.bytes(ByteSet{})}});
+  auto none = std::move(d).finish(dead.value);
+  ASSERT_TRUE(none.ok());
+  auto refused = compile_grammar(*none, vocab, {4});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("'dead' matches nothing"), std::string::npos)
+      << refused.message();
+}
+
+// More parses at once than the matcher walks: an error, at the start or in a table, never a mask
+// that silently lost some.
+TEST(GrammarMatcher, TooAmbiguousIsAnErrorNotATruncation) {
+  auto texts = std::make_shared<TokenTexts>();
+  texts->bytes = {"x", "y", "yx", "z"};
+  texts->special = {0, 0, 0, 0};
+  auto vocab = std::make_shared<GrammarVocabulary>(texts);
+  // many ::= "x" r0 | "x" r1 | ..., each r_i ::= "z": more stacks after "x" than kMaxStacks.
+  auto grammar = [](bool behind_y) {
+    GrammarBuilder b;
+    std::vector<Sequence> alts;
+    for (size_t i = 0; i < GrammarMatcher::kMaxStacks + 10; ++i)
+      alts.push_back({b.byte('x'), b.rule("r" + std::to_string(i), {{b.byte('z')}})});
+    const Element many = b.rule("many", std::move(alts));
+    const Element root = b.rule("root", {behind_y ? Sequence{b.byte('y'), many} : Sequence{many}});
+    return std::move(b).finish(root.value).value();
+  };
+  std::vector<uint64_t> bits;
+  auto at_start = compile_grammar(grammar(false), vocab, {3});
+  ASSERT_TRUE(at_start.ok());
+  const Status s = GrammarMatcher(*at_start).fill_mask(bits);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("too ambiguous"), std::string::npos) << s.message();
+  // Behind "y" the start is one stack, but the table's walk of "yx" meets them all.
+  auto in_table = compile_grammar(grammar(true), vocab, {3});
+  ASSERT_TRUE(in_table.ok());
+  GrammarMatcher m(*in_table);
+  EXPECT_FALSE(m.fill_mask(bits).ok());
+}
+
 TEST(GrammarMatcher, RefusedInputLeavesTheStateAsItWas) {
   auto texts = std::make_shared<TokenTexts>();
   texts->bytes = {"{", "}", "\"a\"", ":", "1", "x"};

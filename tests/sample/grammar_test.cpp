@@ -132,6 +132,67 @@ TEST(Grammar, LeftRecursionIsRefusedEvenThroughEmptyRules) {
   }
 }
 
+// nullable_rules against the naive fixpoint (sweep every rule until nothing changes) on random
+// grammars, and on the chain that made the sweep quadratic.
+TEST(Grammar, NullableRulesAreTheNaiveFixpoint) {
+  auto naive = [](const Grammar &g) {
+    std::vector<bool> nullable(g.rules.size(), false);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < g.rules.size(); ++r)
+        for (const Sequence &alt : g.rules[r].alternatives) {
+          bool all = !nullable[r];
+          for (const Element &e : alt)
+            all = all && e.kind == Element::Kind::kRule && nullable[e.value];
+          if (all) nullable[r] = changed = true;
+        }
+    }
+    return nullable;
+  };
+  std::mt19937 rng(3);
+  size_t nullable_seen = 0, total = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Grammar g;
+    g.byte_sets.push_back(ByteSet{});
+    g.byte_sets[0].set('a');
+    const size_t n = 1 + rng() % 12;
+    g.rules.resize(n);
+    for (size_t r = 0; r < n; ++r) {
+      g.rules[r].name = "r" + std::to_string(r);
+      const size_t alts = 1 + rng() % 3;
+      for (size_t a = 0; a < alts; ++a) {
+        Sequence s;
+        const size_t len = rng() % 4;
+        for (size_t i = 0; i < len; ++i)
+          s.push_back(rng() % 5 == 0 ? Element{Element::Kind::kBytes, 0}
+                                     : Element{Element::Kind::kRule, uint32_t(rng() % n)});
+        g.rules[r].alternatives.push_back(std::move(s));
+      }
+    }
+    const std::vector<bool> got = nullable_rules(g), want = naive(g);
+    ASSERT_EQ(got, want) << g.to_text();
+    for (bool b : got) nullable_seen += b;
+    total += n;
+  }
+  EXPECT_GT(nullable_seen, total / 5);
+  EXPECT_LT(nullable_seen, total);
+  // r0 ::= r1, r1 ::= r2, ..., the last ::= "": every rule is nullable. One request can send
+  // this at the rule limit; a sweep in declaration order would need a pass per rule.
+  Grammar chain;
+  const size_t n = kMaxGrammarRules - 1;
+  chain.rules.resize(n);
+  for (size_t r = 0; r < n; ++r) {
+    chain.rules[r].name = "c" + std::to_string(r);
+    if (r + 1 < n)
+      chain.rules[r].alternatives = {{Element{Element::Kind::kRule, uint32_t(r + 1)}}};
+    else
+      chain.rules[r].alternatives = {{}};
+  }
+  const std::vector<bool> all = nullable_rules(chain);
+  EXPECT_EQ(std::count(all.begin(), all.end(), true), ptrdiff_t(n));
+  EXPECT_TRUE(validate_grammar(chain).ok());
+}
+
 TEST(Grammar, UndefinedRulesAreNamed) {
   GrammarBuilder b;
   const uint32_t missing = b.declare("value");
