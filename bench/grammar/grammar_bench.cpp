@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
     auto compiled = sample::compile_grammar(std::move(grammar.value()), warm_gv, vocab.end_tokens);
     const double compile_wall_us = us_since(t_compile);
     if (!compiled.ok() || !cold.ok()) {
-      out["error"] = "compile_grammar: " + compiled.status().message();
+      out["error"] = "compile_grammar: " + (compiled.ok() ? cold : compiled).status().message();
       std::cout << out.dump() << std::endl;
       ++failures;
       continue;

@@ -535,7 +535,7 @@ def write_report(results, path):
           "the first request on a warmed vocabulary (after `warm_json_tables`, what `offgraph serve` runs at "
           "startup: warm-up ms) walks the trie only for the contexts no warm-up grammar shares; the cached "
           "request finds them all made. All tables = `precompute_all` on a fresh compilation and vocabulary: "
-          "one-frame tables for every position, the context-free worst case.", "",
+          "one-frame tables (nothing known below) for every position, which are not the contexts a matcher asks for: a measure of the walks alone, not what a request pays.", "",
           "| vocab | schema | grammar rules | schema→grammar ms | compile_grammar ms | tables visited "
           "| table ms cold / first | shared / sorted again (first) | trie nodes walked cold / first "
           "| warm-up ms | all tables ms | llama.cpp GBNF bytes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]

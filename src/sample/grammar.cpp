@@ -159,43 +159,138 @@ int single_byte(const ByteSet &s) {
 
 } // namespace
 
-// Which rules can match the empty string. A worklist, linear in the grammar's size: an
-// alternative of rule references only waits for as many of them as it has; each rule found
-// nullable counts down the alternatives it occurs in. (Sweeping all rules until nothing changes
-// is quadratic on a chain of rules declared in the wrong order, which one request can send.)
-std::vector<bool> nullable_rules(const Grammar &g) {
-  std::vector<bool> nullable(g.rules.size(), false);
-  std::vector<uint32_t> waiting, rule_of; // per alternative: references left; its rule
-  std::vector<std::vector<uint32_t>> occurs(g.rules.size()); // rule -> alternatives it is in
+Derivable derivable(const Grammar &g, const std::function<bool(const Element &)> &terminal_ok) {
+  const size_t n = g.rules.size();
+  Derivable out;
+  out.rules.assign(n, false);
+  out.alternatives.resize(n);
+  constexpr uint32_t kNever = 0xFFFFFFFFu;
+  std::vector<uint32_t> waiting;                    // per alternative: references not yet derivable
+  std::vector<std::pair<uint32_t, uint32_t>> where; // per alternative: (rule, index in the rule)
+  std::vector<std::vector<uint32_t>> occurs(n);     // rule -> alternatives it occurs in
   std::vector<uint32_t> found;
-  for (uint32_t r = 0; r < g.rules.size(); ++r)
-    for (const Sequence &alt : g.rules[r].alternatives) {
-      const uint32_t a = uint32_t(waiting.size());
-      const bool terminal = std::any_of(
-          alt.begin(), alt.end(), [](const Element &e) { return e.kind != Element::Kind::kRule; });
-      waiting.push_back(terminal ? 0xFFFFFFFFu : uint32_t(alt.size()));
-      rule_of.push_back(r);
-      if (terminal) continue;
-      if (alt.empty() && !nullable[r]) {
-        nullable[r] = true;
-        found.push_back(r);
-      }
-      for (const Element &e : alt)
-        if (e.value < g.rules.size()) occurs[e.value].push_back(a);
+  auto mark = [&](uint32_t r) {
+    if (!out.rules[r]) {
+      out.rules[r] = true;
+      found.push_back(r);
     }
+  };
+  for (uint32_t r = 0; r < n; ++r) {
+    out.alternatives[r].assign(g.rules[r].alternatives.size(), false);
+    for (uint32_t i = 0; i < g.rules[r].alternatives.size(); ++i) {
+      const Sequence &alt = g.rules[r].alternatives[i];
+      const uint32_t a = uint32_t(waiting.size());
+      where.push_back({r, i});
+      uint32_t refs = 0;
+      bool never = false;
+      for (const Element &e : alt) {
+        if (e.kind != Element::Kind::kRule)
+          never |= !terminal_ok(e);
+        else if (e.value < n) {
+          occurs[e.value].push_back(a);
+          ++refs;
+        }
+      }
+      waiting.push_back(never ? kNever : refs);
+      if (!never && refs == 0) {
+        out.alternatives[r][i] = true;
+        mark(r);
+      }
+    }
+  }
   while (!found.empty()) {
     const uint32_t x = found.back();
     found.pop_back();
     for (uint32_t a : occurs[x]) {
-      if (--waiting[a] != 0) continue;
-      const uint32_t r = rule_of[a];
-      if (!nullable[r]) {
-        nullable[r] = true;
-        found.push_back(r);
-      }
+      if (waiting[a] == kNever || --waiting[a] != 0) continue;
+      out.alternatives[where[a].first][where[a].second] = true;
+      mark(where[a].first);
     }
   }
-  return nullable;
+  return out;
+}
+
+std::vector<bool> nullable_rules(const Grammar &g) {
+  return derivable(g, [](const Element &) { return false; }).rules;
+}
+
+namespace {
+
+// Unites `from` into `into`; true if `into` grew.
+bool unite(ByteSet &into, const ByteSet &from) {
+  bool grew = false;
+  for (size_t w = 0; w < into.bits.size(); ++w) {
+    const uint64_t x = into.bits[w] | from.bits[w];
+    grew |= x != into.bits[w];
+    into.bits[w] = x;
+  }
+  return grew;
+}
+
+// Grows sets[r] by sets[x] along every edge x -> r until nothing changes: a worklist, so that a
+// set is queued again only when it gains a byte (at most 256 times).
+void propagate(std::vector<ByteSet> &sets, const std::vector<std::vector<uint32_t>> &edges) {
+  std::vector<uint32_t> work;
+  std::vector<bool> queued(sets.size(), true);
+  for (uint32_t r = 0; r < sets.size(); ++r) work.push_back(r);
+  while (!work.empty()) {
+    const uint32_t x = work.back();
+    work.pop_back();
+    queued[x] = false;
+    for (uint32_t r : edges[x])
+      if (unite(sets[r], sets[x]) && !queued[r]) {
+        queued[r] = true;
+        work.push_back(r);
+      }
+  }
+}
+
+} // namespace
+
+std::vector<ByteSet> follow_sets(const Grammar &g) {
+  const size_t n = g.rules.size();
+  const std::vector<bool> nullable = nullable_rules(g);
+  // FIRST(r) >= FIRST(x) for each x that a prefix of nullable rules leads to.
+  std::vector<ByteSet> first(n);
+  std::vector<std::vector<uint32_t>> first_edges(n);
+  for (uint32_t r = 0; r < n; ++r)
+    for (const Sequence &alt : g.rules[r].alternatives)
+      for (const Element &e : alt) {
+        if (e.kind == Element::Kind::kBytes) unite(first[r], g.byte_sets[e.value]);
+        if (e.kind != Element::Kind::kRule) break;
+        first_edges[e.value].push_back(r);
+        if (!nullable[e.value]) break;
+      }
+  propagate(first, first_edges);
+  // FOLLOW(x) >= FIRST(what comes after x), and >= FOLLOW(r) when that can be empty.
+  std::vector<ByteSet> follow(n);
+  std::vector<std::vector<uint32_t>> follow_edges(n);
+  for (uint32_t r = 0; r < n; ++r)
+    for (const Sequence &alt : g.rules[r].alternatives) {
+      ByteSet tail; // FIRST of the elements after position i
+      bool tail_empty = true;
+      for (size_t i = alt.size(); i-- > 0;) {
+        const Element &e = alt[i];
+        if (e.kind == Element::Kind::kBytes) {
+          tail = g.byte_sets[e.value];
+          tail_empty = false;
+        } else if (e.kind == Element::Kind::kSpecial) {
+          tail = ByteSet{};
+          tail_empty = false;
+        } else {
+          unite(follow[e.value], tail);
+          if (tail_empty) follow_edges[r].push_back(e.value);
+          if (!nullable[e.value]) {
+            tail = first[e.value];
+            tail_empty = false;
+          } else {
+            unite(tail, first[e.value]);
+          }
+        }
+      }
+    }
+  propagate(follow, follow_edges);
+  return follow;
 }
 
 uint32_t GrammarBuilder::declare(std::string name) {

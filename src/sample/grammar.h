@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,8 +110,22 @@ private:
 
 // Checks a grammar built by other means (GrammarBuilder::finish runs this).
 Status validate_grammar(const Grammar &grammar);
-// Per rule, whether it can match the empty string (in time linear in the grammar's size).
+// Grammar analyses, each a worklist in time linear in the grammar's size (a request's grammar
+// may chain 100,000 rules; sweeping until nothing changes is quadratic on such a chain).
+//
+// Which rules, and which alternatives, derive some string whose terminals all pass
+// `terminal_ok` (an alternative does when each of its elements does).
+struct Derivable {
+  std::vector<bool> rules;
+  std::vector<std::vector<bool>> alternatives; // per rule, per alternative
+};
+Derivable derivable(const Grammar &grammar,
+                    const std::function<bool(const Element &)> &terminal_ok);
+// Per rule, whether it can match the empty string: derivable with no terminal.
 std::vector<bool> nullable_rules(const Grammar &grammar);
+// Per rule, FOLLOW over bytes: what may be read right after the rule ends, anywhere it is used
+// (a special token after it adds nothing).
+std::vector<ByteSet> follow_sets(const Grammar &grammar);
 
 // Whether `text` (bytes only, no special tokens) is a complete sentence of the grammar: a
 // direct interpretation, for tests and references; the matcher is what generation uses.

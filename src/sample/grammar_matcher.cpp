@@ -32,135 +32,24 @@ void lay_out(CompiledGrammar &g) {
 
 // Drops the alternatives that can never be completed (an empty byte set, a special token the
 // vocabulary does not have as one, or a rule that is itself such, on every way through), so that
-// every stack the matcher makes can reach the end of the sentence: a grammar never leaves a
-// request where no token is allowed. A worklist, like nullable_rules. Error when the root is
-// such a rule: the grammar matches nothing.
+// a grammar never leaves a request in a state with no way on. Error when the root is such a
+// rule: the grammar matches nothing.
 Status prune_unproductive(Grammar &g, const GrammarVocabulary &vocabulary) {
-  const size_t n = g.rules.size();
-  std::vector<bool> productive(n, false);
-  std::vector<uint32_t> waiting, rule_of;                        // per alternative
-  std::vector<std::vector<uint32_t>> occurs(n), alternatives(n); // rule -> alternatives
-  std::vector<uint32_t> found;
-  for (uint32_t r = 0; r < n; ++r)
-    for (const Sequence &alt : g.rules[r].alternatives) {
-      const uint32_t a = uint32_t(waiting.size());
-      alternatives[r].push_back(a);
-      rule_of.push_back(r);
-      uint32_t refs = 0;
-      bool dead = false;
-      for (const Element &e : alt) {
-        if (e.kind == Element::Kind::kRule) {
-          occurs[e.value].push_back(a);
-          ++refs;
-        }
-        dead |= e.kind == Element::Kind::kBytes && g.byte_sets[e.value].empty();
-        dead |= e.kind == Element::Kind::kSpecial && !vocabulary.is_special(int32_t(e.value));
-      }
-      waiting.push_back(dead ? 0xFFFFFFFFu : refs);
-      if (!dead && refs == 0 && !productive[r]) {
-        productive[r] = true;
-        found.push_back(r);
-      }
-    }
-  while (!found.empty()) {
-    const uint32_t x = found.back();
-    found.pop_back();
-    for (uint32_t a : occurs[x])
-      if (waiting[a] != 0xFFFFFFFFu && --waiting[a] == 0 && !productive[rule_of[a]]) {
-        productive[rule_of[a]] = true;
-        found.push_back(rule_of[a]);
-      }
-  }
-  if (!productive[g.root])
+  const Derivable productive = derivable(g, [&](const Element &e) {
+    return e.kind == Element::Kind::kBytes ? !g.byte_sets[e.value].empty()
+                                           : vocabulary.is_special(int32_t(e.value));
+  });
+  if (!productive.rules[g.root])
     return Status::error("grammar: rule '" + g.rules[g.root].name +
                          "' matches nothing (every way through it needs an empty character "
                          "class or a special token this vocabulary does not have)");
-  for (uint32_t r = 0; r < n; ++r) {
+  for (uint32_t r = 0; r < g.rules.size(); ++r) {
     std::vector<Sequence> kept;
     for (size_t i = 0; i < g.rules[r].alternatives.size(); ++i)
-      if (waiting[alternatives[r][i]] == 0) kept.push_back(std::move(g.rules[r].alternatives[i]));
+      if (productive.alternatives[r][i]) kept.push_back(std::move(g.rules[r].alternatives[i]));
     g.rules[r].alternatives = std::move(kept);
   }
   return ok_status();
-}
-
-// Unites `from` into `into`; true if `into` grew.
-bool unite(ByteSet &into, const ByteSet &from) {
-  bool grew = false;
-  for (size_t w = 0; w < into.bits.size(); ++w) {
-    const uint64_t x = into.bits[w] | from.bits[w];
-    grew |= x != into.bits[w];
-    into.bits[w] = x;
-  }
-  return grew;
-}
-
-// Grows sets[r] by sets[x] along every edge x -> r until nothing changes: a worklist, so that
-// each set is pushed on at most once per byte it gains (linear in the edges times 256).
-void propagate(std::vector<ByteSet> &sets, const std::vector<std::vector<uint32_t>> &edges) {
-  std::vector<uint32_t> work;
-  std::vector<bool> queued(sets.size(), true);
-  for (uint32_t r = 0; r < sets.size(); ++r) work.push_back(r);
-  while (!work.empty()) {
-    const uint32_t x = work.back();
-    work.pop_back();
-    queued[x] = false;
-    for (uint32_t r : edges[x])
-      if (unite(sets[r], sets[x]) && !queued[r]) {
-        queued[r] = true;
-        work.push_back(r);
-      }
-  }
-}
-
-// FOLLOW(rule) over bytes: what may be read right after the rule ends, anywhere it is used. A
-// position whose rule ends on a byte outside it is dead whatever lies below. FIRST and FOLLOW are
-// each a direct part plus propagation along "contains" edges, so that a request's grammar of
-// long chains costs time linear in its size.
-void compute_follow(CompiledGrammar &g) {
-  const Grammar &gr = g.grammar;
-  const size_t n = gr.rules.size();
-  const std::vector<bool> nullable = nullable_rules(gr);
-  // FIRST(r) >= FIRST(x) for each x a prefix of nullable rules can lead to.
-  std::vector<ByteSet> first(n);
-  std::vector<std::vector<uint32_t>> first_edges(n);
-  for (uint32_t r = 0; r < n; ++r)
-    for (const Sequence &alt : gr.rules[r].alternatives)
-      for (const Element &e : alt) {
-        if (e.kind == Element::Kind::kBytes) unite(first[r], gr.byte_sets[e.value]);
-        if (e.kind != Element::Kind::kRule) break;
-        first_edges[e.value].push_back(r);
-        if (!nullable[e.value]) break;
-      }
-  propagate(first, first_edges);
-  // FOLLOW(x) >= FIRST(what comes after x), and >= FOLLOW(r) when that can be empty.
-  g.follow.assign(n, ByteSet{});
-  std::vector<std::vector<uint32_t>> follow_edges(n);
-  for (uint32_t r = 0; r < n; ++r)
-    for (const Sequence &alt : gr.rules[r].alternatives) {
-      ByteSet tail; // FIRST of the elements after position i
-      bool tail_empty = true;
-      for (size_t i = alt.size(); i-- > 0;) {
-        const Element &e = alt[i];
-        if (e.kind == Element::Kind::kBytes) {
-          tail = gr.byte_sets[e.value];
-          tail_empty = false;
-        } else if (e.kind == Element::Kind::kSpecial) {
-          tail = ByteSet{};
-          tail_empty = false;
-        } else {
-          unite(g.follow[e.value], tail);
-          if (tail_empty) follow_edges[r].push_back(e.value);
-          if (!nullable[e.value]) {
-            tail = first[e.value];
-            tail_empty = false;
-          } else {
-            unite(tail, first[e.value]);
-          }
-        }
-      }
-    }
-  propagate(g.follow, follow_edges);
 }
 
 } // namespace
@@ -223,7 +112,7 @@ compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabu
   g->vocabulary = std::move(vocabulary);
   g->end_tokens = std::move(end_tokens);
   lay_out(*g);
-  compute_follow(*g);
+  g->follow = follow_sets(g->grammar);
   for (const Code &c : g->code) g->terminal_positions += c.op == Op::kBytes;
   g->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
@@ -243,10 +132,12 @@ size_t grammar_vocabulary_size(const CompiledGrammar &grammar) {
   return grammar.vocabulary->size();
 }
 
-Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols) {
+Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols,
+               const std::atomic<bool> *cancel) {
   GrammarMatcher m(std::move(grammar));
   std::vector<uint64_t> bits;
   for (size_t i = 0; i < symbols.size(); ++i) {
+    if (cancel && *cancel) return ok_status();
     if (Status s = m.fill_mask(bits); !s.ok()) return s;
     const int32_t sym = symbols[i];
     const char byte = char(uint8_t(sym));
@@ -264,10 +155,11 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
     ex.start(s, kRoot, e);
     all.tops.insert(all.tops.end(), e.tops.begin(), e.tops.end());
     all.complete |= e.complete;
+    all.overflow |= e.overflow;
   }
   std::sort(all.tops.begin(), all.tops.end());
   all.tops.erase(std::unique(all.tops.begin(), all.tops.end()), all.tops.end());
-  ambiguous_ = e.overflow || all.tops.size() > kMaxStacks;
+  ambiguous_ = all.overflow || all.tops.size() > kMaxStacks;
   state_ = std::move(all.tops);
   if (all.complete) state_.push_back(kComplete);
 }

@@ -19,6 +19,7 @@
 #include "sample/grammar.h"
 #include "sample/token_texts.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -33,7 +34,7 @@ struct GrammarTableCache;
 // The ordinary tokens of a vocabulary as a byte trie, built once per model and shared by every
 // compiled grammar. Special tokens (TokenTexts::special) stay out of it: they match only a
 // grammar's special elements. Tokens that write no bytes are never allowed under a grammar.
-// It also holds the mask tables that grammars share (thread-safe; see grammar_matcher.cpp).
+// It also holds the mask tables that grammars share (thread-safe; see grammar_tables.cpp).
 class GrammarVocabulary {
 public:
   explicit GrammarVocabulary(std::shared_ptr<const TokenTexts> texts);
@@ -86,10 +87,10 @@ struct GrammarCompileStats {
   double table_seconds = 0;           // computing position tables, so far
 };
 GrammarCompileStats compile_stats(const CompiledGrammar &grammar);
-// Computes a table for every position with nothing known below it: the worst case, for
-// benchmarks, and a server's warm-up, since those tables are shared through the vocabulary with
-// every grammar that has the same rules (a server otherwise computes tables for the contexts
-// answers reach, as they reach them).
+// Computes a one-frame table (nothing known below) for every position, for benchmarks. These
+// are not the contexts a matcher asks for (three frames, or rooted ones): a server computes
+// tables for the contexts answers reach, as they reach them, and warms common ones with
+// warm_up.
 void precompute_all(const CompiledGrammar &grammar);
 size_t grammar_vocabulary_size(const CompiledGrammar &grammar);
 
@@ -97,8 +98,9 @@ size_t grammar_vocabulary_size(const CompiledGrammar &grammar);
 // special token) reaches, stopping after every byte so that any tokenization of the text finds
 // its tables made. A warm-up on representative answers, off the engine thread: the tables are
 // shared through the vocabulary with every grammar that has the same rules. Fails, naming the
-// position, if the grammar refuses the text.
-Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols);
+// position, if the grammar refuses the text. Stops early, successfully, once `*cancel` is set.
+Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols,
+               const std::atomic<bool> *cancel = nullptr);
 
 // The per-request state. Not thread-safe; the CompiledGrammar it reads is shared and immutable.
 class GrammarMatcher {

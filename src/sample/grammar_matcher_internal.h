@@ -122,6 +122,9 @@ struct GrammarTableCache {
     if (fresh) {
       order.push_front(key);
       it->second.at = order.begin();
+      bytes += 2 * key.size(); // held in the map and in the order
+    } else {
+      order.splice(order.begin(), order, it->second.at);
     }
     for (const Variant &v : it->second.variants)
       if (v.follow == follow) return; // another grammar made it meanwhile
@@ -129,6 +132,7 @@ struct GrammarTableCache {
     it->second.variants.push_back({follow, std::move(table)});
     while (bytes > kMaxBytes && order.size() > 1) {
       auto last = entries.find(order.back());
+      bytes -= 2 * last->first.size();
       for (const Variant &v : last->second.variants) bytes -= v.table->bytes();
       entries.erase(last);
       order.pop_back();

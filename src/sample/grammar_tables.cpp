@@ -3,6 +3,7 @@
 #include "sample/grammar_matcher_internal.h"
 
 #include <chrono>
+#include <optional>
 
 namespace offgraph::sample {
 
@@ -247,12 +248,17 @@ struct ClosureKey {
   std::string key;
   ByteSet follow; // empty where nothing below the frames is reached
 };
-ClosureKey closure_key(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted) {
+// Past kMaxKeyBytes of code (a context that reaches a long chain of rules, as a bounded
+// repetition is) the context is not shared: its key would cost more than its table, and there
+// is one such context per count of the repetition.
+constexpr size_t kMaxKeyBytes = 8192;
+std::optional<ClosureKey> closure_key(const CompiledGrammar &g, std::span<const uint32_t> frames,
+                                      bool rooted) {
   std::string code;
   auto put = [&code](const void *p, size_t n) { code.append(static_cast<const char *>(p), n); };
   std::vector<uint32_t> number(g.grammar.rules.size(), kRoot), queue;
   auto sequence = [&](uint32_t p) { // false: it stops at a special token
-    for (;; ++p) {
+    for (; code.size() <= kMaxKeyBytes; ++p) {
       const Code c = g.code[p];
       code.push_back(char(c.op));
       switch (c.op) {
@@ -273,16 +279,18 @@ ClosureKey closure_key(const CompiledGrammar &g, std::span<const uint32_t> frame
         break;
       }
     }
+    return false; // too long: the caller gives up
   };
   uint32_t reached = 0; // frames whose code a byte can reach
   bool below = true;    // bytes can leave them all
   while (below && reached < frames.size()) below = sequence(frames[reached++]);
-  for (size_t q = 0; q < queue.size(); ++q) {
+  for (size_t q = 0; q < queue.size() && code.size() <= kMaxKeyBytes; ++q) {
     const auto &starts = g.alternatives[queue[q]];
     const uint32_t count = uint32_t(starts.size());
     put(&count, sizeof(count));
     for (uint32_t s : starts) sequence(s);
   }
+  if (code.size() > kMaxKeyBytes) return std::nullopt;
   ClosureKey out;
   out.key.assign(reinterpret_cast<const char *>(&reached), sizeof(reached));
   out.key += !below ? 's' : rooted ? 'r' : 'u';
@@ -307,25 +315,27 @@ const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> f
   std::string key(reinterpret_cast<const char *>(frames.data()), frames.size() * sizeof(uint32_t));
   key += rooted ? 'r' : 'u';
   std::lock_guard lock(mutex_);
-  auto [it, fresh] = tables_.try_emplace(std::move(key));
-  if (!fresh) return *it->second;
+  if (auto it = tables_.find(key); it != tables_.end()) return *it->second;
   const auto t0 = std::chrono::steady_clock::now();
   GrammarTableCache &shared = vocabulary->table_cache();
-  const ClosureKey closure = closure_key(*this, frames, rooted);
-  const GrammarTableCache::Found found = shared.find(closure.key, closure.follow);
-  if (found.exact) {
-    it->second = found.exact;
+  const std::optional<ClosureKey> closure = closure_key(*this, frames, rooted);
+  const GrammarTableCache::Found found =
+      closure ? shared.find(closure->key, closure->follow) : GrammarTableCache::Found{};
+  std::shared_ptr<const Table> made = found.exact;
+  if (made) {
     ++computed_.shared_tables;
   } else {
     if (found.wider) {
-      it->second = refine(*this, *found.wider, frames, rooted);
+      made = refine(*this, *found.wider, frames, rooted);
       ++computed_.refined_tables;
     } else {
-      it->second = walk_vocabulary(*this, frames, rooted, computed_.trie_nodes_walked);
+      made = walk_vocabulary(*this, frames, rooted, computed_.trie_nodes_walked);
     }
-    shared.insert(closure.key, closure.follow, it->second);
+    // An overflowed walk depends on how this grammar's positions happen to coincide, which the
+    // key does not say: such a table stays this grammar's.
+    if (closure && !made->overflowed) shared.insert(closure->key, closure->follow, made);
   }
-  const Table &t = *it->second;
+  const Table &t = *tables_.emplace(std::move(key), std::move(made)).first->second;
   ++computed_.computed_tables;
   computed_.accepted += t.accepted_bits.empty() ? t.accepted_ids.size() : 0;
   computed_.uncertain += t.uncertain.size();

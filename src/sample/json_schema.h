@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -90,8 +91,8 @@ class GrammarVocabulary;
 // Computes, on sample answers, the mask tables that most JSON answers in grammars built with
 // `options` reach (strings, numbers, whitespace in objects and arrays; grammar_matcher.h's
 // warm_up), so that a server pays their full-vocabulary walks at startup rather than inside a
-// request. An error is a bug in the samples.
+// request. An error is a bug in the samples. Stops early once `*cancel` is set.
 Status warm_json_tables(const std::shared_ptr<const GrammarVocabulary> &vocabulary,
-                        JsonSchemaOptions options);
+                        JsonSchemaOptions options, const std::atomic<bool> *cancel = nullptr);
 
 } // namespace offgraph::sample

@@ -44,7 +44,7 @@ const char *const kObjects[] = {
 };
 
 Status walk(Result<Grammar> grammar, const std::shared_ptr<const GrammarVocabulary> &vocabulary,
-            const char *const *texts, size_t count) {
+            const char *const *texts, size_t count, const std::atomic<bool> *cancel) {
   if (!grammar.ok()) return grammar.status();
   auto compiled = compile_grammar(std::move(grammar).value(), vocabulary, {});
   if (!compiled.ok()) return compiled.status();
@@ -52,7 +52,7 @@ Status walk(Result<Grammar> grammar, const std::shared_ptr<const GrammarVocabula
     const std::string_view text = texts[i]; // no '<', which escape_lt would refuse
     std::vector<int32_t> symbols;
     for (char c : text) symbols.push_back(int32_t(uint8_t(c)));
-    if (Status s = warm_up(*compiled, symbols); !s.ok()) return s;
+    if (Status s = warm_up(*compiled, symbols, cancel); !s.ok()) return s;
   }
   return ok_status();
 }
@@ -60,13 +60,14 @@ Status walk(Result<Grammar> grammar, const std::shared_ptr<const GrammarVocabula
 } // namespace
 
 Status warm_json_tables(const std::shared_ptr<const GrammarVocabulary> &vocabulary,
-                        JsonSchemaOptions options) {
+                        JsonSchemaOptions options, const std::atomic<bool> *cancel) {
   const Json schema = Json::parse(kSchema);
-  if (Status s =
-          walk(json_schema_grammar(schema, options), vocabulary, kInstances, std::size(kInstances));
+  if (Status s = walk(json_schema_grammar(schema, options), vocabulary, kInstances,
+                      std::size(kInstances), cancel);
       !s.ok())
     return Status::error("JSON warm-up (schema): " + s.message(), StatusCode::kInternal);
-  if (Status s = walk(json_object_grammar(options), vocabulary, kObjects, std::size(kObjects));
+  if (Status s =
+          walk(json_object_grammar(options), vocabulary, kObjects, std::size(kObjects), cancel);
       !s.ok())
     return Status::error("JSON warm-up (any object): " + s.message(), StatusCode::kInternal);
   return ok_status();

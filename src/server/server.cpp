@@ -407,6 +407,7 @@ Result<std::unique_ptr<Server>> Server::create(const model::Model &model,
 
 Status Server::attach(const model::Model &model, engine::EngineOptions engine_options) {
   if (ready_) return Status::error("server: a model is already attached");
+  if (stopping_) return Status::error("server: stopped", StatusCode::kUnavailable);
   auto tok = text::Tokenizer::from_gguf(model.file().path());
   if (!tok.ok()) return tok.status();
   std::optional<text::Template> chat_template;
@@ -444,14 +445,17 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.vocabulary =
       std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*tokenizer_));
   facts_.grammars = std::make_shared<GrammarCache>();
-  warm_thread_ = start_grammar_warm_up(facts_);
+  warm_thread_ = start_grammar_warm_up(facts_, stopping_);
   published_kv_ = kv_metrics(engine_->store());
   ready_ = true;
   wake_.notify_all();
   return ok_status();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  if (warm_thread_.joinable()) warm_thread_.join(); // also when stop() ran before attach()
+}
 
 void Server::wake_engine() {
   { std::lock_guard lock(mutex_); } // the loop is either before its check or waiting

@@ -145,26 +145,21 @@ std::optional<ApiError> read_tools(const OutputShape &shape, text::AtemTurnSpec 
 
 } // namespace
 
-std::thread start_grammar_warm_up(const ModelFacts &facts) {
-  std::optional<text::AtemWarmUp> turn;
-  Status failed;
-  if (facts.atem) {
-    auto t = text::atem_warm_up_turn(*facts.tokenizer);
-    if (t.ok())
-      turn = std::move(t).value();
-    else
-      failed = t.status();
-  }
-  return std::thread([vocabulary = facts.vocabulary, turn = std::move(turn), failed] {
-    Status s = failed;
+std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<bool> &cancel) {
+  std::optional<Result<text::AtemWarmUp>> turn;
+  if (facts.atem) turn = text::atem_warm_up_turn(*facts.tokenizer);
+  return std::thread([vocabulary = facts.vocabulary, turn = std::move(turn), &cancel] {
+    auto report = [](const Status &s) {
+      if (!s.ok()) std::fprintf(stderr, "offgraph: grammar warm-up: %s\n", s.message().c_str());
+    };
     // Completions (and models without a chat format) write plain JSON; ATEM chat escapes '<'.
-    if (s.ok()) s = sample::warm_json_tables(vocabulary, {});
-    if (s.ok() && turn) s = sample::warm_json_tables(vocabulary, {.escape_lt = true});
-    if (s.ok() && turn) {
-      auto compiled = sample::compile_grammar(turn->grammar, vocabulary, {});
-      s = compiled.ok() ? sample::warm_up(*compiled, turn->symbols) : compiled.status();
-    }
-    if (!s.ok()) std::fprintf(stderr, "offgraph: grammar warm-up: %s\n", s.message().c_str());
+    report(sample::warm_json_tables(vocabulary, {}, &cancel));
+    if (!turn) return;
+    report(sample::warm_json_tables(vocabulary, {.escape_lt = true}, &cancel));
+    if (!turn->ok()) return report(turn->status());
+    auto compiled = sample::compile_grammar((*turn)->grammar, vocabulary, {});
+    report(compiled.ok() ? sample::warm_up(*compiled, (*turn)->symbols, &cancel)
+                         : compiled.status());
   });
 }
 

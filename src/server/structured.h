@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <list>
 #include <mutex>
 #include <string>
@@ -47,8 +48,9 @@ struct OutputShape {
 // numbers and whitespace; on ATEM models also the free text of reasoning and the escaped JSON of
 // answers), so that the first such request does not pay their full-vocabulary walks on the
 // engine's thread. What needs the tokenizer is done before it returns; the thread then reads only
-// the vocabulary. A failure (a bug in the samples) is written to stderr.
-std::thread start_grammar_warm_up(const ModelFacts &facts);
+// the vocabulary, and stops early once `cancel` is set (it must outlive the thread). A failure
+// (a bug in the samples) is written to stderr.
+std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<bool> &cancel);
 
 // Sets job.request.grammar when the body asks for a constrained answer. Errors: 400 naming the
 // field, with code invalid_json_schema for a schema that cannot be enforced and invalid_grammar

@@ -355,6 +355,37 @@ TEST(GrammarMatcher, TooAmbiguousIsAnErrorNotATruncation) {
   EXPECT_FALSE(m.fill_mask(bits).ok());
 }
 
+// A bounded repetition has a context per count left, each reaching the rest of the chain: such
+// contexts are not shared (their keys would outweigh their tables), so a long one costs the
+// vocabulary's cache nothing.
+TEST(GrammarMatcher, LongRepetitionsDoNotFillTheSharedCache) {
+  auto texts = std::make_shared<TokenTexts>();
+  for (char c = 'a'; c <= 'z'; ++c) texts->bytes.push_back(std::string(1, c));
+  texts->bytes.push_back("\"");
+  texts->bytes.push_back("ab");
+  texts->special.assign(texts->bytes.size(), 0);
+  auto vocab = std::make_shared<GrammarVocabulary>(texts);
+  GrammarBuilder b;
+  ByteSet lower;
+  lower.set_range('a', 'z');
+  auto body = b.repeat("body", {b.bytes(lower)}, 0, kMaxRepeatBound);
+  ASSERT_TRUE(body.ok());
+  const Element root = b.rule("root", {{b.byte('"'), *body, b.byte('"')}});
+  auto compiled = compile_grammar(*std::move(b).finish(root.value), vocab, {});
+  ASSERT_TRUE(compiled.ok());
+  GrammarMatcher m(*compiled);
+  std::vector<uint64_t> bits;
+  ASSERT_TRUE(m.accept_bytes("\""));
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(m.fill_mask(bits).ok());
+    ASSERT_EQ(bits[0] & 0x3FFFFFFu, 0x3FFFFFFu) << i; // every letter, at every count
+    ASSERT_TRUE(m.accept_token(i % 26));
+  }
+  EXPECT_LT(vocab->shared_tables(), 100u);
+  EXPECT_LT(vocab->shared_table_bytes(), size_t(1) << 20);
+  EXPECT_GT(compile_stats(**compiled).computed_tables, 2000u);
+}
+
 TEST(GrammarMatcher, RefusedInputLeavesTheStateAsItWas) {
   auto texts = std::make_shared<TokenTexts>();
   texts->bytes = {"{", "}", "\"a\"", ":", "1", "x"};

@@ -193,6 +193,83 @@ TEST(Grammar, NullableRulesAreTheNaiveFixpoint) {
   EXPECT_TRUE(validate_grammar(chain).ok());
 }
 
+// follow_sets against the naive fixpoints (FIRST, then FOLLOW, sweeping until nothing changes) on
+// random grammars with nullable rules, special tokens and several byte sets.
+TEST(Grammar, FollowSetsAreTheNaiveFixpoint) {
+  auto naive = [](const Grammar &g) {
+    const size_t n = g.rules.size();
+    const std::vector<bool> nullable = nullable_rules(g);
+    std::vector<ByteSet> first(n), follow(n);
+    auto unite = [](ByteSet &a, const ByteSet &b) {
+      const ByteSet before = a;
+      for (size_t w = 0; w < 4; ++w) a.bits[w] |= b.bits[w];
+      return !(a == before);
+    };
+    auto first_of = [&](const Sequence &alt, size_t i, ByteSet &out) {
+      for (; i < alt.size(); ++i) {
+        if (alt[i].kind == Element::Kind::kBytes)
+          return unite(out, g.byte_sets[alt[i].value]), false;
+        if (alt[i].kind == Element::Kind::kSpecial) return false;
+        unite(out, first[alt[i].value]);
+        if (!nullable[alt[i].value]) return false;
+      }
+      return true;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < n; ++r)
+        for (const Sequence &alt : g.rules[r].alternatives) {
+          ByteSet f;
+          first_of(alt, 0, f);
+          changed |= unite(first[r], f);
+        }
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < n; ++r)
+        for (const Sequence &alt : g.rules[r].alternatives)
+          for (size_t i = 0; i < alt.size(); ++i) {
+            if (alt[i].kind != Element::Kind::kRule) continue;
+            ByteSet f;
+            if (first_of(alt, i + 1, f)) unite(f, follow[r]);
+            changed |= unite(follow[alt[i].value], f);
+          }
+    }
+    return follow;
+  };
+  std::mt19937 rng(9);
+  size_t nonempty = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Grammar g;
+    for (char c : std::string("abcd")) {
+      g.byte_sets.push_back(ByteSet{});
+      g.byte_sets.back().set(uint8_t(c));
+    }
+    const size_t n = 1 + rng() % 10;
+    g.rules.resize(n);
+    for (size_t r = 0; r < n; ++r) {
+      g.rules[r].name = "r" + std::to_string(r);
+      for (size_t a = 0, alts = 1 + rng() % 3; a < alts; ++a) {
+        Sequence s;
+        for (size_t i = 0, len = rng() % 4; i < len; ++i) {
+          const unsigned k = rng() % 7;
+          s.push_back(k < 3   ? Element{Element::Kind::kBytes, uint32_t(rng() % 4)}
+                      : k < 4 ? Element{Element::Kind::kSpecial, 7}
+                              : Element{Element::Kind::kRule, uint32_t(rng() % n)});
+        }
+        g.rules[r].alternatives.push_back(std::move(s));
+      }
+    }
+    const std::vector<ByteSet> got = follow_sets(g), want = naive(g);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < n; ++r) {
+      ASSERT_TRUE(got[r] == want[r]) << "rule " << r << " of\n" << g.to_text();
+      nonempty += !got[r].empty();
+    }
+  }
+  EXPECT_GT(nonempty, 100u);
+}
+
 TEST(Grammar, UndefinedRulesAreNamed) {
   GrammarBuilder b;
   const uint32_t missing = b.declare("value");
