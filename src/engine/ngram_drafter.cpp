@@ -1,6 +1,7 @@
 #include "engine/ngram_drafter.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace offgraph::engine {
 
@@ -10,8 +11,8 @@ NgramDrafter::NgramDrafter(Options options) : options_(options) {
   options_.max_candidates = std::max(1, options_.max_candidates);
 }
 
-// Keys compare whole n-grams only through the tokens themselves (draft() checks every match), so
-// a collision costs a wasted link, never a wrong draft.
+// draft() compares the tokens of every candidate, so a hash collision never makes a wrong draft;
+// it takes one of the max_candidates links, which may then miss an older true occurrence.
 uint64_t NgramDrafter::key_ending_at(size_t end) const {
   uint64_t h = 0x9E3779B97F4A7C15ull;
   for (size_t i = end + 1 - size_t(options_.n_min); i <= end; ++i) {
@@ -43,6 +44,7 @@ void NgramDrafter::truncate(size_t length) {
     if (tokens_.size() >= size_t(options_.n_min)) {
       auto it = head_.find(key_ending_at(end));
       // Appends are undone in reverse, so this position is its n-gram's most recent.
+      assert(it != head_.end() && it->second == int32_t(end));
       if (previous_[end] < 0)
         head_.erase(it);
       else
@@ -76,7 +78,7 @@ NgramDrafter::Draft NgramDrafter::draft(size_t max_tokens) const {
     }
   }
   if (best_end < 0) return best;
-  const size_t from = size_t(best_end) + 1, to = std::min(n, from + max_tokens);
+  const size_t from = size_t(best_end) + 1, to = from + std::min(max_tokens, n - from);
   best.tokens.assign(tokens_.begin() + long(from), tokens_.begin() + long(to));
   return best;
 }

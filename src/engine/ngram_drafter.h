@@ -6,8 +6,9 @@
 // Occurrences are found as zlib finds matches: a hash chain over the positions where each
 // n_min-gram ends (head of the chain per n-gram, link to the previous occurrence per position),
 // walked most recent first, at most max_candidates links, each extended backwards to n_max.
-// Appending a token costs O(1); a draft O(max_candidates × n_max). Truncation undoes appends
-// exactly (the links are a stack), so a rewound sequence drafts as if it had never gone further.
+// Appending a token costs O(n_min) (a hash and a map update); a draft O(max_candidates × n_max).
+// Truncation undoes appends exactly (the links are a stack), so a rewound sequence drafts as if it
+// had never gone further.
 #pragma once
 
 #include <cstdint>

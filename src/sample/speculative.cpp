@@ -16,10 +16,11 @@ SpeculativeVerdict verify_greedy(std::span<const int32_t> draft,
 
 namespace {
 
-// A draw from weights w (not necessarily normalised); the last positive one if rounding runs out.
+// A draw from the positive weights of w (not necessarily normalised); the last positive one if
+// rounding runs out; -1 if none is positive.
 int32_t draw(const std::vector<double> &w, double u) {
   double total = 0;
-  for (double x : w) total += x;
+  for (double x : w) total += std::max(0.0, x);
   double at = u * total;
   int32_t last = -1;
   for (size_t i = 0; i < w.size(); ++i) {
@@ -45,8 +46,13 @@ SpeculativeVerdict verify_sampled(std::span<const int32_t> draft,
     const std::vector<double> &p = target[v.accepted], &q = draft_dists[v.accepted];
     const double pd = d >= 0 && size_t(d) < p.size() ? p[size_t(d)] : 0.0;
     const double qd = d >= 0 && size_t(d) < q.size() ? q[size_t(d)] : 0.0;
-    // Kept with probability min(1, p(d) / q(d)); a d that q could not have drawn is rejected.
-    if (qd > 0 && uniform() * qd < pd) continue;
+    // Kept with probability min(1, p(d) / q(d)). A d that q could not have drawn cannot be kept,
+    // and then nothing of p was covered: the correction is drawn from p itself.
+    if (qd <= 0) {
+      v.next = draw(p, uniform());
+      return v;
+    }
+    if (uniform() * qd < pd) continue;
     // Rejected: the rest of p that q did not already cover.
     std::vector<double> residual(p.size());
     bool any = false;

@@ -26,8 +26,10 @@ SpeculativeVerdict verify_greedy(std::span<const int32_t> draft,
 // the draft's distribution q_i, is kept with probability min(1, p_i(d_i) / q_i(d_i)); at the
 // first rejection `next` is drawn from max(0, p_i - q_i), normalised; when all are kept, from
 // p_k. Every token emitted then follows the target's distribution p exactly, whatever q is.
-// `target` holds k + 1 distributions and `draft_dists` k, each over the vocabulary (summing to
-// 1, as the samplers' filters and temperature leave them); `uniform` draws from [0, 1). A
+// `target` holds k + 1 distributions and `draft_dists` k, each a probability per token id
+// (vocabulary-sized, summing to 1: the sampler's candidate list after its filters and
+// temperature, spread out by id); `uniform` draws from [0, 1). `next` is -1 only when the
+// distribution it is drawn from has no positive entry. A
 // deterministic drafter (n-grams) has q_i one-hot at d_i: then d_i is kept with probability
 // p_i(d_i), and a rejection draws from p_i without d_i.
 SpeculativeVerdict verify_sampled(std::span<const int32_t> draft,

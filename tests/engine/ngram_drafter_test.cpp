@@ -98,8 +98,12 @@ TEST(NgramDrafter, AnEchoedPassageIsDraftedFromWhereItWasSeen) {
   d.truncate(prompt.size());
   NgramDrafter fresh({.n_min = 2, .n_max = 4, .max_candidates = 8});
   fresh.append(prompt);
-  EXPECT_EQ(d.draft(5).tokens, fresh.draft(5).tokens);
-  EXPECT_EQ(d.draft(5).match, fresh.draft(5).match);
+  for (NgramDrafter *x : {&d, &fresh}) x->append(std::vector<int32_t>{10, 16}); // "the lazy"
+  EXPECT_EQ(d.draft(3).tokens, (std::vector<int32_t>{17, 7, 8}));
+  EXPECT_EQ(d.draft(3).tokens, fresh.draft(3).tokens);
+  EXPECT_EQ(d.draft(3).match, fresh.draft(3).match);
+  // No limit asked: everything that followed, without overflow.
+  EXPECT_EQ(d.draft(SIZE_MAX).tokens, (std::vector<int32_t>{17, 7, 8, 10, 16}));
 }
 
 TEST(NgramDrafter, OptionsAreClampedIntoRange) {

@@ -64,8 +64,9 @@ TEST(Speculative, SampledTokensFollowTheTargetWhateverTheDraft) {
   std::uniform_real_distribution<double> unit(0, 1);
   auto uniform = [&] { return unit(draws); };
   constexpr size_t kVocab = 6, kDraft = 3, kTrials = 200000;
-  for (int setting = 0; setting < 6; ++setting) {
-    const bool one_hot = setting >= 4; // an n-gram drafter: q one-hot at its token
+  for (int setting = 0; setting < 7; ++setting) {
+    const bool one_hot = setting == 4 || setting == 5; // an n-gram drafter: q one-hot at its token
+    const bool elsewhere = setting == 6; // drafts q gives no weight to (q one-hot at another)
     std::vector<std::vector<double>> target, draft;
     for (size_t i = 0; i <= kDraft; ++i)
       target.push_back(random_distribution(rng, kVocab, setting % 2));
@@ -73,17 +74,17 @@ TEST(Speculative, SampledTokensFollowTheTargetWhateverTheDraft) {
       draft.push_back(random_distribution(rng, kVocab, setting % 3 == 0));
     std::vector<int32_t> fixed(kDraft);
     for (size_t i = 0; i < kDraft; ++i) fixed[i] = int32_t(rng() % kVocab);
-    std::vector<std::vector<size_t>> counts(2, std::vector<size_t>(kVocab, 0));
-    std::vector<size_t> emitted(2, 0);
+    std::vector<std::vector<size_t>> counts(kDraft + 1, std::vector<size_t>(kVocab, 0));
+    std::vector<size_t> emitted(kDraft + 1, 0);
     size_t accepted = 0;
     for (size_t t = 0; t < kTrials; ++t) {
       std::vector<int32_t> d(kDraft);
       std::vector<std::vector<double>> q = draft;
       for (size_t i = 0; i < kDraft; ++i) {
-        if (one_hot) {
+        if (one_hot || elsewhere) {
           d[i] = fixed[i];
           q[i].assign(kVocab, 0.0);
-          q[i][size_t(d[i])] = 1.0;
+          q[i][(size_t(d[i]) + (elsewhere ? 1 : 0)) % kVocab] = 1.0;
         } else {
           std::discrete_distribution<int32_t> from(draft[i].begin(), draft[i].end());
           d[i] = from(draws);
@@ -92,22 +93,32 @@ TEST(Speculative, SampledTokensFollowTheTargetWhateverTheDraft) {
       const SpeculativeVerdict v = verify_sampled(d, target, q, uniform);
       ASSERT_LE(v.accepted, kDraft);
       ASSERT_GE(v.next, 0);
+      ASSERT_LT(v.next, int32_t(kVocab));
       accepted += v.accepted;
       std::vector<int32_t> out(d.begin(), d.begin() + long(v.accepted));
       out.push_back(v.next);
       // Position i's distribution does not depend on the tokens before it here, so the emitted
       // token at each position must follow that position's target distribution.
-      for (size_t i = 0; i < 2 && i < out.size(); ++i) {
+      for (size_t i = 0; i < out.size(); ++i) {
         ++counts[i][size_t(out[i])];
         ++emitted[i];
       }
     }
-    for (size_t i = 0; i < 2; ++i) {
+    // Every position reached often enough, the bonus draw (position kDraft) included.
+    size_t checked = 0;
+    for (size_t i = 0; i <= kDraft; ++i) {
+      if (emitted[i] < 2000) continue;
       size_t cells = 0;
       const double x = chi_square(counts[i], target[i], emitted[i], cells);
+      if (cells < 2) continue; // one possible token: nothing to compare
       EXPECT_LT(x, critical(cells - 1)) << "setting " << setting << " position " << i;
+      ++checked;
     }
-    EXPECT_GT(accepted, kTrials / 10) << "setting " << setting; // drafts were kept, not all refused
+    EXPECT_GE(checked, elsewhere ? 1u : 2u) << "setting " << setting;
+    if (elsewhere)
+      EXPECT_EQ(accepted, 0u); // q could not have drawn them: never kept
+    else
+      EXPECT_GT(accepted, kTrials / 10) << "setting " << setting; // drafts were kept
   }
 }
 
