@@ -303,7 +303,9 @@ std::optional<ClosureKey> closure_key(const CompiledGrammar &g, std::span<const 
 
 size_t GrammarVocabulary::shared_tables() const {
   std::lock_guard lock(tables_->mutex);
-  return tables_->entries.size();
+  size_t n = 0; // a key holds a table per FOLLOW set met
+  for (const auto &[key, entry] : tables_->entries) n += entry.variants.size();
+  return n;
 }
 size_t GrammarVocabulary::shared_table_bytes() const {
   std::lock_guard lock(tables_->mutex);
