@@ -40,6 +40,18 @@ int32_t Sequence::rewind_floor() const {
   return 0;
 }
 
+int32_t Sequence::max_draft_tokens() const {
+  const int32_t m = layout_->max_write();
+  int32_t k = std::min(m, capacity() - length_) - 1;
+  for (CacheId id = 0; id < layout_->n_caches(); ++id) {
+    const CacheLayout &c = layout_->cache(id);
+    if (!c.ring() || c.window() <= 1) continue;
+    if (high_water_ > length_ + 1 + m) return 0; // even the kept token's step could not go back
+    k = std::min(k, m);
+  }
+  return std::max(k, 0);
+}
+
 Status Sequence::rewind(int32_t new_length) {
   if (new_length < 0)
     return Status::error("rewind to " + str(new_length) + ": a length cannot be negative");

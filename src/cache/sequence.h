@@ -75,6 +75,13 @@ public:
   // Truncates the logical length to new_length. Refuses, saying why, a length above the current
   // one, or one whose window a ring no longer holds. Rewinding to 0 is clear().
   Status rewind(int32_t new_length);
+  // Speculative decoding's rule (CACHE_CONTRACT.md §5 applied to a verify step): the most drafted
+  // tokens k that one step at the current length L may write after the token it must keep, as a
+  // span of 1 + k, such that a rewind to any length in [L + 1, L + 1 + k] is then exact. On a
+  // ring (window > 1) that needs L + 1 >= max(hw, L + 1 + k) - max_write, i.e. k <= max_write and
+  // hw <= L + 1 + max_write; and a span is at most max_write and within the capacity. So
+  // max_write - 1 wherever the capacity allows (0: no draft fits).
+  int32_t max_draft_tokens() const;
   // Length 0 and nothing resident; storage is kept by the byte layer.
   void clear();
 

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 namespace offgraph::cache {
 namespace {
 
@@ -219,6 +221,62 @@ TEST(SequenceRingSlots, SlotPositionsFollowTheHighWaterMark) {
     EXPECT_EQ(ring_slot_position(7, 10, slot), expected[slot]);
   EXPECT_EQ(ring_slot_position(7, 3, 2), 2);
   EXPECT_EQ(ring_slot_position(7, 3, 3), -1);
+}
+
+} // namespace
+} // namespace offgraph::cache
+
+namespace offgraph::cache {
+namespace {
+
+// Speculative decoding's rule against the high-water rule it derives from: after a verify span of
+// 1 + k tokens (k <= max_draft_tokens()), a rewind to any length that keeps the span's first token
+// is accepted; one more drafted token would make the span too long or some such rewind refused.
+// Random walks over ring and mixed layouts, with ordinary rewinds in between (which leave the
+// high-water mark above the length).
+TEST(SequenceRewind, MaxDraftTokensIsTheLongestSpanEveryRejectionCanRewind) {
+  std::mt19937 rng(17);
+  auto uniform = [&](int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng);
+  };
+  int64_t checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t window = uniform(1, 12), m = uniform(1, 10), capacity = uniform(20, 80);
+    const bool mixed = trial % 2 == 1;
+    Sequence s(make_layout(mixed ? std::vector<int32_t>{window, 0} : std::vector<int32_t>{window},
+                           capacity, m));
+    while (s.length() < capacity - 1) {
+      const int32_t k = s.max_draft_tokens();
+      ASSERT_GE(k, 0);
+      ASSERT_LE(k, m - 1);
+      // Maximal: one more drafted token is refused by the plan or by some rewind.
+      if (s.length() + k + 2 <= capacity) {
+        Sequence more = s;
+        bool refused = !more.plan(0, more.length(), k + 2).ok();
+        if (!refused) {
+          testing::step(more, k + 2);
+          for (int32_t to = s.length() + 1; to <= s.length() + k + 2 && !refused; ++to) {
+            Sequence back = more;
+            refused = !back.rewind(to).ok();
+          }
+        }
+        EXPECT_TRUE(refused) << "k " << k << " is not the most: window " << window << ", m " << m
+                             << ", length " << s.length() << ", hw " << s.high_water();
+      }
+      const int32_t drafted = uniform(0, k), length = s.length();
+      testing::step(s, 1 + drafted);
+      for (int32_t to = length + 1; to <= length + 1 + drafted; ++to) {
+        Sequence back = s;
+        ASSERT_TRUE(back.rewind(to).ok()) << "window " << window << ", m " << m << ", k " << k;
+        ++checked;
+      }
+      ASSERT_TRUE(s.rewind(length + 1 + uniform(0, drafted)).ok());
+      if (uniform(0, 5) == 0) {
+        ASSERT_TRUE(s.rewind(uniform(std::max(1, s.rewind_floor()), s.length())).ok());
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000);
 }
 
 } // namespace
