@@ -31,6 +31,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     return Status::error("engine: context >= 2, max_write, step_tokens, max_active and page_rows "
                          ">= 1, max_cached, snapshot_every and snapshot_reach >= 0");
   options.max_write = std::min(options.max_write, options.context);
+  if (Status s = validate(options.speculation); !s.ok()) return s;
+  if (options.speculation.source != DraftSource::None && options.max_write < 2)
+    return Status::error("speculative decoding verifies spans of at least 2 tokens; max_write (the "
+                         "prefill chunk) is " +
+                         std::to_string(options.max_write));
   std::unique_ptr<Engine> e(new Engine(model, options));
   auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
   if (!layout.ok()) return layout.status();
@@ -62,6 +67,19 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          std::to_string(options_.context));
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
+  if (request.speculation)
+    if (Status s = validate(*request.speculation); !s.ok()) return s;
+  if (!request.prediction.empty() && request.speculation &&
+      request.speculation->source == DraftSource::None)
+    return Status::error("a prediction is drafted from, but the request's speculation is none");
+  if (request.prediction.size() > size_t(options_.context))
+    return Status::error("the prediction has " + std::to_string(request.prediction.size()) +
+                         " tokens; at most the context, " + std::to_string(options_.context));
+  for (int32_t t : request.prediction)
+    if (t < 0 || t >= model_.config().n_vocab)
+      return Status::error("the prediction holds token " + std::to_string(t) +
+                           ", outside the vocabulary of " +
+                           std::to_string(model_.config().n_vocab));
   if (request.grammar &&
       sample::grammar_vocabulary_size(*request.grammar) != size_t(model_.config().n_vocab))
     return Status::error("the grammar was compiled for a vocabulary of " +
@@ -362,9 +380,17 @@ void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::
   saved_[id] = Saved{std::move(snapshot), std::move(logits), clock_};
 }
 
+void Engine::start_speculation(Generation &a) {
+  SpeculationOptions o = a.request.speculation.value_or(options_.speculation);
+  if (!a.request.prediction.empty()) o.source = DraftSource::Ngram; // an explicit none is refused
+  if (o.source != DraftSource::None && a.request.max_tokens > 1)
+    a.speculator.emplace(o, a.request.prediction, a.tokens);
+}
+
 Status Engine::admit(Generation &a) {
   a.tokens = a.request.prompt;
   a.computed = 0;
+  start_speculation(a);
   // Sequences in the store: the active ones, the cached ones, and the one this request adds.
   while (int32_t(active_.size() + cached_.size()) >= options_.max_active + options_.max_cached &&
          !cached_.empty())
@@ -394,6 +420,8 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
   e.error = error;
   e.cached_tokens = a.reused;
   e.choice = a.choice;
+  // Inside a verification (advance() finishing a), its counts so far are a's too.
+  e.drafted = a.drafted + a.span_tested, e.accepted = a.accepted + a.span_kept;
   attach_prompt_logprobs(a, e);
   if (!a.on_event) return;
   a.on_event(e);
@@ -436,8 +464,9 @@ bool Engine::cache_sequence(Generation &a) {
 void Engine::finish(Generation &a, FinishReason reason, const std::string &error) {
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first. Either
-  // way the generation no longer owns it (it stays in active_ until the step settles).
-  const bool cached = cache_sequence(a);
+  // way the generation no longer owns it (it stays in active_ until the step settles). A verify
+  // span's rejected rows go first; where they cannot, the sequence is not kept.
+  const bool cached = drop_rejected(a).ok() && cache_sequence(a);
   if (!cached) (void)store_->remove_sequence(a.seq);
   a.seq = -1;
   if (cached) evict_over_budget();
@@ -567,11 +596,28 @@ std::vector<Engine::Part> Engine::plan_batch() {
     order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
   int32_t budget = options_.step_tokens;
+  // Drafts take only what leaves a token for every generation after them in this step's order.
+  int32_t later = int32_t(order.size());
   for (Generation *a : order) {
+    --later;
     if (budget <= 0) break;
     if (a->computed >= a->request.prompt.size()) {
-      if (a->computed + 1 == a->tokens.size())
-        parts.push_back({a, 1, true, false}), --budget; // decode
+      if (a->computed + 1 != a->tokens.size()) continue;
+      Part decode{a, 1, true, false};
+      if (a->speculator) {
+        // Drafts no longer than a rejection can be rewound from, than the tokens the request may
+        // still write after this step's first, and than the budget.
+        const int32_t limit =
+            std::min({store_->sequence(a->seq)->max_draft_tokens(),
+                      a->request.max_tokens - a->generated - 1, budget - 1 - later});
+        // What one more token costs, relative to a step of one token per active generation.
+        if (limit > 0) {
+          decode.draft = a->speculator->draft(limit, step_cost_.marginal(int32_t(order.size())));
+          decode.n += int32_t(decode.draft.size());
+        }
+      }
+      budget -= decode.n;
+      parts.push_back(std::move(decode));
       continue;
     }
     size_t n = std::min<size_t>(
@@ -597,11 +643,13 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const Part &p = parts[i];
     const int32_t first = int32_t(batch.tokens.size());
+    const int32_t own = p.n - int32_t(p.draft.size()); // tokens the generation holds
     batch.tokens.insert(batch.tokens.end(), p.g->tokens.begin() + long(p.g->computed),
-                        p.g->tokens.begin() + long(p.g->computed) + p.n);
+                        p.g->tokens.begin() + long(p.g->computed) + own);
+    batch.tokens.insert(batch.tokens.end(), p.draft.begin(), p.draft.end());
     batch.spans.push_back({p.g->seq, int32_t(p.g->computed), p.n});
     first_row[i] = batch.logit_rows.size();
-    if (p.all_rows)
+    if (p.all_rows || !p.draft.empty())
       for (int32_t j = 0; j < p.n; ++j) batch.logit_rows.push_back(first + j);
     else if (p.wants_logits)
       batch.logit_rows.push_back(first + p.n - 1);
@@ -619,6 +667,7 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   const double share = double(prefill_tokens) / double(batch.tokens.size());
   stats_.prefill_seconds += seconds * share;
   stats_.decode_seconds += seconds * (1 - share);
+  if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok()) {
     // Nothing was committed; the requests of this step end with the reason, the others go on
     // (a request cancelled meanwhile is finished by the next step, not dropped here).
@@ -636,6 +685,11 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     Generation &a = *p.g;
     const bool prefill = a.computed < a.request.prompt.size();
     const float *rows = logits->data() + first_row[i] * n_vocab;
+    if (!prefill) ++stats_.decode_spans;
+    if (!p.draft.empty()) {
+      if (!verify(a, rows, p.draft)) done.push_back(&a);
+      continue;
+    }
     if (p.all_rows) // row j follows position computed + j: the next prompt token's odds
       for (int32_t j = 0; j < p.n; ++j)
         if (const size_t next = a.computed + size_t(j) + 1; next < a.request.prompt.size())
@@ -679,7 +733,8 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   settle(done, std::move(born));
 }
 
-bool Engine::advance(Generation &a, std::span<const float> logits) {
+bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn,
+                     int32_t drafted) {
   if (a.request.max_tokens == 0) { // the prompt only
     finish(a, FinishReason::Length);
     return false;
@@ -702,6 +757,8 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
     finish(a, FinishReason::Error, "internal: the grammar refused a token its mask allowed");
     return false;
   }
+  if (drawn) *drawn = *token;
+  if (drafted >= 0) ++a.span_tested, a.span_kept += *token == drafted;
   ++a.generated;
   ++stats_.generated_tokens;
   const bool stop = std::find(a.request.stop_tokens.begin(), a.request.stop_tokens.end(), *token) !=
@@ -719,7 +776,51 @@ bool Engine::advance(Generation &a, std::span<const float> logits) {
     return false;
   }
   a.tokens.push_back(*token); // fed back in the next step
+  if (a.speculator) a.speculator->append(*token);
   return true;
+}
+
+bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t> &draft) {
+  const size_t n_vocab = size_t(model_.config().n_vocab);
+  a.computed += 1; // the token before the draft
+  const int32_t k = int32_t(draft.size());
+  // advance() counts the drafted tokens compared with the token drawn, and the ones equal, so that
+  // a last event sent from inside the span reports them.
+  a.span_tested = a.span_kept = 0;
+  bool going = true;
+  // Row j follows the token before the draft and d_1..d_j: it is the sequence's own next-token
+  // distribution for as long as every drafted token before it was the token drawn.
+  for (int32_t j = 0; j <= k; ++j) {
+    int32_t drawn = -1;
+    const int32_t expected = j < k ? draft[size_t(j)] : -1;
+    going = advance(a, {rows + size_t(j) * n_vocab, n_vocab}, &drawn, expected);
+    if (!going || drawn != expected)
+      break;         // finished (finish() dropped the rows past it), or a miss
+    a.computed += 1; // d_{j+1} was drawn: its row in the cache is the sequence's
+  }
+  const int32_t tested = a.span_tested, kept = a.span_kept;
+  // A request that finished inside the span verified only the drafted tokens up to there.
+  const int32_t drafted = going ? k : tested;
+  a.span_tested = a.span_kept = 0;
+  DraftStats &s = stats_.ngram;
+  ++s.verifications;
+  s.drafted += drafted;
+  s.accepted += kept;
+  ++s.kept[size_t(std::min<int32_t>(kept, int32_t(s.kept.size()) - 1))];
+  a.drafted += drafted, a.accepted += kept;
+  a.speculator->observe(tested, kept);
+  if (!going) return false;
+  if (Status st = drop_rejected(a); !st.ok()) {
+    finish(a, FinishReason::Error, "internal: " + st.message());
+    return false;
+  }
+  return true;
+}
+
+Status Engine::drop_rejected(Generation &a) {
+  const cache::Sequence *seq = store_->sequence(a.seq);
+  if (seq == nullptr || seq->length() <= int32_t(a.computed)) return ok_status();
+  return store_->rewind(a.seq, int32_t(a.computed));
 }
 
 void Engine::spawn_choices(Generation &a, std::span<const float> logits,
@@ -750,6 +851,7 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
     child->sampler = std::move(sampler).value();
     child->seq = *seq;
     if (a.request.grammar) child->grammar.emplace(a.request.grammar);
+    child->speculator = a.speculator; // its history: the prompt
     if (advance(*child, logits)) born.push_back(std::move(child));
   }
 }

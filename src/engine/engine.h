@@ -14,12 +14,14 @@
 
 #include "base/status.h"
 #include "engine/prefix_tree.h"
+#include "engine/speculation.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
 #include "sample/grammar_matcher.h"
 #include "sample/logprobs.h"
 #include "sample/sampler.h"
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -61,6 +63,8 @@ struct EngineOptions {
   int64_t cache_budget = 0;
   kv::StorageTypes types;
   int threads = 2;
+  // Speculative decoding for requests that do not choose their own (Request::speculation).
+  SpeculationOptions speculation;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
@@ -87,6 +91,12 @@ struct Request {
   // token is one the grammar allows, and the end tokens it names are allowed only where the
   // grammar is complete. Each choice walks it on its own. Null: free.
   std::shared_ptr<const sample::CompiledGrammar> grammar;
+  // Speculative decoding for this request; none: the engine's (EngineOptions::speculation).
+  std::optional<SpeculationOptions> speculation;
+  // Tokens the answer is expected to repeat (OpenAI's Predicted Outputs): the n-gram drafter
+  // drafts from them as from the context (they never enter the context). A request with a
+  // prediction speculates with n-gram drafts even where its options say none.
+  std::vector<int32_t> prediction;
 };
 
 struct Event {
@@ -101,6 +111,16 @@ struct Event {
   // With Request::prompt_logprobs, on each choice's first event: one per prompt token after the
   // first.
   std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs;
+  // On the last event: this choice's drafted tokens that were verified, and of those the ones kept.
+  int32_t drafted = 0, accepted = 0;
+};
+
+// Speculative decoding by one draft source: verify spans run, drafted tokens they verified, and
+// of those the ones kept. Tokens per target step: (accepted + verifications) / verifications.
+struct DraftStats {
+  int64_t verifications = 0, drafted = 0, accepted = 0;
+  // kept[j]: verifications that kept exactly j drafted tokens (the first rejection at j + 1).
+  std::array<int64_t, kMaxDraftTokens + 1> kept = {};
 };
 
 struct EngineStats {
@@ -114,6 +134,8 @@ struct EngineStats {
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
   double prefill_seconds = 0, decode_seconds = 0;
+  int64_t decode_spans = 0; // a sequence's decode in one step: one token, or a verify span
+  DraftStats ngram;         // speculative decoding with n-gram drafts
 };
 
 class Engine {
@@ -181,7 +203,11 @@ private:
     };
     std::vector<Taken> taken;
     std::optional<sample::GrammarMatcher> grammar;
-    bool spawned = false; // its other choices were forked
+    // Speculative decoding: its drafter follows `tokens` (every kept token is appended).
+    std::optional<Speculator> speculator;
+    int32_t drafted = 0, accepted = 0;      // by its verifications (Event::drafted, accepted)
+    int32_t span_tested = 0, span_kept = 0; // of the verification being sampled (advance)
+    bool spawned = false;                   // its other choices were forked
     // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
     // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).
     std::set<int32_t> publish_at;
@@ -215,6 +241,9 @@ private:
     int32_t n;
     bool wants_logits; // the last token's (a decode, or a prompt's end)
     bool all_rows;     // every token's (a prompt scored with prompt_logprobs)
+    // A decode's drafted tokens, verified after its token (n = 1 + draft.size(); every row's
+    // logits are read).
+    std::vector<int32_t> draft = {};
   };
   // step()'s phases, in order; each says whether it did anything.
   bool step_inner();
@@ -265,7 +294,20 @@ private:
   // chunk [from, to) near one ends with a snapshot reaching back over it.
   int32_t message_start_near(const Generation &a, size_t from, size_t to) const;
   // Samples a's next token from `logits` and streams it; false once a is finished.
-  bool advance(Generation &a, std::span<const float> logits);
+  // `drawn`, when given, gets the token sampled (also when that token finished a); `drafted`,
+  // when not -1, is the drafted token at this position, compared with it for the counts the last
+  // event reports.
+  bool advance(Generation &a, std::span<const float> logits, int32_t *drawn = nullptr,
+               int32_t drafted = -1);
+  // After a verify span: samples its rows in turn (advance), keeping drafted tokens while each
+  // equals the token drawn, then rewinds the sequence past what was kept. False once a is
+  // finished.
+  bool verify(Generation &a, const float *rows, const std::vector<int32_t> &draft);
+  // Rewinds a's sequence to a.computed when a verify span left rows past it (the rejected
+  // drafts); an error, changing nothing, where the rings no longer hold the window there.
+  Status drop_rejected(Generation &a);
+  // Starts a's drafter over its tokens when its request speculates.
+  void start_speculation(Generation &a);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.
   void spawn_choices(Generation &a, std::span<const float> logits,
                      std::vector<std::unique_ptr<Generation>> &born);
@@ -294,6 +336,8 @@ private:
   std::mutex inbox_mutex_;
   std::deque<std::unique_ptr<Generation>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;
+  // The cost of a decode step by its token count, for the adaptive draft length.
+  StepCost step_cost_;
   // advance()'s copy of a constrained choice's logits, kept so that no step allocates one.
   std::vector<float> masked_logits_;
   bool cancel_all_ = false;

@@ -1,0 +1,303 @@
+// Speculative decoding against plain decoding: the same tokens, greedy and sampled (same seed),
+// for every draft length, on a window-16 model whose rings wrap several times per answer, batched
+// with plain requests, with choices, stop tokens, grammars and prefix reuse; drafts clipped to
+// what a rejection can be rewound from. And the adaptive length's parts against their definitions.
+#include "engine_util.h"
+
+#include "sample/grammar.h"
+#include "sample/grammar_matcher.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace offgraph::engine {
+namespace {
+
+using testing::fixture;
+using testing::greedy;
+using testing::options;
+using testing::random_tokens;
+using testing::run;
+
+SpeculationOptions ngram(int32_t n_max, bool adaptive = false) {
+  SpeculationOptions s;
+  s.source = DraftSource::Ngram;
+  s.n_max = n_max;
+  s.n_min = 1;
+  s.adaptive = adaptive;
+  s.ngram.n_min = 1;
+  return s;
+}
+
+// A prompt that echoes itself: a random passage, some noise, the passage again, then its start
+// (the model's greedy answers on such prompts repeat stretches of them, and n-gram drafts hit).
+std::vector<int32_t> echo_prompt(std::mt19937_64 &rng, size_t passage) {
+  std::vector<int32_t> p = random_tokens(rng, passage);
+  const auto noise = random_tokens(rng, 5);
+  std::vector<int32_t> out = p;
+  out.insert(out.end(), noise.begin(), noise.end());
+  out.insert(out.end(), p.begin(), p.end());
+  out.insert(out.end(), p.begin(), p.begin() + long(passage / 2));
+  return out;
+}
+
+// Each request's tokens, its choices one after another (choice 0's, then 1's, ...).
+std::vector<std::vector<int32_t>> run_with(const std::vector<Request> &reqs,
+                                           std::optional<SpeculationOptions> spec,
+                                           EngineStats *stats = nullptr,
+                                           EngineOptions o = options(4)) {
+  if (spec) o.speculation = *spec;
+  auto e = Engine::create(*fixture().model, o);
+  EXPECT_TRUE(e.ok()) << e.message();
+  std::vector<std::vector<std::vector<int32_t>>> by_choice(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    by_choice[i].resize(size_t(reqs[i].n));
+    auto id = (*e)->submit(reqs[i], [&by_choice, i](const Event &ev) {
+      if (ev.token >= 0) by_choice[i][size_t(ev.choice)].push_back(ev.token);
+      EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+    });
+    EXPECT_TRUE(id.ok()) << id.message();
+  }
+  (*e)->run_until_idle();
+  if (stats) *stats = (*e)->stats();
+  std::vector<std::vector<int32_t>> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    for (const auto &c : by_choice[i]) out[i].insert(out[i].end(), c.begin(), c.end());
+  return out;
+}
+
+TEST(Speculative, GreedyEqualsPlainDecodingForEveryDraftLength) {
+  std::mt19937_64 rng(41);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy(echo_prompt(rng, 10 + 4 * size_t(i)), 70));
+  for (int i = 0; i < 3; ++i) reqs.push_back(greedy(random_tokens(rng, 20 + 7 * size_t(i)), 60));
+  const auto plain = run_with(reqs, std::nullopt);
+  for (int32_t k = 1; k <= 8; ++k) {
+    EngineStats stats;
+    const auto spec = run_with(reqs, ngram(k), &stats);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      ASSERT_EQ(spec[i], plain[i]) << "request " << i << ", draft length " << k;
+    // The rings hold 16 + 8 - 1 rows; 70 tokens wrap them three times.
+    EXPECT_GT(stats.ngram.verifications, 0) << k;
+    EXPECT_GT(stats.ngram.accepted, 0) << k;
+    EXPECT_LT(stats.ngram.accepted, stats.ngram.drafted) << k;
+    EXPECT_LT(stats.decode_spans, stats.generated_tokens - int64_t(reqs.size())) << k;
+    int64_t kept = 0, verifications = 0;
+    for (size_t j = 0; j < stats.ngram.kept.size(); ++j) {
+      if (j > size_t(k)) {
+        EXPECT_EQ(stats.ngram.kept[j], 0);
+      }
+      kept += stats.ngram.kept[j] * int64_t(j), verifications += stats.ngram.kept[j];
+    }
+    EXPECT_EQ(kept, stats.ngram.accepted);
+    EXPECT_EQ(verifications, stats.ngram.verifications);
+  }
+}
+
+// A prediction (OpenAI's Predicted Outputs) that is the plain answer with tokens changed at
+// spacings of 1 to 9: drafts from it are rejected at every draft position, kept whole too, and
+// the answer is still the plain one.
+TEST(Speculative, RejectionsAtEveryDraftPositionStayExact) {
+  std::mt19937_64 rng(43);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy(random_tokens(rng, 12 + size_t(i)), 80));
+  const auto plain = run_with(reqs, std::nullopt);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> p = plain[i];
+    for (size_t at = i % 3, gap = 1; at < p.size(); at += gap, gap = gap % 9 + 1)
+      p[at] = (p[at] + 1) % 500;
+    reqs[i].prediction = p;
+  }
+  EngineStats stats;
+  const auto spec = run_with(reqs, ngram(7), &stats);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(spec[i], plain[i]) << "request " << i;
+  for (size_t j = 0; j <= 7; ++j)
+    EXPECT_GT(stats.ngram.kept[j], 0) << "no verification kept exactly " << j << " drafts";
+}
+
+// Sampling draws each kept token with the request's own sampler, in order: the same seed gives
+// the same text with or without drafts (penalties read the same history).
+TEST(Speculative, SampledTextIsThePlainTextOfTheSameSeed) {
+  std::mt19937_64 rng(45);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = greedy(echo_prompt(rng, 12), 60);
+    r.sampling.temperature = 0.7f;
+    r.sampling.top_k = 20;
+    r.sampling.top_p = 0.9f;
+    r.sampling.min_p = 0.0f;
+    r.sampling.repetition_penalty = i % 2 ? 1.1f : 1.0f;
+    r.sampling.seed = 100 + uint64_t(i);
+    reqs.push_back(r);
+  }
+  const auto plain = run_with(reqs, std::nullopt);
+  EngineStats stats;
+  auto spec = run_with(reqs, ngram(6), &stats); // drafts from the context alone
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(spec[i], plain[i]) << "request " << i;
+  // And drafts from a prediction of the answer itself: most are kept.
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].prediction = plain[i];
+  spec = run_with(reqs, ngram(6), &stats);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(spec[i], plain[i]) << "request " << i;
+  EXPECT_GT(stats.ngram.accepted, stats.ngram.drafted / 2);
+}
+
+// Speculating requests batched with plain ones, per-request choices of drafts, n > 1, stop
+// tokens: each answers as it does alone without drafts.
+TEST(Speculative, MixedBatchesChoicesAndStopsAnswerAsPlainDecoding) {
+  std::mt19937_64 rng(47);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    Request r = greedy(i % 2 ? echo_prompt(rng, 9) : random_tokens(rng, 25), 50);
+    if (i % 4 == 1) r.speculation = ngram(5);
+    if (i % 4 == 3) r.speculation = SpeculationOptions{}; // none, though the engine drafts
+    if (i == 5) r.n = 3, r.sampling.temperature = 0.9f, r.sampling.seed = 7;
+    reqs.push_back(r);
+  }
+  auto plain = run_with(reqs, std::nullopt);
+  // A stop token each answer writes midway, which a verify span may hold with drafts after it.
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].stop_tokens = {plain[i][plain[i].size() / 2]};
+  plain = run_with(reqs, std::nullopt);
+  EngineStats stats;
+  const auto spec = run_with(reqs, ngram(8), &stats);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(spec[i], plain[i]) << "request " << i;
+  EXPECT_GT(stats.ngram.accepted, 0);
+}
+
+// A grammar masks each row as it is sampled: the constrained answer is the plain one.
+TEST(Speculative, ConstrainedAnswersAreThePlainOnes) {
+  // Tokens spell "<i>"; an answer is a run of tokens 10 to 99 (any of them, so that the model's
+  // repetitions and the drafts stay possible).
+  auto texts = std::make_shared<sample::TokenTexts>();
+  for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
+  texts->special.assign(500, 0);
+  texts->special[2] = 1;
+  sample::GrammarBuilder g;
+  std::vector<sample::Sequence> items;
+  for (int i = 10; i < 100; ++i) items.push_back(g.literal("<" + std::to_string(i) + ">"));
+  const sample::Element item = g.choice("item", items);
+  auto some = g.repeat("items", {item}, 1, sample::kUnbounded);
+  ASSERT_TRUE(some.ok());
+  const sample::Element root = g.rule("root", {{*some}});
+  auto parsed = std::move(g).finish(root.value);
+  ASSERT_TRUE(parsed.ok()) << parsed.message();
+  auto grammar =
+      sample::compile_grammar(*parsed, std::make_shared<sample::GrammarVocabulary>(texts), {2});
+  ASSERT_TRUE(grammar.ok()) << grammar.message();
+  std::mt19937_64 rng(49);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    Request r = greedy(echo_prompt(rng, 10), 40);
+    r.grammar = *grammar;
+    r.stop_tokens = {2}; // the grammar's end
+    reqs.push_back(r);
+  }
+  const auto plain = run_with(reqs, std::nullopt);
+  EngineStats stats;
+  const auto spec = run_with(reqs, ngram(6), &stats);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(spec[i], plain[i]) << "request " << i;
+  EXPECT_GT(stats.ngram.verifications, 0);
+}
+
+// A draft longer than the ring slack allows is clipped to max_write - 1 (a longer verify span
+// could not be rewound: cache::Sequence::max_draft_tokens), never refused mid-step or rewound
+// wrongly; and a conversation continued after speculation reuses the cache exactly.
+TEST(Speculative, DraftsAreClippedToTheRingSlackAndTheCacheStaysReusable) {
+  std::mt19937_64 rng(51);
+  const std::vector<int32_t> prompt = echo_prompt(rng, 14);
+  EngineOptions o = options(4); // max_write 8
+  o.speculation = ngram(20);
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  Request r = greedy(prompt, 60);
+  r.prediction = run_with({r}, std::nullopt)[0]; // drafts of 20 would all be kept
+  const auto first = run(**e, {r})[0];
+  EXPECT_EQ(first, r.prediction);
+  const EngineStats &s = (*e)->stats();
+  EXPECT_GT(s.ngram.kept[7], 0);
+  for (size_t j = 8; j < s.ngram.kept.size(); ++j) EXPECT_EQ(s.ngram.kept[j], 0) << j;
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), first.begin(), first.end());
+  const auto more = random_tokens(rng, 4);
+  next.insert(next.end(), more.begin(), more.end());
+  const int64_t before = s.computed_prompt_tokens;
+  const auto second = run(**e, {greedy(next, 40)})[0];
+  // The answer's last token (never fed back) and the four new ones.
+  EXPECT_EQ(s.computed_prompt_tokens - before, 5);
+  EXPECT_EQ(second, run_with({greedy(next, 40)}, std::nullopt)[0]);
+}
+
+TEST(Speculative, OptionsOutOfRangeAreRefusedByName) {
+  SpeculationOptions bad = ngram(0);
+  EXPECT_NE(validate(bad).message().find("n_max"), std::string::npos);
+  bad = ngram(4), bad.n_min = 5;
+  EXPECT_NE(validate(bad).message().find("n_min"), std::string::npos);
+  EngineOptions o = options(0);
+  o.speculation = ngram(65);
+  EXPECT_FALSE(Engine::create(*fixture().model, o).ok());
+  auto e = Engine::create(*fixture().model, options(0));
+  Request r = greedy({1, 2, 3}, 4);
+  r.speculation = ngram(4), r.speculation->ngram.n_min = 0;
+  auto id = (*e)->submit(r, nullptr);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.message().find("shortest match"), std::string::npos) << id.message();
+  EXPECT_EQ(parse_draft_source("ngram").value(), DraftSource::Ngram);
+  EXPECT_NE(parse_draft_source("eagle").message().find("'eagle'"), std::string::npos);
+}
+
+// The adaptive length's parts against their definitions.
+TEST(SpeculativeAdaptive, BestLengthIsTheBruteForceArgmax) {
+  for (double rate : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99})
+    for (double cost : {0.01, 0.05, 0.2, 0.5, 1.0}) {
+      int32_t best = 0;
+      double best_gain = 1.0;
+      for (int32_t k = 1; k <= 12; ++k) {
+        double expected = 0;
+        for (int32_t i = 0; i <= k; ++i) expected += std::pow(rate, i);
+        if (expected / (1 + cost * k) > best_gain + 1e-12)
+          best = k, best_gain = expected / (1 + cost * k);
+      }
+      EXPECT_EQ(best_draft_length(rate, cost, 12), best) << rate << " " << cost;
+    }
+  EXPECT_EQ(best_draft_length(0.2, 0.25, 12), 0); // a draft kept less often than it costs
+}
+
+TEST(SpeculativeAdaptive, StepCostRecoversALinearCost) {
+  StepCost c;
+  EXPECT_EQ(c.marginal(1), StepCost::kPrior);
+  for (int i = 0; i < 10; ++i) c.observe(1, 0.012); // one size alone says nothing of the slope
+  EXPECT_EQ(c.marginal(1), StepCost::kPrior);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = 1 + i % 9;
+    c.observe(t, 0.010 + 0.002 * t);
+  }
+  EXPECT_NEAR(c.marginal(1), 0.002 / 0.012, 1e-9);
+  EXPECT_NEAR(c.marginal(5), 0.002 / 0.020, 1e-9);
+}
+
+TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
+  SpeculationOptions o = ngram(8, true);
+  // 0..29, another token, then 0..9 again: the continuation 10..29 can be drafted.
+  std::vector<int32_t> history;
+  for (int32_t i = 0; i < 30; ++i) history.push_back(i);
+  history.push_back(100);
+  for (int32_t i = 0; i < 9; ++i) history.push_back(i);
+  Speculator s(o, {}, history);
+  s.append(9);
+  EXPECT_FALSE(s.draft(8, 0.25).empty());       // the prior: one of two kept
+  for (int i = 0; i < 20; ++i) s.observe(1, 0); // the first drafted token rejected each time
+  EXPECT_LT(s.acceptance().rate(), 0.2);
+  int drafted = 0;
+  for (int i = 0; i < 3 * Speculator::kProbeEvery; ++i) {
+    const auto d = s.draft(8, 0.25);
+    EXPECT_LE(d.size(), 1u);
+    drafted += !d.empty();
+  }
+  EXPECT_EQ(drafted, 3); // one probe every kProbeEvery steps
+  for (int i = 0; i < 40; ++i) s.observe(4, 4);
+  EXPECT_GE(s.draft(8, 0.25).size(), 4u); // kept again: long drafts again
+}
+
+} // namespace
+} // namespace offgraph::engine
