@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -57,12 +58,59 @@ std::string json_escape(const std::string &s) {
   return o;
 }
 
+// --verify: per draft length k, the median time of a step of k + 1 tokens at the depth (every
+// row's logits read, as a verify span is), against that of a one-token step; each timed step is
+// rewound, so every one runs at the same depth.
+Status verify_steps(model::Forward &fwd, kv::KvStore &kv, kv::SeqId seq, const kv::Snapshot &snap,
+                    const std::vector<int32_t> &ks, int32_t reps, int32_t depth,
+                    const std::string &head,
+                    const std::function<std::vector<int32_t>(int32_t)> &random_tokens) {
+  constexpr int kStepsPerRep = 16;
+  auto median_step = [&](int32_t span) -> Result<double> {
+    std::vector<double> times;
+    for (int32_t r = 0; r < reps; ++r) {
+      OFFGRAPH_TRY(kv.restore(seq, snap));
+      for (int i = 0; i < kStepsPerRep; ++i) {
+        const int32_t at = kv.sequence(seq)->length();
+        model::Batch b;
+        b.tokens = random_tokens(span);
+        b.spans.push_back({seq, at, span});
+        for (int32_t j = 0; j < span; ++j) b.logit_rows.push_back(j);
+        const auto start = std::chrono::steady_clock::now();
+        auto logits = fwd.run(b);
+        times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        if (!logits.ok()) return logits.status();
+        OFFGRAPH_TRY(kv.rewind(seq, at));
+      }
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  for (int32_t k : ks)
+    if (k < 0 || k + 1 > kv.layout().max_write())
+      return Status::error("--verify lengths must be between 0 and -b - 1 (" +
+                           std::to_string(kv.layout().max_write() - 1) + "), not " +
+                           std::to_string(k));
+  auto one = median_step(1);
+  if (!one.ok()) return one.status();
+  for (int32_t k : ks) {
+    auto t = median_step(k + 1);
+    if (!t.ok()) return t.status();
+    std::printf("%s,\"test\":\"verify\",\"k\":%d,\"depth\":%d,\"step_s\":%.6f,"
+                "\"one_token_step_s\":%.6f,\"ratio\":%.4f}\n",
+                head.c_str(), k, depth, *t, *one, *t / *one);
+    std::fflush(stdout);
+  }
+  return ok_status();
+}
+
 } // namespace
 
 std::function<int()> add_bench(CLI::App &app) {
   struct Opts {
     std::string model, prompts = "512", gens = "128", depths = "0", kv_at, ctk = "f16", ctv = "f16",
-                       attention = "grouped";
+                       attention = "grouped", verify;
     int32_t reps = 5, threads = 2, batch = 512, kv_page = 64, kv_ctx = 0;
     uint64_t seed = 1;
     bool no_warmup = false, paced = false, profile_ops = false, kv_scatter = false;
@@ -95,6 +143,10 @@ std::function<int()> add_bench(CLI::App &app) {
   cmd->add_flag("--profile-ops", o->profile_ops,
                 "compute node by node during the timed reps and print the time per kind of node "
                 "(weight matrix or op) to stderr; slows every step, so its t/s are not speeds");
+  cmd->add_option("--verify", o->verify,
+                  "draft lengths k (comma-separated): time one step of k + 1 tokens with every "
+                  "row's logits (a speculative verify span) against a one-token step, at each "
+                  "depth, instead of the pp/tg tests");
   cmd->add_option("--kv-at", o->kv_at,
                   "only report the K/V bytes held at these context lengths (comma-separated)");
   cmd->add_option("--kv-ctx", o->kv_ctx,
@@ -111,8 +163,9 @@ std::function<int()> add_bench(CLI::App &app) {
       return std::fprintf(stderr, "offgraph bench: %s\n", m.c_str()), 1;
     };
     auto prompts = parse_ints(o->prompts), gens = parse_ints(o->gens),
-         depths = parse_ints(o->depths), kv_at = parse_ints(o->kv_at);
-    for (auto *r : {&prompts, &gens, &depths, &kv_at})
+         depths = parse_ints(o->depths), kv_at = parse_ints(o->kv_at),
+         verify = parse_ints(o->verify);
+    for (auto *r : {&prompts, &gens, &depths, &kv_at, &verify})
       if (!r->ok()) return fail(r->message());
     if (o->reps < 1 || o->threads < 1 || o->batch < 1)
       return fail("-r, -t and -b must be at least 1");
@@ -266,6 +319,13 @@ std::function<int()> add_bench(CLI::App &app) {
         const char *name;
         int32_t n;
       };
+      if (!verify->empty()) {
+        if (Status st =
+                verify_steps(fwd, kv, seq, **snap, *verify, o->reps, d, head, random_tokens);
+            !st.ok())
+          return fail(st.message());
+        continue;
+      }
       std::vector<Test> tests;
       for (int32_t p : *prompts)
         if (p > 0) tests.push_back({"pp", p});

@@ -2,6 +2,7 @@
 // Both run on the engine the server uses (engine/engine.h): one request at a time, the prefix tree
 // keeping what earlier turns computed.
 #include "commands.h"
+#include "speculation_flags.h"
 
 #include "engine/engine.h"
 #include "kv/storage_types.h"
@@ -33,6 +34,7 @@ struct CommonOpts {
   int32_t top_k = -1;
   uint64_t seed = 0;
   CLI::Option *seed_option = nullptr; // unset: a random seed
+  SpeculationFlags spec;
 };
 
 void add_common(CLI::App *cmd, CommonOpts &o) {
@@ -53,6 +55,7 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
   cmd->add_option("-t,--threads", o.threads, "threads")->capture_default_str();
   cmd->add_option("--ctk", o.ctk, "K cache type")->capture_default_str();
   cmd->add_option("--ctv", o.ctv, "V cache type")->capture_default_str();
+  add_speculation_flags(*cmd, o.spec);
 }
 
 // Everything a generation needs, loaded once.
@@ -94,6 +97,9 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   eo.max_cached = 8; // the turns /undo can go back to without recomputing
   eo.types = {*ctk, *ctv};
   eo.threads = o.threads;
+  auto spec = speculation_options(o.spec);
+  if (!spec.ok()) return spec.status();
+  eo.speculation = *spec;
   auto engine = engine::Engine::create(*l.model, eo);
   if (!engine.ok()) return engine.status();
   l.engine = std::move(engine).value();
@@ -198,6 +204,13 @@ void print_stats(const engine::EngineStats &s) {
                s.prefill_seconds > 0 ? double(s.computed_prompt_tokens) / s.prefill_seconds : 0.0,
                (long long)s.generated_tokens, s.decode_seconds,
                s.decode_seconds > 0 ? double(s.generated_tokens) / s.decode_seconds : 0.0);
+  if (s.ngram.verifications > 0)
+    std::fprintf(stderr,
+                 "speculative (ngram): %lld drafted, %lld kept (%.0f%%), %.2f tokens per verify "
+                 "step\n",
+                 (long long)s.ngram.drafted, (long long)s.ngram.accepted,
+                 100.0 * double(s.ngram.accepted) / double(s.ngram.drafted),
+                 double(s.ngram.accepted + s.ngram.verifications) / double(s.ngram.verifications));
 }
 
 // Streams ATEM events: reasoning dimmed on stderr, the answer on stdout, tool calls as JSON.

@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "speculation_flags.h"
 
 #include "kv/storage_types.h"
 #include "server/server.h"
@@ -29,6 +30,7 @@ std::function<int()> add_serve(CLI::App &app) {
         max_tokens = 0;
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
     bool no_prefix_reuse = false;
+    SpeculationFlags spec;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server");
@@ -76,6 +78,7 @@ std::function<int()> add_serve(CLI::App &app) {
          "its reach rows per sliding layer, a reach of 16 to max_write: "
          "docs/prefix-cache.md)")
       ->capture_default_str();
+  add_speculation_flags(*cmd, o->spec);
   cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
       ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
@@ -96,6 +99,8 @@ std::function<int()> add_serve(CLI::App &app) {
     }
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
+    auto spec = speculation_options(o->spec);
+    if (!spec.ok()) return fail(spec.message());
     if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->read_timeout < 1 ||
         o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
         o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1)
@@ -137,6 +142,7 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.types = {*ctk, *ctv};
     eo.threads = o->threads;
+    eo.speculation = *spec;
     if (Status st = (*s)->attach(**m, eo); !st.ok()) return (*s)->stop(), fail(st.message());
     const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),

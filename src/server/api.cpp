@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 namespace offgraph::server {
 
@@ -190,6 +191,96 @@ std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts
   return std::nullopt;
 }
 
+// llama-server's per-request draft fields (speculative.n_max, speculative.n_min), spelled as it
+// spells them, and offgraph's speculative.type and speculative.adaptive beside them: any of them
+// given makes the request's own speculation, the server's with these changes.
+std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &facts, Job &job) {
+  auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
+  if (given("speculative.p_min"))
+    return bad("speculative.p_min",
+               "'speculative.p_min' applies to draft models; this server drafts from n-grams",
+               "unsupported");
+  engine::SpeculationOptions s = facts.speculation;
+  bool any = false;
+  if (given("speculative.type")) {
+    const json &t = body["speculative.type"];
+    if (!t.is_string())
+      return bad("speculative.type", "'speculative.type' must be a string", "invalid_type");
+    auto source = engine::parse_draft_source(t.get<std::string>());
+    if (!source.ok()) return bad("speculative.type", "'speculative.type': " + source.message());
+    s.source = *source, any = true;
+  }
+  for (const auto &[key, out, lo] : {std::tuple{"speculative.n_max", &s.n_max, 1},
+                                     std::tuple{"speculative.n_min", &s.n_min, 0}}) {
+    if (!given(key)) continue;
+    if (auto e = read_number(body, key, *out, lo, engine::kMaxDraftTokens)) return e;
+    any = true;
+  }
+  if (given("speculative.adaptive")) {
+    if (auto e = read_bool(body, "speculative.adaptive", s.adaptive)) return e;
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  if (s.n_min > s.n_max) {
+    const char *key = given("speculative.n_min") ? "speculative.n_min" : "speculative.n_max";
+    return bad(key, std::string("'") + key + "': speculative.n_min (" + std::to_string(s.n_min) +
+                        ") must not exceed speculative.n_max (" + std::to_string(s.n_max) + ")");
+  }
+  // Lengths without drafts would be ignored: refused (a prediction drafts whatever the type).
+  const bool predicted = body.contains("prediction") && !body["prediction"].is_null();
+  if (s.source == engine::DraftSource::None && !predicted)
+    for (const char *key : {"speculative.n_max", "speculative.n_min", "speculative.adaptive"})
+      if (given(key))
+        return bad(key, std::string("'") + key +
+                            "' has no effect without drafts: set speculative.type to 'ngram' "
+                            "(the server's is 'none')");
+  if (s.source == engine::DraftSource::None && predicted)
+    return bad("speculative.type", "'prediction' is drafted from; speculative.type 'none' refuses "
+                                   "it (leave speculative.type out)");
+  job.request.speculation = s; // valid: each field checked above, the server's options at start
+  return std::nullopt;
+}
+
+// OpenAI's Predicted Outputs: {"type": "content", "content": text or [{"type": "text", "text"}]}.
+// The text, tokenized as plain text, is what n-gram drafts come from besides the context
+// (engine::Request::prediction): it changes how fast the answer comes, never what it is.
+std::optional<ApiError> parse_prediction(const json &body, const ModelFacts &facts, Job &job) {
+  if (!body.contains("prediction") || body["prediction"].is_null()) return std::nullopt;
+  const json &p = body["prediction"];
+  if (!p.is_object() || !p.contains("type") || p["type"] != "content")
+    return bad("prediction", "'prediction' must be {\"type\": \"content\", \"content\": ...}",
+               "invalid_type");
+  for (auto it = p.begin(); it != p.end(); ++it)
+    if (it.key() != "type" && it.key() != "content")
+      return bad("prediction", "'prediction." + it.key() + "' is not supported", "unsupported");
+  std::string text;
+  const json &c = p.contains("content") ? p["content"] : json();
+  if (c.is_string()) {
+    text = c.get<std::string>();
+  } else if (c.is_array()) {
+    for (const json &part : c) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          !part["text"].is_string())
+        return bad("prediction",
+                   "'prediction.content' parts must be {\"type\": \"text\", "
+                   "\"text\": string}",
+                   "invalid_type");
+      text += part["text"].get<std::string>();
+    }
+  } else {
+    return bad("prediction", "'prediction.content' must be a string or a list of text parts",
+               "invalid_type");
+  }
+  if (!text::is_valid_utf8(text))
+    return bad("prediction", "'prediction.content' is not valid UTF-8");
+  job.request.prediction = facts.tokenizer->encode(text, false, false);
+  if (job.request.prediction.size() > size_t(facts.context))
+    return bad("prediction", "'prediction.content' has " +
+                                 std::to_string(job.request.prediction.size()) +
+                                 " tokens; at most the context, " + std::to_string(facts.context));
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_model(const json &body, const ModelFacts &facts) {
   if (!body.contains("model") || body["model"].is_null()) return std::nullopt;
   if (!body["model"].is_string()) return bad("model", "'model' must be a string", "invalid_type");
@@ -319,36 +410,15 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
 // server does not honour: refused by name, never ignored.
 std::optional<ApiError> refuse_unsupported(const json &body) {
   auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
-  for (const char *key : {"json_schema",
-                          "guided_json",
-                          "guided_regex",
-                          "guided_grammar",
-                          "guided_choice",
-                          "functions",
-                          "function_call",
-                          "prediction",
-                          "audio",
-                          "suffix",
-                          "min_tokens",
-                          "ignore_eos",
-                          "stop_token_ids",
-                          "bad_words",
-                          "allowed_token_ids",
-                          "use_beam_search",
-                          "include_stop_str_in_output",
-                          "n_predict",
-                          "typical_p",
-                          "mirostat",
-                          "mirostat_tau",
-                          "mirostat_eta",
-                          "dry_multiplier",
-                          "dry_base",
-                          "dry_allowed_length",
-                          "xtc_probability",
-                          "xtc_threshold",
-                          "repeat_penalty",
-                          "repeat_last_n",
-                          "samplers"})
+  for (const char *key :
+       {"json_schema",     "guided_json",       "guided_regex",    "guided_grammar",
+        "guided_choice",   "functions",         "function_call",   "audio",
+        "suffix",          "min_tokens",        "ignore_eos",      "stop_token_ids",
+        "bad_words",       "allowed_token_ids", "use_beam_search", "include_stop_str_in_output",
+        "n_predict",       "typical_p",         "mirostat",        "mirostat_tau",
+        "mirostat_eta",    "dry_multiplier",    "dry_base",        "dry_allowed_length",
+        "xtc_probability", "xtc_threshold",     "repeat_penalty",  "repeat_last_n",
+        "samplers"})
     if (given(key)) return bad(key, std::string("'") + key + "' is not supported", "unsupported");
   if (given("best_of") && body["best_of"] != 1)
     return bad("best_of", "'best_of' other than 1 is not supported; use 'n'", "unsupported");
@@ -418,6 +488,8 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
   if (auto e = parse_logprobs(body, chat, job)) return e;
   int32_t max_tokens = -1;
   if (auto e = parse_sampling(body, facts, job, max_tokens, !chat && job.echo)) return e;
+  if (auto e = parse_speculation(body, facts, job)) return e;
+  if (auto e = parse_prediction(body, facts, job)) return e;
   job.chat = chat;
   if (chat) {
     json ctx;

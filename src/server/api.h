@@ -45,6 +45,8 @@ struct ModelFacts {
   // compiled against it so far.
   std::shared_ptr<const sample::GrammarVocabulary> vocabulary;
   std::shared_ptr<GrammarCache> grammars;
+  // The server's speculative decoding, which the request's speculative.* fields adjust.
+  engine::SpeculationOptions speculation;
 };
 
 // One HTTP request turned into engine work and the instructions to assemble its answer.

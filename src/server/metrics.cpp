@@ -99,6 +99,34 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         e.prefill_seconds > 0 ? double(e.computed_prompt_tokens) / e.prefill_seconds : 0);
   w.one("offgraph_decode_tokens_per_second", "gauge", "tokens generated per second",
         e.decode_seconds > 0 ? double(e.generated_tokens) / e.decode_seconds : 0);
+  // Speculative decoding, by draft source (llama-server: spec_decode_num_*_total).
+  const std::pair<const char *, const engine::DraftStats *> drafters[] = {{"ngram", &e.ngram}};
+  auto per_drafter = [&](const char *name, const char *type, const char *help,
+                         double (*value)(const engine::DraftStats &)) {
+    w.family(name, type, help);
+    for (const auto &[drafter, d] : drafters)
+      w.sample(name, value(*d), std::string("drafter=\"") + drafter + "\"");
+  };
+  per_drafter("offgraph_spec_verifications_total", "counter",
+              "verify spans run (a decode step that checked drafted tokens)",
+              [](const engine::DraftStats &d) { return double(d.verifications); });
+  per_drafter("offgraph_spec_drafted_tokens_total", "counter", "drafted tokens verified",
+              [](const engine::DraftStats &d) { return double(d.drafted); });
+  per_drafter("offgraph_spec_accepted_tokens_total", "counter", "drafted tokens kept",
+              [](const engine::DraftStats &d) { return double(d.accepted); });
+  per_drafter("offgraph_spec_acceptance_rate", "gauge", "drafted tokens kept / drafted tokens",
+              [](const engine::DraftStats &d) {
+                return d.drafted > 0 ? double(d.accepted) / double(d.drafted) : 0.0;
+              });
+  per_drafter("offgraph_spec_tokens_per_step", "gauge",
+              "tokens one verify span yields: (accepted + verifications) / verifications",
+              [](const engine::DraftStats &d) {
+                return d.verifications > 0
+                           ? double(d.accepted + d.verifications) / double(d.verifications)
+                           : 0.0;
+              });
+  w.one("offgraph_decode_spans_total", "counter",
+        "a sequence's decode in one step (one token, or a verify span)", double(e.decode_spans));
   w.one("offgraph_queue_depth", "gauge", "requests waiting for a place", double(in.queued));
   w.one("offgraph_waits_for_memory_total", "counter",
         "steps in which the next request waited for KV memory", double(e.waits_for_memory));

@@ -192,6 +192,11 @@ nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, 
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
+nlohmann::ordered_json prediction_details(int accepted, int drafted) {
+  return {{"accepted_prediction_tokens", accepted},
+          {"rejected_prediction_tokens", drafted - accepted}};
+}
+
 nlohmann::ordered_json whole_choice(bool chat, int32_t index, const ChoiceOutput &out,
                                     const std::string &echo_text, nlohmann::ordered_json logprobs,
                                     const std::string &finish) {

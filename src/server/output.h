@@ -82,6 +82,10 @@ struct ResponseHead {
 // (max_tokens or the context cut it).
 std::string finish_reason(const ChoiceOutput &out, bool cut_by_length);
 nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, int cached_tokens);
+// usage.completion_tokens_details of a request with a prediction (OpenAI's Predicted Outputs):
+// drafted tokens kept and rejected. offgraph drafts from the prediction and the context alike, so
+// these count every drafted token verified.
+nlohmann::ordered_json prediction_details(int accepted, int drafted);
 // A finished choice of a non-streaming response: its message (content, reasoning_content when
 // any, tool_calls when any) or, for completions, `echo_text` and the answer.
 nlohmann::ordered_json whole_choice(bool chat, int32_t index, const ChoiceOutput &out,

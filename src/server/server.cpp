@@ -128,6 +128,7 @@ struct Routes {
     std::vector<engine::FinishReason> reasons;
     std::string error;
     int cached = 0;
+    int drafted = 0, accepted = 0; // speculative decoding, every choice's (Event::drafted)
     std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs; // echo's
     std::vector<CompletionLogprobs> offsets; // per choice, of streamed completion logprobs
     ResponseHead head;
@@ -142,7 +143,10 @@ struct Routes {
   json usage(const Call &call) {
     int completion = 0;
     for (const auto &o : call.outs) completion += o->completion_tokens();
-    return usage_shape(call.job.request.prompt.size(), completion, call.cached);
+    json u = usage_shape(call.job.request.prompt.size(), completion, call.cached);
+    if (!call.job.request.prediction.empty()) // Predicted Outputs' counts: every drafted token's
+      u["completion_tokens_details"] = prediction_details(call.accepted, call.drafted);
+    return u;
   }
 
   // Applies one engine event to the call's outputs; returns the delta for streaming.
@@ -158,6 +162,7 @@ struct Routes {
     if (e.finish != engine::FinishReason::None) {
       call.reasons[size_t(e.choice)] = e.finish;
       call.cached = std::max(call.cached, e.cached_tokens);
+      call.drafted += e.drafted, call.accepted += e.accepted;
       if (e.finish == engine::FinishReason::Error && call.error.empty()) call.error = e.error;
       ChoiceOutput::Delta tail = o.finish();
       d.reasoning += tail.reasoning;
@@ -434,6 +439,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.arch = model.config().arch_name;
   facts_.n_vocab = model.config().n_vocab;
   facts_.context = engine_options.context;
+  facts_.speculation = engine_options.speculation;
   facts_.max_tokens_cap = options_.max_tokens_cap > 0
                               ? std::min(options_.max_tokens_cap, engine_options.context)
                               : engine_options.context;
