@@ -384,7 +384,7 @@ void Engine::start_speculation(Generation &a) {
   SpeculationOptions o = a.request.speculation.value_or(options_.speculation);
   if (!a.request.prediction.empty()) o.source = DraftSource::Ngram; // an explicit none is refused
   if (o.source != DraftSource::None && a.request.max_tokens > 1)
-    a.speculator.emplace(o, a.request.prediction, a.tokens);
+    a.speculator.emplace(o, a.request.prediction, a.tokens, recent_acceptance_.rate());
 }
 
 Status Engine::admit(Generation &a) {
@@ -598,6 +598,9 @@ std::vector<Engine::Part> Engine::plan_batch() {
   int32_t budget = options_.step_tokens;
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
+  // What drafted tokens add to a step of one token per active generation, measured.
+  const std::vector<double> draft_cost =
+      step_cost_.relative(int32_t(order.size()), kMaxDraftTokens);
   for (Generation *a : order) {
     --later;
     if (budget <= 0) break;
@@ -610,9 +613,8 @@ std::vector<Engine::Part> Engine::plan_batch() {
         const int32_t limit =
             std::min({store_->sequence(a->seq)->max_draft_tokens(),
                       a->request.max_tokens - a->generated - 1, budget - 1 - later});
-        // What one more token costs, relative to a step of one token per active generation.
         if (limit > 0) {
-          decode.draft = a->speculator->draft(limit, step_cost_.marginal(int32_t(order.size())));
+          decode.draft = a->speculator->draft(limit, draft_cost);
           decode.n += int32_t(decode.draft.size());
         }
       }
@@ -809,6 +811,7 @@ bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t>
   ++s.kept[size_t(std::min<int32_t>(kept, int32_t(s.kept.size()) - 1))];
   a.drafted += drafted, a.accepted += kept;
   a.speculator->observe(tested, kept);
+  recent_acceptance_.observe(tested, kept);
   if (!going) return false;
   if (Status st = drop_rejected(a); !st.ok()) {
     finish(a, FinishReason::Error, "internal: " + st.message());

@@ -336,8 +336,10 @@ private:
   std::mutex inbox_mutex_;
   std::deque<std::unique_ptr<Generation>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;
-  // The cost of a decode step by its token count, for the adaptive draft length.
+  // The cost of a decode step by its token count, and the acceptance rate of recent verifications
+  // over every sequence (a new sequence's prior), for the adaptive draft length.
   StepCost step_cost_;
+  Acceptance recent_acceptance_{0.5, 0.99};
   // advance()'s copy of a constrained choice's logits, kept so that no step allocates one.
   std::vector<float> masked_logits_;
   bool cancel_all_ = false;

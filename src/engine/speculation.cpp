@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace offgraph::engine {
@@ -39,56 +40,58 @@ Status validate(const SpeculationOptions &o) {
 }
 
 void StepCost::observe(int32_t tokens, double seconds) {
-  if (tokens < 1 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  const double t = double(tokens);
-  n_ = n_ * kDecay + 1;
-  x_ = x_ * kDecay + t;
-  xx_ = xx_ * kDecay + t * t;
-  y_ = y_ * kDecay + seconds;
-  xy_ = xy_ * kDecay + t * seconds;
+  if (tokens < 1 || tokens > kMaxTokens || !(seconds > 0) || !std::isfinite(seconds)) return;
+  if (sum_.size() <= size_t(tokens)) sum_.resize(size_t(tokens) + 1), weight_.resize(sum_.size());
+  sum_[size_t(tokens)] = sum_[size_t(tokens)] * kDecay + seconds;
+  weight_[size_t(tokens)] = weight_[size_t(tokens)] * kDecay + 1;
 }
 
-double StepCost::marginal(int32_t tokens) const {
-  // Determined once the token counts vary: their weighted variance is at least a tenth of a token
-  // squared (steps of one size alone say nothing of the slope).
-  const double det = n_ * xx_ - x_ * x_;
-  if (n_ < 4 || det < 0.1 * n_ * n_) return kPrior;
-  const double per_token = (n_ * xy_ - x_ * y_) / det;
-  const double fixed = (y_ - per_token * x_) / n_;
-  const double step = fixed + per_token * double(std::max(tokens, 1));
-  if (!(step > 0)) return 1.0;
-  return std::clamp(per_token / step, 0.01, 1.0);
+std::optional<double> StepCost::estimate(int32_t tokens) const {
+  for (int32_t t = std::min<int32_t>(tokens, int32_t(sum_.size()) - 1); t >= 1; --t)
+    if (weight_[size_t(t)] > 0)
+      return sum_[size_t(t)] / weight_[size_t(t)] * (1.0 + kPrior * (tokens - t));
+  return std::nullopt;
+}
+
+std::vector<double> StepCost::relative(int32_t base, int32_t k_max) const {
+  base = std::max(base, 1);
+  std::vector<double> r(size_t(std::max(k_max, 0)) + 1, 1.0);
+  const std::optional<double> b = estimate(base);
+  for (int32_t k = 1; k <= k_max; ++k)
+    r[size_t(k)] = b ? *estimate(base + k) / *b : 1.0 + kPrior * k; // nothing measured: the prior
+  return r;
 }
 
 void Acceptance::observe(int32_t tested, int32_t kept) {
   if (tested <= 0) return;
-  kept_ = kept_ * kDecay + kept;
-  tested_ = tested_ * kDecay + tested;
+  kept_ = kept_ * decay_ + kept;
+  tested_ = tested_ * decay_ + tested;
 }
 
-int32_t best_draft_length(double rate, double marginal, int32_t k_max) {
+int32_t best_draft_length(double rate, std::span<const double> cost) {
   int32_t best = 0;
-  double best_gain = 1.0, expected = 1.0, term = 1.0;
-  for (int32_t k = 1; k <= k_max; ++k) {
+  double best_gain = 1.0 / cost[0], expected = 1.0, term = 1.0;
+  for (size_t k = 1; k < cost.size(); ++k) {
     term *= rate;
     expected += term;
-    const double gain = expected / (1.0 + marginal * k);
-    if (gain > best_gain) best = k, best_gain = gain;
+    const double gain = expected / cost[k];
+    if (gain > best_gain) best = int32_t(k), best_gain = gain;
   }
   return best;
 }
 
 Speculator::Speculator(const SpeculationOptions &options, std::span<const int32_t> prediction,
-                       std::span<const int32_t> history)
-    : options_(options), ngram_(options.ngram) {
+                       std::span<const int32_t> history, double prior)
+    : options_(options), ngram_(options.ngram), acceptance_(prior) {
   ngram_.append(prediction);
   ngram_.append(history);
 }
 
-std::vector<int32_t> Speculator::draft(int32_t limit, double marginal) {
+std::vector<int32_t> Speculator::draft(int32_t limit, std::span<const double> cost) {
   int32_t k = std::min(limit, options_.n_max);
   if (options_.adaptive) {
-    k = std::min(k, best_draft_length(acceptance_.rate(), marginal, k));
+    k = std::min(
+        k, best_draft_length(acceptance_.rate(), cost.first(std::min(cost.size(), size_t(k) + 1))));
     if (k == 0 && ++since_draft_ >= kProbeEvery) k = std::min(limit, std::max(options_.n_min, 1));
   }
   if (k < std::max(options_.n_min, 1)) return {};

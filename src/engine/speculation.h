@@ -11,6 +11,7 @@
 #include "engine/ngram_drafter.h"
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -46,40 +47,47 @@ struct SpeculationOptions {
 // The message names the field and the allowed range.
 Status validate(const SpeculationOptions &options);
 
-// The seconds of a decode step as a function of its token count, t = fixed + per_token * tokens,
-// fitted by least squares over recent decode-only steps (older ones weigh less: each step decays
-// the sums by kDecay). Until the fit is determined it assumes a drafted token costs kPrior of a
-// one-token step.
+// The seconds of a decode step by its token count T, measured: a decayed mean per T over the
+// recent decode-only steps of that size. Costs are not linear in T: on 2 CPU cores a step of 2
+// tokens of a 1B model costs 2.2 steps of 1, one of 8 about 4.5 (docs/speculative-bench.md), so
+// a line through the points would mislead. A size not measured yet is estimated from the largest
+// measured size below it, each token more adding kPrior of that step (kPrior per token before
+// anything is measured).
 class StepCost {
 public:
-  static constexpr double kDecay = 0.98;
+  static constexpr double kDecay = 0.95; // per observation of the same size
   static constexpr double kPrior = 0.25;
+  static constexpr int32_t kMaxTokens = 256; // sizes above are not tracked (estimated)
   void observe(int32_t tokens, double seconds);
-  // What one more token adds to a step of `tokens`, relative to that step's time, in (0, 1].
-  double marginal(int32_t tokens) const;
+  // The time of a step of `base` + k tokens over that of `base` tokens, for k = 0..k_max.
+  std::vector<double> relative(int32_t base, int32_t k_max) const;
 
 private:
-  double n_ = 0, x_ = 0, xx_ = 0, y_ = 0, xy_ = 0; // decayed sums of 1, T, T², t, T·t
+  // Seconds; none when no size up to `tokens` was measured.
+  std::optional<double> estimate(int32_t tokens) const;
+  std::vector<double> sum_, weight_; // by token count: decayed sums of seconds and of 1
 };
 
-// Of the drafted tokens a sequence's verifications tested (compared with the token drawn: the kept
-// ones and the first rejected one of each draft), the share kept: a per-token acceptance rate,
-// with a prior of one kept and one rejected, decayed so that it follows a change of text (an
-// echoed passage ending).
+// Of the drafted tokens verifications tested (compared with the token drawn: the kept ones and
+// the first rejected one of each draft), the share kept: a per-token acceptance rate. It starts
+// from a prior worth two tested tokens, and each observation decays what came before by `decay`,
+// so that it follows a change of text (an echoed passage ending).
 class Acceptance {
 public:
-  static constexpr double kDecay = 0.9;
+  explicit Acceptance(double prior = 0.5, double decay = 0.9) : prior_(prior), decay_(decay) {}
   void observe(int32_t tested, int32_t kept);
-  double rate() const { return (kept_ + 1) / (tested_ + 2); }
+  double rate() const { return (kept_ + 2 * prior_) / (tested_ + 2); }
 
 private:
+  double prior_, decay_;
   double kept_ = 0, tested_ = 0;
 };
 
-// The draft length in [0, k_max] that yields the most tokens per unit of step time, when each
-// drafted token is kept with probability `rate` (given the ones before it were) and costs
-// `marginal` of a one-token step: argmax_k (1 + rate + ... + rate^k) / (1 + marginal * k).
-int32_t best_draft_length(double rate, double marginal, int32_t k_max);
+// The draft length k that yields the most tokens per unit of step time, when each drafted token is
+// kept with probability `rate` (given the ones before it were) and a step with k drafted tokens
+// costs cost[k] (cost[0] = 1: the step without): argmax_k (1 + rate + ... + rate^k) / cost[k],
+// for k < cost.size().
+int32_t best_draft_length(double rate, std::span<const double> cost);
 
 // One sequence's drafter and what its verifications taught. Its history must follow the
 // sequence's tokens (append every token the sequence keeps).
@@ -90,14 +98,16 @@ public:
   static constexpr int32_t kProbeEvery = 16;
 
   // `prediction`: tokens to draft from besides the history (they come first in the drafter's
-  // history, never in the sequence's).
+  // history, never in the sequence's). `prior`: the acceptance rate to start from (the engine's
+  // recent rate over every sequence, so that a new request does not relearn it).
   Speculator(const SpeculationOptions &options, std::span<const int32_t> prediction,
-             std::span<const int32_t> history);
+             std::span<const int32_t> history, double prior = 0.5);
   const SpeculationOptions &options() const { return options_; }
   void append(int32_t token) { ngram_.append(token); }
   // The tokens to verify after the history's last token: at most `limit`, the adaptive length
-  // for a step whose extra tokens cost `marginal` each, empty when shorter than n_min.
-  std::vector<int32_t> draft(int32_t limit, double marginal);
+  // for a step that costs cost[k] with k drafted tokens (StepCost::relative), empty when shorter
+  // than n_min.
+  std::vector<int32_t> draft(int32_t limit, std::span<const double> cost);
   // The outcome of a verification: `tested` drafted tokens compared with the token drawn, `kept`
   // of them equal.
   void observe(int32_t tested, int32_t kept);

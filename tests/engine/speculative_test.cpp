@@ -248,36 +248,50 @@ TEST(Speculative, OptionsOutOfRangeAreRefusedByName) {
 
 // The adaptive length's parts against their definitions.
 TEST(SpeculativeAdaptive, BestLengthIsTheBruteForceArgmax) {
+  std::mt19937_64 rng(53);
   for (double rate : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99})
-    for (double cost : {0.01, 0.05, 0.2, 0.5, 1.0}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      // Costs rising by random steps (the measured shapes: a jump, then slower growth).
+      std::vector<double> cost = {1.0};
+      for (int k = 1; k <= 12; ++k)
+        cost.push_back(cost.back() + std::uniform_real_distribution<double>(0.01, 1.2)(rng));
       int32_t best = 0;
       double best_gain = 1.0;
       for (int32_t k = 1; k <= 12; ++k) {
         double expected = 0;
         for (int32_t i = 0; i <= k; ++i) expected += std::pow(rate, i);
-        if (expected / (1 + cost * k) > best_gain + 1e-12)
-          best = k, best_gain = expected / (1 + cost * k);
+        if (expected / cost[size_t(k)] > best_gain + 1e-12)
+          best = k, best_gain = expected / cost[size_t(k)];
       }
-      EXPECT_EQ(best_draft_length(rate, cost, 12), best) << rate << " " << cost;
+      EXPECT_EQ(best_draft_length(rate, cost), best) << rate << " " << trial;
     }
-  EXPECT_EQ(best_draft_length(0.2, 0.25, 12), 0); // a draft kept less often than it costs
+  const std::vector<double> linear = {1.0, 1.25, 1.5, 1.75};
+  EXPECT_EQ(best_draft_length(0.2, linear), 0); // a draft kept less often than it costs
 }
 
-TEST(SpeculativeAdaptive, StepCostRecoversALinearCost) {
+TEST(SpeculativeAdaptive, StepCostUsesWhatItMeasured) {
   StepCost c;
-  EXPECT_EQ(c.marginal(1), StepCost::kPrior);
-  for (int i = 0; i < 10; ++i) c.observe(1, 0.012); // one size alone says nothing of the slope
-  EXPECT_EQ(c.marginal(1), StepCost::kPrior);
-  for (int i = 0; i < 200; ++i) {
-    const int32_t t = 1 + i % 9;
-    c.observe(t, 0.010 + 0.002 * t);
-  }
-  EXPECT_NEAR(c.marginal(1), 0.002 / 0.012, 1e-9);
-  EXPECT_NEAR(c.marginal(5), 0.002 / 0.020, 1e-9);
+  // Nothing measured: the prior, kPrior per token.
+  EXPECT_EQ(c.relative(1, 2),
+            (std::vector<double>{1.0, 1.0 + StepCost::kPrior, 1.0 + 2 * StepCost::kPrior}));
+  // Measured sizes give their ratios; a size not measured extends the largest one below it.
+  for (int i = 0; i < 50; ++i) c.observe(1, 0.010), c.observe(2, 0.022), c.observe(4, 0.030);
+  const std::vector<double> r = c.relative(1, 5);
+  EXPECT_NEAR(r[1], 2.2, 1e-9);
+  EXPECT_NEAR(r[2], 2.2 * (1 + StepCost::kPrior), 1e-9); // 3 tokens: from 2
+  EXPECT_NEAR(r[3], 3.0, 1e-9);
+  EXPECT_NEAR(r[5], 3.0 * (1 + 2 * StepCost::kPrior), 1e-9);
+  EXPECT_NEAR(c.relative(2, 2)[2], 0.030 / 0.022, 1e-9);
+  // Recent steps weigh more: the mean follows a change.
+  for (int i = 0; i < 200; ++i) c.observe(2, 0.011);
+  EXPECT_NEAR(c.relative(1, 1)[1], 1.1, 1e-3);
+  c.observe(3, -1.0), c.observe(0, 1.0), c.observe(StepCost::kMaxTokens + 1, 1.0); // ignored
+  EXPECT_NEAR(c.relative(1, 2)[2], 1.1 * (1 + StepCost::kPrior), 1e-3);
 }
 
 TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
   SpeculationOptions o = ngram(8, true);
+  const std::vector<double> prior_cost = StepCost().relative(1, 8); // 0.25 per drafted token
   // 0..29, another token, then 0..9 again: the continuation 10..29 can be drafted.
   std::vector<int32_t> history;
   for (int32_t i = 0; i < 30; ++i) history.push_back(i);
@@ -285,18 +299,36 @@ TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
   for (int32_t i = 0; i < 9; ++i) history.push_back(i);
   Speculator s(o, {}, history);
   s.append(9);
-  EXPECT_FALSE(s.draft(8, 0.25).empty());       // the prior: one of two kept
+  EXPECT_FALSE(s.draft(8, prior_cost).empty()); // the prior: one of two kept
   for (int i = 0; i < 20; ++i) s.observe(1, 0); // the first drafted token rejected each time
   EXPECT_LT(s.acceptance().rate(), 0.2);
   int drafted = 0;
   for (int i = 0; i < 3 * Speculator::kProbeEvery; ++i) {
-    const auto d = s.draft(8, 0.25);
+    const auto d = s.draft(8, prior_cost);
     EXPECT_LE(d.size(), 1u);
     drafted += !d.empty();
   }
   EXPECT_EQ(drafted, 3); // one probe every kProbeEvery steps
   for (int i = 0; i < 40; ++i) s.observe(4, 4);
-  EXPECT_GE(s.draft(8, 0.25).size(), 4u); // kept again: long drafts again
+  EXPECT_GE(s.draft(8, prior_cost).size(), 4u); // kept again: long drafts again
+  // A sequence that starts from a low prior (the engine's recent rate) does not draft at first.
+  Speculator low(o, {}, history, 0.05);
+  low.append(9);
+  EXPECT_TRUE(low.draft(8, prior_cost).empty());
+  Speculator high(o, {}, history, 0.95);
+  high.append(9);
+  EXPECT_GE(high.draft(8, prior_cost).size(), 4u);
+}
+
+TEST(SpeculativeAdaptive, AcceptanceStartsAtItsPriorAndFollowsTheText) {
+  Acceptance a(0.2, 0.5);
+  EXPECT_DOUBLE_EQ(a.rate(), 0.2);
+  a.observe(4, 4); // (4 + 0.4) / (4 + 2)
+  EXPECT_DOUBLE_EQ(a.rate(), 4.4 / 6);
+  a.observe(1, 0); // (2 + 0.4) / (2 + 1 + 2)
+  EXPECT_DOUBLE_EQ(a.rate(), 2.4 / 5);
+  a.observe(0, 0); // nothing tested: unchanged
+  EXPECT_DOUBLE_EQ(a.rate(), 2.4 / 5);
 }
 
 } // namespace

@@ -33,8 +33,16 @@ json completion(const std::string &prompt, int max_tokens) {
   return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
 }
 
+// The engine's options for these tests: drafts of fixed length (the adaptive one follows measured
+// step times, which would make the counts below depend on the machine's load).
+engine::EngineOptions fixed_length() {
+  engine::EngineOptions eo = small_engine();
+  eo.speculation.adaptive = false;
+  return eo;
+}
+
 TEST(ServerSpeculative, APredictionSpeedsTheSameAnswer) {
-  Running run(*shared().model, small_engine(), opts("prediction"));
+  Running run(*shared().model, fixed_length(), opts("prediction"));
   const json plain_req = completion("Once upon a time there was a", 48);
   auto [s0, plain] = run.post("/v1/completions", plain_req);
   ASSERT_EQ(s0, 200) << plain.dump();
@@ -71,8 +79,44 @@ TEST(ServerSpeculative, APredictionSpeedsTheSameAnswer) {
   EXPECT_EQ(chat_spec["choices"][0]["message"], chat_plain["choices"][0]["message"]);
 }
 
+// A stop string inside a verify span ends the answer where plain decoding ends it: the tokens
+// drawn after it in the same step are dropped, and the usage counts the same tokens.
+TEST(ServerSpeculative, StopStringsInsideASpanEndTheAnswerAsPlainDecoding) {
+  Running run(*shared().model, fixed_length(), opts("stops"));
+  json req = completion("A story about a lighthouse keeper", 48);
+  auto [s0, whole] = run.post("/v1/completions", req);
+  ASSERT_EQ(s0, 200) << whole.dump();
+  const std::string text = whole["choices"][0]["text"];
+  ASSERT_GT(text.size(), 12u);
+  req["stop"] = text.substr(text.size() / 2, 3);
+  auto [s1, plain] = run.post("/v1/completions", req);
+  ASSERT_EQ(s1, 200) << plain.dump();
+  req["prediction"] = {{"type", "content"}, {"content", text}};
+  auto [s2, spec] = run.post("/v1/completions", req);
+  ASSERT_EQ(s2, 200) << spec.dump();
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(spec["choices"][0]["finish_reason"], plain["choices"][0]["finish_reason"]);
+  EXPECT_EQ(spec["usage"]["completion_tokens"], plain["usage"]["completion_tokens"]);
+  // Streamed: the chunks add up to the same text.
+  req["stream"] = true;
+  auto r = run.client->Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  std::string streamed, finish;
+  for (const std::string &d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    const json c = json::parse(d);
+    for (const json &ch : c["choices"]) {
+      streamed += ch.value("text", "");
+      if (ch.contains("finish_reason") && ch["finish_reason"].is_string())
+        finish = ch["finish_reason"];
+    }
+  }
+  EXPECT_EQ(streamed, plain["choices"][0]["text"]);
+  EXPECT_EQ(finish, plain["choices"][0]["finish_reason"]);
+}
+
 TEST(ServerSpeculative, RequestFieldsChooseTheDrafterAndKeepTheAnswer) {
-  engine::EngineOptions eo = small_engine();
+  engine::EngineOptions eo = fixed_length();
   eo.speculation.ngram.n_min = 1; // any recurring token drafts (the source stays none)
   Running run(*shared().model, eo, opts("fields"));
   std::string prompt;
