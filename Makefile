@@ -87,12 +87,20 @@ clean:
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
 # (32 min) and bench-grammar (10 min) below. BENCH_ARGS go to bench/run; --quick also shortens
 # bench/prefix (9 min).
-.PHONY: bench bench-pages bench-prefix bench-grammar
+.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
 	python3 bench/prefix $(filter --quick,$(BENCH_ARGS))
 	@$(MAKE) --no-print-directory bench-grammar BENCH_ARGS='$(filter --quick,$(BENCH_ARGS))'
+	python3 bench/speculative $(filter --quick,$(BENCH_ARGS))
+
+# Speculative decoding against llama-server's (issue 17; about 8 min): decode tokens/s plain, with
+# n-gram drafts (adaptive and fixed length) and llama-server's ngram-simple and ngram-mod on the
+# trained model, and the cost of a verify step on the 1b preset: docs/speculative-bench.md and
+# docs/plots/verify_cost.png.
+bench-speculative:
+	python3 bench/speculative $(BENCH_ARGS)
 
 # Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
 bench-pages:

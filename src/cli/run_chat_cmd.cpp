@@ -61,6 +61,7 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
 // Everything a generation needs, loaded once.
 struct Loaded {
   std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Model> draft_model; // --spec-draft-model
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::unique_ptr<engine::Engine> engine;
   sample::SamplingParams sampling;
@@ -100,6 +101,10 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   auto spec = speculation_options(o.spec);
   if (!spec.ok()) return spec.status();
   eo.speculation = *spec;
+  auto draft = load_draft_model(o.spec, o.model);
+  if (!draft.ok()) return draft.status();
+  l.draft_model = std::move(draft).value();
+  eo.draft_model = l.draft_model.get();
   auto engine = engine::Engine::create(*l.model, eo);
   if (!engine.ok()) return engine.status();
   l.engine = std::move(engine).value();
@@ -204,13 +209,14 @@ void print_stats(const engine::EngineStats &s) {
                s.prefill_seconds > 0 ? double(s.computed_prompt_tokens) / s.prefill_seconds : 0.0,
                (long long)s.generated_tokens, s.decode_seconds,
                s.decode_seconds > 0 ? double(s.generated_tokens) / s.decode_seconds : 0.0);
-  if (s.ngram.verifications > 0)
-    std::fprintf(stderr,
-                 "speculative (ngram): %lld drafted, %lld kept (%.0f%%), %.2f tokens per verify "
-                 "step\n",
-                 (long long)s.ngram.drafted, (long long)s.ngram.accepted,
-                 100.0 * double(s.ngram.accepted) / double(s.ngram.drafted),
-                 double(s.ngram.accepted + s.ngram.verifications) / double(s.ngram.verifications));
+  for (const auto &[name, d] : {std::pair{"ngram", &s.ngram}, std::pair{"draft", &s.draft}})
+    if (d->verifications > 0)
+      std::fprintf(stderr,
+                   "speculative (%s): %lld drafted, %lld kept (%.0f%%), %.2f tokens per verify "
+                   "step\n",
+                   name, (long long)d->drafted, (long long)d->accepted,
+                   100.0 * double(d->accepted) / double(std::max<int64_t>(d->drafted, 1)),
+                   double(d->accepted + d->verifications) / double(d->verifications));
 }
 
 // Streams ATEM events: reasoning dimmed on stderr, the answer on stdout, tool calls as JSON.

@@ -128,6 +128,8 @@ std::function<int()> add_serve(CLI::App &app) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return (*s)->stop(), fail(m.message());
+    auto draft = load_draft_model(o->spec, o->model);
+    if (!draft.ok()) return (*s)->stop(), fail(draft.message());
     engine::EngineOptions eo;
     eo.context = o->ctx;
     eo.max_write = o->batch;
@@ -143,6 +145,7 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.types = {*ctk, *ctv};
     eo.threads = o->threads;
     eo.speculation = *spec;
+    eo.draft_model = draft->get();
     if (Status st = (*s)->attach(**m, eo); !st.ok()) return (*s)->stop(), fail(st.message());
     const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),

@@ -1,12 +1,18 @@
 #include "speculation_flags.h"
 
+#include "text/tokenizer/tokenizer.h"
+
 namespace offgraph::cli {
 
 void add_speculation_flags(CLI::App &cmd, SpeculationFlags &f) {
   cmd.add_option("--spec-type", f.type,
-                 "speculative decoding: none, or ngram (drafts from the request's own context, "
-                 "verified so that the tokens are plain decoding's)")
+                 "speculative decoding: none, ngram (drafts from the request's own context) or "
+                 "draft (a draft model's, --spec-draft-model), verified so that the tokens are "
+                 "plain decoding's")
       ->capture_default_str();
+  cmd.add_option("--spec-draft-model,--model-draft", f.draft_model,
+                 "a draft model GGUF with the same vocabulary (requests may then choose "
+                 "speculative.type draft)");
   cmd.add_option("--spec-draft-n-max", f.n_max,
                  "most drafted tokens verified per step (clipped to -b - 1: a verify span is at "
                  "most -b tokens, and a rejection is rewound inside the rings)")
@@ -22,6 +28,29 @@ void add_speculation_flags(CLI::App &cmd, SpeculationFlags &f) {
   cmd.add_option("--spec-ngram-max", f.ngram_max,
                  "n-gram drafts: the longest suffix matched (the longest match wins)")
       ->capture_default_str();
+}
+
+Result<std::unique_ptr<model::Model>> load_draft_model(const SpeculationFlags &f,
+                                                       const std::string &target_path) {
+  if (f.draft_model.empty()) {
+    if (f.type == "draft") return Status::error("--spec-type draft needs --spec-draft-model FILE");
+    return std::unique_ptr<model::Model>();
+  }
+  auto draft = model::Model::load(f.draft_model);
+  if (!draft.ok()) return Status::error("--spec-draft-model: " + draft.message());
+  auto mine = text::Tokenizer::from_gguf(target_path);
+  auto theirs = text::Tokenizer::from_gguf(f.draft_model);
+  if (!mine.ok()) return mine.status();
+  if (!theirs.ok()) return Status::error("--spec-draft-model: " + theirs.message());
+  if ((*mine)->n_vocab() != (*theirs)->n_vocab())
+    return Status::error("--spec-draft-model: " + std::to_string((*theirs)->n_vocab()) +
+                         " tokens, the model " + std::to_string((*mine)->n_vocab()));
+  for (int32_t id = 0; id < (*mine)->n_vocab(); ++id)
+    if ((*mine)->token_piece(id) != (*theirs)->token_piece(id))
+      return Status::error("--spec-draft-model: token " + std::to_string(id) + " is '" +
+                           (*theirs)->token_piece(id) + "', the model's '" +
+                           (*mine)->token_piece(id) + "' (a draft must share the vocabulary)");
+  return std::move(draft).value();
 }
 
 Result<engine::SpeculationOptions> speculation_options(const SpeculationFlags &f) {

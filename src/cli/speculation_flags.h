@@ -2,6 +2,7 @@
 #pragma once
 
 #include "engine/speculation.h"
+#include "model/model.h"
 
 #include <CLI/CLI.hpp>
 
@@ -11,7 +12,7 @@
 namespace offgraph::cli {
 
 struct SpeculationFlags {
-  std::string type = "none";
+  std::string type = "none", draft_model;
   int n_max = 8, n_min = 1, ngram_min = 2, ngram_max = 8;
   bool fixed_length = false;
 };
@@ -20,5 +21,9 @@ struct SpeculationFlags {
 void add_speculation_flags(CLI::App &cmd, SpeculationFlags &flags);
 // The options they give; an error naming the flag at fault.
 Result<engine::SpeculationOptions> speculation_options(const SpeculationFlags &flags);
+// --spec-draft-model loaded (null when not given), refused unless its vocabulary is the target's
+// token for token (ids and texts), as llama-server requires of a draft.
+Result<std::unique_ptr<model::Model>> load_draft_model(const SpeculationFlags &flags,
+                                                       const std::string &target_path);
 
 } // namespace offgraph::cli

@@ -44,6 +44,22 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   e->store_ = std::move(store).value();
   e->store_->set_memory_budget(options.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
+  if (const model::Model *d = options.draft_model) {
+    if (d->config().n_vocab != model.config().n_vocab)
+      return Status::error("the draft model has " + std::to_string(d->config().n_vocab) +
+                           " tokens; the model has " + std::to_string(model.config().n_vocab) +
+                           " (a draft must share the vocabulary)");
+    auto draft_layout =
+        model::make_layout(*d, {options.context, options.max_write, options.page_rows});
+    if (!draft_layout.ok()) return draft_layout.status();
+    auto draft_store =
+        kv::KvStore::create(*draft_layout, options.types, ggml_backend_cpu_buffer_type());
+    if (!draft_store.ok()) return draft_store.status();
+    e->draft_store_ = std::move(draft_store).value();
+    e->draft_forward_ = std::make_unique<model::Forward>(*d, *e->draft_store_, options.threads);
+  } else if (options.speculation.source == DraftSource::Draft) {
+    return Status::error("speculative decoding with a draft model needs one (a draft model file)");
+  }
   return e;
 }
 
@@ -67,11 +83,16 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          std::to_string(options_.context));
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
-  if (request.speculation)
+  if (request.speculation) {
     if (Status s = validate(*request.speculation); !s.ok()) return s;
+    if (request.speculation->source == DraftSource::Draft && !draft_forward_)
+      return Status::error("speculative decoding with a draft model: no draft model is loaded");
+  }
   if (!request.prediction.empty() && request.speculation &&
-      request.speculation->source == DraftSource::None)
-    return Status::error("a prediction is drafted from, but the request's speculation is none");
+      request.speculation->source != DraftSource::Ngram)
+    return Status::error(std::string("a prediction is drafted from by n-gram drafts, but the "
+                                     "request's speculation is ") +
+                         draft_source_name(request.speculation->source));
   if (request.prediction.size() > size_t(options_.context))
     return Status::error("the prediction has " + std::to_string(request.prediction.size()) +
                          " tokens; at most the context, " + std::to_string(options_.context));
@@ -382,9 +403,11 @@ void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::
 
 void Engine::start_speculation(Generation &a) {
   SpeculationOptions o = a.request.speculation.value_or(options_.speculation);
-  if (!a.request.prediction.empty()) o.source = DraftSource::Ngram; // an explicit none is refused
+  // A prediction is drafted from by n-gram drafts (submit() refused one with another source).
+  if (!a.request.prediction.empty()) o.source = DraftSource::Ngram;
   if (o.source != DraftSource::None && a.request.max_tokens > 1)
-    a.speculator.emplace(o, a.request.prediction, a.tokens, recent_acceptance_.rate());
+    a.speculator.emplace(o, a.request.prediction, a.tokens,
+                         recent_acceptance_[size_t(o.source)].rate());
 }
 
 Status Engine::admit(Generation &a) {
@@ -467,6 +490,7 @@ void Engine::finish(Generation &a, FinishReason reason, const std::string &error
   // way the generation no longer owns it (it stays in active_ until the step settles). A verify
   // span's rejected rows go first; where they cannot, the sequence is not kept.
   const bool cached = drop_rejected(a).ok() && cache_sequence(a);
+  drop_draft(a);
   if (!cached) (void)store_->remove_sequence(a.seq);
   a.seq = -1;
   if (cached) evict_over_budget();
@@ -598,9 +622,16 @@ std::vector<Engine::Part> Engine::plan_batch() {
   int32_t budget = options_.step_tokens;
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
-  // What drafted tokens add to a step of one token per active generation, measured.
+  // What drafted tokens add to a step of one token per active generation, measured; a draft
+  // model's also costs one of its forward passes per drafted token.
   const std::vector<double> draft_cost =
       step_cost_.relative(int32_t(order.size()), kMaxDraftTokens);
+  std::vector<double> model_cost = draft_cost;
+  if (const auto step = step_cost_.seconds(int32_t(order.size())); step && draft_step_seconds_ > 0)
+    for (size_t k = 1; k < model_cost.size(); ++k)
+      model_cost[k] += double(k) * draft_step_seconds_ / *step;
+  std::vector<std::pair<Generation *, int32_t>> model_drafts; // drafted after planning
+  std::vector<size_t> model_parts;
   for (Generation *a : order) {
     --later;
     if (budget <= 0) break;
@@ -613,7 +644,12 @@ std::vector<Engine::Part> Engine::plan_batch() {
         const int32_t limit =
             std::min({store_->sequence(a->seq)->max_draft_tokens(),
                       a->request.max_tokens - a->generated - 1, budget - 1 - later});
-        if (limit > 0) {
+        if (limit > 0 && a->speculator->options().source == DraftSource::Draft) {
+          if (const int32_t k = a->speculator->length(limit, model_cost); k > 0) {
+            model_drafts.push_back({a, k}), model_parts.push_back(parts.size());
+            decode.n += k; // the budget it may take; the draft fills it below
+          }
+        } else if (limit > 0) {
           decode.draft = a->speculator->draft(limit, draft_cost);
           decode.n += int32_t(decode.draft.size());
         }
@@ -634,7 +670,148 @@ std::vector<Engine::Part> Engine::plan_batch() {
     parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size(), scored});
     budget -= int32_t(n);
   }
+  if (!model_drafts.empty()) {
+    std::vector<std::vector<int32_t>> drafts = draft_with_model(model_drafts);
+    for (size_t i = 0; i < model_parts.size(); ++i) {
+      Part &p = parts[model_parts[i]];
+      p.draft = std::move(drafts[i]);
+      p.n = 1 + int32_t(p.draft.size());
+      if (!p.draft.empty()) p.g->speculator->drafted();
+    }
+  }
   return parts;
+}
+
+std::vector<std::vector<int32_t>>
+Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &want) {
+  std::vector<std::vector<int32_t>> out(want.size());
+  const size_t m = size_t(options_.max_write);
+  for (const auto &[a, k] : want) {
+    if (a->draft_seq >= 0) continue;
+    auto seq = draft_store_->create_sequence();
+    if (!seq.ok()) return out;
+    a->draft_seq = *seq, a->draft_len = 0;
+  }
+  // Timed, and run: a forward pass of the draft model over `b`; false on failure (nothing kept).
+  auto run = [&](model::Batch &b, bool drafting) -> std::optional<std::vector<float>> {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto logits = draft_forward_->run(b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Drafting is part of decoding's time (decode tokens/s counts it).
+    ++stats_.draft_steps, stats_.draft_seconds += s, stats_.decode_seconds += s;
+    if (drafting)
+      draft_step_seconds_ = draft_step_seconds_ > 0 ? 0.9 * draft_step_seconds_ + 0.1 * s : s;
+    if (!logits.ok()) return std::nullopt;
+    return std::move(logits).value();
+  };
+  // Catch-up: each draft cache brought to within max_write tokens of its generation's tokens.
+  for (;;) {
+    model::Batch b;
+    std::vector<Generation *> fed;
+    for (const auto &[a, k] : want) {
+      if (a->tokens.size() - a->draft_len <= m) continue;
+      const auto from = a->tokens.begin() + long(a->draft_len);
+      b.tokens.insert(b.tokens.end(), from, from + long(m));
+      b.spans.push_back({a->draft_seq, int32_t(a->draft_len), int32_t(m)});
+      fed.push_back(a);
+    }
+    if (fed.empty()) break;
+    b.logit_rows = {int32_t(b.tokens.size()) - 1}; // unused: the graph needs an output
+    if (!run(b, false)) return std::vector<std::vector<int32_t>>(want.size());
+    for (Generation *a : fed) a->draft_len += m;
+  }
+  // Drafting: the first step feeds what the cache lacks up to the last token, each next one the
+  // token the step before drafted; each takes the argmax of its last row.
+  const size_t n_vocab = size_t(model_.config().n_vocab);
+  std::vector<bool> done(want.size(), false);
+  for (;;) {
+    model::Batch b;
+    std::vector<size_t> fed;
+    for (size_t i = 0; i < want.size(); ++i) {
+      Generation &a = *want[i].first;
+      if (done[i] || int32_t(out[i].size()) >= want[i].second) continue;
+      const size_t before = b.tokens.size();
+      if (out[i].empty())
+        b.tokens.insert(b.tokens.end(), a.tokens.begin() + long(a.draft_len), a.tokens.end());
+      else
+        b.tokens.push_back(out[i].back());
+      const int32_t n = int32_t(b.tokens.size() - before);
+      b.spans.push_back({a.draft_seq, int32_t(a.draft_len), n});
+      b.logit_rows.push_back(int32_t(b.tokens.size()) - 1);
+      fed.push_back(i);
+    }
+    if (fed.empty()) break;
+    auto logits = run(b, true);
+    if (!logits) return std::vector<std::vector<int32_t>>(want.size());
+    for (size_t r = 0; r < fed.size(); ++r) {
+      const size_t i = fed[r];
+      Generation &a = *want[i].first;
+      a.draft_len += size_t(b.spans[r].n_tokens);
+      const std::span<const float> row(logits->data() + r * n_vocab, n_vocab);
+      const int32_t token =
+          speculative_sampling(a) ? draw_draft(a, row, out[i]) : sample::argmax(row);
+      if (token < 0) {
+        done[i] = true; // no distribution to draw from: the draft ends here
+        continue;
+      }
+      out[i].push_back(token);
+    }
+  }
+  return out;
+}
+
+int32_t Engine::draw_draft(Generation &a, std::span<const float> row,
+                           const std::vector<int32_t> &drafted) {
+  if (drafted.empty()) a.draft_q.clear();
+  if (!a.draft_sampler) {
+    // q: the request's own sampling settings on the draft's logits, drawn with a stream of its
+    // own (the target's stream decides acceptances and corrections).
+    sample::SamplingParams params = a.request.sampling;
+    params.seed ^= 0xD1B54A32D192ED03ull;
+    auto s = sample::Sampler::create(params, model_.config().n_vocab);
+    if (!s.ok()) return -1;
+    a.draft_sampler.emplace(std::move(s).value());
+  }
+  const size_t n = a.tokens.size();
+  a.tokens.insert(a.tokens.end(), drafted.begin(), drafted.end());
+  std::vector<double> q;
+  const Status s = a.draft_sampler->distribution(row, a.tokens, q);
+  a.tokens.resize(n);
+  if (!s.ok()) return -1;
+  const int32_t token = a.draft_sampler->draw_from(q);
+  if (token >= 0) a.draft_q.push_back(std::move(q));
+  return token;
+}
+
+Result<sample::SpeculativeVerdict> Engine::pq_verdict(Generation &a, const float *rows,
+                                                      const std::vector<int32_t> &draft) {
+  // p_j: the request's sampling distribution at row j, its penalties reading the history with
+  // d_1..d_j appended (the drafts are put on the tokens for that, then taken off).
+  const size_t n_vocab = size_t(model_.config().n_vocab), n = a.tokens.size();
+  std::vector<std::vector<double>> p(draft.size() + 1);
+  a.tokens.insert(a.tokens.end(), draft.begin(), draft.end());
+  Status s = ok_status();
+  for (size_t j = 0; j <= draft.size() && s.ok(); ++j)
+    s = a.sampler->distribution({rows + j * n_vocab, n_vocab}, {a.tokens.data(), n + j}, p[j]);
+  a.tokens.resize(n);
+  if (!s.ok()) return s;
+  const sample::SpeculativeVerdict v =
+      sample::verify_sampled(draft, p, a.draft_q, [&] { return a.sampler->uniform(); });
+  if (v.next < 0) return Status::error("sampling: no token has weight after the draft");
+  return v;
+}
+
+void Engine::sync_draft(Generation &a) {
+  if (a.draft_seq < 0 || a.draft_len <= a.computed) return;
+  if (draft_store_->rewind(a.draft_seq, int32_t(a.computed)).ok())
+    a.draft_len = a.computed;
+  else
+    drop_draft(a); // started again from scratch at the next draft
+}
+
+void Engine::drop_draft(Generation &a) {
+  if (a.draft_seq >= 0) (void)draft_store_->remove_sequence(a.draft_seq);
+  a.draft_seq = -1, a.draft_len = 0;
 }
 
 // One forward pass over `parts`, then each generation's cache length, prompt-end snapshot and
@@ -735,14 +912,14 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   settle(done, std::move(born));
 }
 
-bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn,
-                     int32_t drafted) {
+bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn, int32_t drafted,
+                     int32_t chosen) {
   if (a.request.max_tokens == 0) { // the prompt only
     finish(a, FinishReason::Length);
     return false;
   }
   const std::span<const float> model_logits = logits; // what log-probabilities report
-  if (a.grammar) {
+  if (a.grammar && chosen < 0) {
     masked_logits_.assign(logits.begin(), logits.end());
     if (Status s = a.grammar->mask_logits(masked_logits_); !s.ok()) {
       finish(a, FinishReason::Error, s.message());
@@ -750,7 +927,7 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
     }
     logits = masked_logits_;
   }
-  auto token = a.sampler->sample_checked(logits, a.tokens);
+  auto token = chosen >= 0 ? Result<int32_t>(chosen) : a.sampler->sample_checked(logits, a.tokens);
   if (!token.ok()) {
     finish(a, FinishReason::Error, token.message());
     return false;
@@ -782,6 +959,11 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
   return true;
 }
 
+bool Engine::speculative_sampling(const Generation &a) const {
+  return a.speculator && a.speculator->options().source == DraftSource::Draft &&
+         a.request.sampling.temperature > 0 && !a.grammar;
+}
+
 bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t> &draft) {
   const size_t n_vocab = size_t(model_.config().n_vocab);
   a.computed += 1; // the token before the draft
@@ -790,28 +972,41 @@ bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t>
   // a last event sent from inside the span reports them.
   a.span_tested = a.span_kept = 0;
   bool going = true;
+  // Speculative sampling (a sampled draft model's draft, with its q): which tokens to emit.
+  std::optional<sample::SpeculativeVerdict> verdict;
+  if (speculative_sampling(a) && a.draft_q.size() == draft.size()) {
+    auto v = pq_verdict(a, rows, draft);
+    if (!v.ok()) {
+      finish(a, FinishReason::Error, v.message());
+      return false;
+    }
+    verdict = *v;
+  }
   // Row j follows the token before the draft and d_1..d_j: it is the sequence's own next-token
-  // distribution for as long as every drafted token before it was the token drawn.
+  // distribution for as long as every drafted token before it was the token emitted.
   for (int32_t j = 0; j <= k; ++j) {
     int32_t drawn = -1;
     const int32_t expected = j < k ? draft[size_t(j)] : -1;
-    going = advance(a, {rows + size_t(j) * n_vocab, n_vocab}, &drawn, expected);
+    const int32_t chosen = !verdict ? -1 : size_t(j) < verdict->accepted ? expected : verdict->next;
+    going = advance(a, {rows + size_t(j) * n_vocab, n_vocab}, &drawn, expected, chosen);
     if (!going || drawn != expected)
       break;         // finished (finish() dropped the rows past it), or a miss
-    a.computed += 1; // d_{j+1} was drawn: its row in the cache is the sequence's
+    a.computed += 1; // d_{j+1} was kept: its row in the cache is the sequence's
   }
   const int32_t tested = a.span_tested, kept = a.span_kept;
   // A request that finished inside the span verified only the drafted tokens up to there.
   const int32_t drafted = going ? k : tested;
   a.span_tested = a.span_kept = 0;
-  DraftStats &s = stats_.ngram;
+  const bool model_draft = a.speculator->options().source == DraftSource::Draft;
+  DraftStats &s = model_draft ? stats_.draft : stats_.ngram;
   ++s.verifications;
   s.drafted += drafted;
   s.accepted += kept;
   ++s.kept[size_t(std::min<int32_t>(kept, int32_t(s.kept.size()) - 1))];
   a.drafted += drafted, a.accepted += kept;
   a.speculator->observe(tested, kept);
-  recent_acceptance_.observe(tested, kept);
+  recent_acceptance_[size_t(a.speculator->options().source)].observe(tested, kept);
+  if (model_draft) sync_draft(a);
   if (!going) return false;
   if (Status st = drop_rejected(a); !st.ok()) {
     finish(a, FinishReason::Error, "internal: " + st.message());

@@ -20,6 +20,7 @@
 #include "sample/grammar_matcher.h"
 #include "sample/logprobs.h"
 #include "sample/sampler.h"
+#include "sample/speculative.h"
 
 #include <array>
 #include <atomic>
@@ -65,6 +66,9 @@ struct EngineOptions {
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).
   SpeculationOptions speculation;
+  // The drafter of DraftSource::Draft: a model with the target's vocabulary (the caller checks
+  // the token texts; the engine, their count), run with a KV store of its own. Not owned.
+  const model::Model *draft_model = nullptr;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
@@ -136,6 +140,9 @@ struct EngineStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t decode_spans = 0; // a sequence's decode in one step: one token, or a verify span
   DraftStats ngram;         // speculative decoding with n-gram drafts
+  DraftStats draft;         // and with the draft model's
+  int64_t draft_steps = 0;  // forward passes of the draft model
+  double draft_seconds = 0; // their time (also counted in decode_seconds)
 };
 
 class Engine {
@@ -205,6 +212,14 @@ private:
     std::optional<sample::GrammarMatcher> grammar;
     // Speculative decoding: its drafter follows `tokens` (every kept token is appended).
     std::optional<Speculator> speculator;
+    // DraftSource::Draft: its sequence in the draft model's store (-1: none yet), which holds
+    // tokens[0, draft_len).
+    kv::SeqId draft_seq = -1;
+    size_t draft_len = 0;
+    // Speculative sampling: the draft model's sampler (a stream of its own) and the distribution
+    // q each token of the current draft was drawn from.
+    std::optional<sample::Sampler> draft_sampler;
+    std::vector<std::vector<double>> draft_q;
     int32_t drafted = 0, accepted = 0;      // by its verifications (Event::drafted, accepted)
     int32_t span_tested = 0, span_kept = 0; // of the verification being sampled (advance)
     bool spawned = false;                   // its other choices were forked
@@ -297,8 +312,20 @@ private:
   // `drawn`, when given, gets the token sampled (also when that token finished a); `drafted`,
   // when not -1, is the drafted token at this position, compared with it for the counts the last
   // event reports.
+  // `chosen`, when not -1, is emitted instead of a token sampled (speculative sampling decided it).
   bool advance(Generation &a, std::span<const float> logits, int32_t *drawn = nullptr,
-               int32_t drafted = -1);
+               int32_t drafted = -1, int32_t chosen = -1);
+  // Whether a's drafts are sampled from the draft model's q and verified by speculative sampling
+  // (p/q): a sampled request drafted by a draft model, without a grammar.
+  bool speculative_sampling(const Generation &a) const;
+  // Speculative sampling's verdict on a draft: p from each row through a's sampler, q kept when
+  // the draft was drawn (Generation::draft_q).
+  Result<sample::SpeculativeVerdict> pq_verdict(Generation &a, const float *rows,
+                                                const std::vector<int32_t> &draft);
+  // A drafted token drawn from the draft model's distribution q for a (kept in a.draft_q), after
+  // the tokens `drafted` before it; -1 when nothing can be drawn.
+  int32_t draw_draft(Generation &a, std::span<const float> row,
+                     const std::vector<int32_t> &drafted);
   // After a verify span: samples its rows in turn (advance), keeping drafted tokens while each
   // equals the token drawn, then rewinds the sequence past what was kept. False once a is
   // finished.
@@ -308,6 +335,14 @@ private:
   Status drop_rejected(Generation &a);
   // Starts a's drafter over its tokens when its request speculates.
   void start_speculation(Generation &a);
+  // The draft model's greedy continuations: `want[i].second` tokens after each generation's
+  // tokens, its draft cache first brought up to them (in max_write chunks), every generation's
+  // step batched. A failure drafts nothing for any (the step then decodes one token each).
+  std::vector<std::vector<int32_t>>
+  draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &want);
+  // After a verification: the draft cache cut back to what a's tokens still hold.
+  void sync_draft(Generation &a);
+  void drop_draft(Generation &a);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.
   void spawn_choices(Generation &a, std::span<const float> logits,
                      std::vector<std::unique_ptr<Generation>> &born);
@@ -316,6 +351,10 @@ private:
   EngineOptions options_;
   std::unique_ptr<kv::KvStore> store_;
   std::unique_ptr<model::Forward> forward_;
+  // The draft model's store and forward pass (EngineOptions::draft_model).
+  std::unique_ptr<kv::KvStore> draft_store_;
+  std::unique_ptr<model::Forward> draft_forward_;
+  double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;
@@ -339,7 +378,9 @@ private:
   // The cost of a decode step by its token count, and the acceptance rate of recent verifications
   // over every sequence (a new sequence's prior), for the adaptive draft length.
   StepCost step_cost_;
-  Acceptance recent_acceptance_{0.5, 0.99};
+  // By draft source (DraftSource's order).
+  std::array<Acceptance, 3> recent_acceptance_{
+      {Acceptance{0.5, 0.99}, Acceptance{0.5, 0.99}, Acceptance{0.5, 0.99}}};
   // advance()'s copy of a constrained choice's logits, kept so that no step allocates one.
   std::vector<float> masked_logits_;
   bool cancel_all_ = false;

@@ -10,8 +10,9 @@ namespace offgraph::engine {
 Result<DraftSource> parse_draft_source(std::string_view name) {
   if (name == "none") return DraftSource::None;
   if (name == "ngram") return DraftSource::Ngram;
+  if (name == "draft") return DraftSource::Draft;
   return Status::error("unknown draft source '" + std::string(name) +
-                       "' (choose 'none' or 'ngram')");
+                       "' (choose 'none', 'ngram' or 'draft')");
 }
 
 const char *draft_source_name(DraftSource source) {
@@ -20,6 +21,8 @@ const char *draft_source_name(DraftSource source) {
     return "none";
   case DraftSource::Ngram:
     return "ngram";
+  case DraftSource::Draft:
+    return "draft";
   }
   return "?";
 }
@@ -87,17 +90,22 @@ Speculator::Speculator(const SpeculationOptions &options, std::span<const int32_
   ngram_.append(history);
 }
 
-std::vector<int32_t> Speculator::draft(int32_t limit, std::span<const double> cost) {
+int32_t Speculator::length(int32_t limit, std::span<const double> cost) {
   int32_t k = std::min(limit, options_.n_max);
   if (options_.adaptive) {
     k = std::min(
         k, best_draft_length(acceptance_.rate(), cost.first(std::min(cost.size(), size_t(k) + 1))));
     if (k == 0 && ++since_draft_ >= kProbeEvery) k = std::min(limit, std::max(options_.n_min, 1));
   }
-  if (k < std::max(options_.n_min, 1)) return {};
+  return k < std::max(options_.n_min, 1) ? 0 : k;
+}
+
+std::vector<int32_t> Speculator::draft(int32_t limit, std::span<const double> cost) {
+  const int32_t k = length(limit, cost);
+  if (k == 0) return {};
   std::vector<int32_t> tokens = ngram_.draft(size_t(k)).tokens;
   if (int32_t(tokens.size()) < std::max(options_.n_min, 1)) return {};
-  since_draft_ = 0;
+  drafted();
   return tokens;
 }
 

@@ -21,8 +21,9 @@ namespace offgraph::engine {
 enum class DraftSource {
   None,  // plain decoding
   Ngram, // prompt lookup over the sequence's own history (NgramDrafter)
+  Draft, // a draft model (EngineOptions::draft_model): its greedy continuation
 };
-// "none" or "ngram"; an error naming the choices otherwise.
+// "none", "ngram" or "draft"; an error naming the choices otherwise.
 Result<DraftSource> parse_draft_source(std::string_view name);
 const char *draft_source_name(DraftSource source);
 
@@ -61,6 +62,8 @@ public:
   void observe(int32_t tokens, double seconds);
   // The time of a step of `base` + k tokens over that of `base` tokens, for k = 0..k_max.
   std::vector<double> relative(int32_t base, int32_t k_max) const;
+  // Seconds of a step of `tokens`; none before a size up to it was measured.
+  std::optional<double> seconds(int32_t tokens) const { return estimate(tokens); }
 
 private:
   // Seconds; none when no size up to `tokens` was measured.
@@ -104,9 +107,13 @@ public:
              std::span<const int32_t> history, double prior = 0.5);
   const SpeculationOptions &options() const { return options_; }
   void append(int32_t token) { ngram_.append(token); }
-  // The tokens to verify after the history's last token: at most `limit`, the adaptive length
-  // for a step that costs cost[k] with k drafted tokens (StepCost::relative), empty when shorter
-  // than n_min.
+  // How many tokens to draft now: at most `limit`, the adaptive length for a step that costs
+  // cost[k] with k drafted tokens (StepCost::relative), or a probe; 0 when fewer than n_min.
+  // Call drafted() when a draft of that length is made.
+  int32_t length(int32_t limit, std::span<const double> cost);
+  void drafted() { since_draft_ = 0; }
+  // The n-gram drafter's tokens to verify after the history's last token: at most length(), empty
+  // when shorter than n_min.
   std::vector<int32_t> draft(int32_t limit, std::span<const double> cost);
   // The outcome of a verification: `tested` drafted tokens compared with the token drawn, `kept`
   // of them equal.

@@ -318,6 +318,33 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
 Result<int32_t> Sampler::sample_checked(std::span<const float> logits,
                                         std::span<const int32_t> history) {
+  auto greedy = filter(logits, history);
+  if (!greedy.ok()) return greedy.status();
+  if (*greedy >= 0) return *greedy;
+  return cands_[draw(probs_, rng_.next_double())].id;
+}
+
+Status Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history,
+                             std::vector<double> &probs) {
+  auto greedy = filter(logits, history);
+  if (!greedy.ok()) return greedy.status();
+  probs.assign(size_t(vocab_size_), 0.0);
+  if (*greedy >= 0) {
+    probs[size_t(*greedy)] = 1.0;
+    return ok_status();
+  }
+  double total = 0;
+  for (double p : probs_) total += p;
+  for (size_t i = 0; i < cands_.size(); ++i) probs[size_t(cands_[i].id)] = probs_[i] / total;
+  return ok_status();
+}
+
+int32_t Sampler::draw_from(std::span<const double> probs) {
+  const size_t i = draw(probs, rng_.next_double());
+  return i < probs.size() && probs[i] > 0 ? int32_t(i) : kNoToken;
+}
+
+Result<int32_t> Sampler::filter(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.size() != static_cast<size_t>(vocab_size_)) {
     return Status::error("sampling: got " + std::to_string(logits.size()) +
                          " logits for a vocabulary of " + std::to_string(vocab_size_));
@@ -357,6 +384,7 @@ Result<int32_t> Sampler::sample_checked(std::span<const float> logits,
     }
     return best;
   }
+  // Steps 3-6 leave the candidates in cands_ and their probabilities in probs_; -1 says so.
 
   // Banned tokens never enter the candidate list, so no later step can revive them.
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
@@ -375,7 +403,7 @@ Result<int32_t> Sampler::sample_checked(std::span<const float> logits,
   top_p(cands_, params_.top_p);
   min_p(cands_, params_.min_p);
   softmax(cands_, params_.temperature, probs_);
-  return cands_[draw(probs_, rng_.next_double())].id;
+  return -1;
 }
 
 } // namespace offgraph::sample

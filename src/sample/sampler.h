@@ -109,6 +109,17 @@ public:
   // window of `history`, or every token banned (-inf). A failed call does not advance the PRNG.
   Result<int32_t> sample_checked(std::span<const float> logits, std::span<const int32_t> history);
 
+  // The distribution sample_checked draws from, as a probability per token id (steps 1-6; zero
+  // for every token the filters removed; one-hot at the argmax when greedy), without drawing.
+  // For speculative sampling's p and q. Errors as sample_checked's.
+  Status distribution(std::span<const float> logits, std::span<const int32_t> history,
+                      std::vector<double> &probs);
+  // One token drawn from `probs` (by id, summing to about 1) with this sampler's PRNG; kNoToken
+  // when none has weight.
+  int32_t draw_from(std::span<const double> probs);
+  // One draw of the PRNG, uniform in [0, 1) (speculative sampling's acceptance tests).
+  double uniform() { return rng_.next_double(); }
+
   // Restarts the PRNG stream, e.g. to replay a generation.
   void reseed(uint64_t seed) { rng_.reseed(seed); }
   const SamplingParams &params() const { return params_; }
@@ -117,6 +128,10 @@ public:
 private:
   Sampler(SamplingParams params, int32_t vocab_size)
       : params_(std::move(params)), vocab_size_(vocab_size), rng_(params_.seed) {}
+
+  // Steps 1-6 of the chain: the greedy token, or -1 with the candidates in cands_ and their
+  // probabilities (unnormalised) in probs_.
+  Result<int32_t> filter(std::span<const float> logits, std::span<const int32_t> history);
 
   SamplingParams params_;
   int32_t vocab_size_;

@@ -209,6 +209,9 @@ std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &fa
     auto source = engine::parse_draft_source(t.get<std::string>());
     if (!source.ok()) return bad("speculative.type", "'speculative.type': " + source.message());
     s.source = *source, any = true;
+    if (s.source == engine::DraftSource::Draft && !facts.draft_model)
+      return bad("speculative.type", "'speculative.type' 'draft': no draft model is loaded "
+                                     "(offgraph serve --spec-draft-model FILE)");
   }
   for (const auto &[key, out, lo] : {std::tuple{"speculative.n_max", &s.n_max, 1},
                                      std::tuple{"speculative.n_min", &s.n_min, 0}}) {
@@ -226,17 +229,21 @@ std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &fa
     return bad(key, std::string("'") + key + "': speculative.n_min (" + std::to_string(s.n_min) +
                         ") must not exceed speculative.n_max (" + std::to_string(s.n_max) + ")");
   }
-  // Lengths without drafts would be ignored: refused (a prediction drafts whatever the type).
+  // A prediction is drafted from by n-gram drafts: the type unless one is named (and refused).
   const bool predicted = body.contains("prediction") && !body["prediction"].is_null();
-  if (s.source == engine::DraftSource::None && !predicted)
+  if (predicted && !given("speculative.type")) s.source = engine::DraftSource::Ngram;
+  // Lengths without drafts would be ignored: refused.
+  if (s.source == engine::DraftSource::None)
     for (const char *key : {"speculative.n_max", "speculative.n_min", "speculative.adaptive"})
       if (given(key))
         return bad(key, std::string("'") + key +
-                            "' has no effect without drafts: set speculative.type to 'ngram' "
-                            "(the server's is 'none')");
-  if (s.source == engine::DraftSource::None && predicted)
-    return bad("speculative.type", "'prediction' is drafted from; speculative.type 'none' refuses "
-                                   "it (leave speculative.type out)");
+                            "' has no effect without drafts: set speculative.type (the server's "
+                            "is 'none')");
+  if (s.source != engine::DraftSource::Ngram && predicted)
+    return bad("speculative.type", std::string("'prediction' is drafted from by n-gram drafts; "
+                                               "speculative.type '") +
+                                       engine::draft_source_name(s.source) +
+                                       "' refuses it (leave speculative.type out, or 'ngram')");
   job.request.speculation = s; // valid: each field checked above, the server's options at start
   return std::nullopt;
 }

@@ -47,6 +47,7 @@ struct ModelFacts {
   std::shared_ptr<GrammarCache> grammars;
   // The server's speculative decoding, which the request's speculative.* fields adjust.
   engine::SpeculationOptions speculation;
+  bool draft_model = false; // one is loaded (speculative.type "draft")
 };
 
 // One HTTP request turned into engine work and the instructions to assemble its answer.

@@ -100,7 +100,8 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_decode_tokens_per_second", "gauge", "tokens generated per second",
         e.decode_seconds > 0 ? double(e.generated_tokens) / e.decode_seconds : 0);
   // Speculative decoding, by draft source (llama-server: spec_decode_num_*_total).
-  const std::pair<const char *, const engine::DraftStats *> drafters[] = {{"ngram", &e.ngram}};
+  const std::pair<const char *, const engine::DraftStats *> drafters[] = {{"ngram", &e.ngram},
+                                                                          {"draft", &e.draft}};
   auto per_drafter = [&](const char *name, const char *type, const char *help,
                          double (*value)(const engine::DraftStats &)) {
     w.family(name, type, help);

@@ -440,6 +440,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.n_vocab = model.config().n_vocab;
   facts_.context = engine_options.context;
   facts_.speculation = engine_options.speculation;
+  facts_.draft_model = engine_options.draft_model != nullptr;
   facts_.max_tokens_cap = options_.max_tokens_cap > 0
                               ? std::min(options_.max_tokens_cap, engine_options.context)
                               : engine_options.context;

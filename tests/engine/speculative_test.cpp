@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
+#include <unistd.h>
 
 namespace offgraph::engine {
 namespace {
@@ -226,6 +228,189 @@ TEST(Speculative, DraftsAreClippedToTheRingSlackAndTheCacheStaysReusable) {
   // The answer's last token (never fed back) and the four new ones.
   EXPECT_EQ(s.computed_prompt_tokens - before, 5);
   EXPECT_EQ(second, run_with({greedy(next, 40)}, std::nullopt)[0]);
+}
+
+// A draft model: another small model of the same vocabulary (its own KV store, its own rings of
+// window 8 that wrap), or the target itself.
+struct DraftFixture {
+  std::string path;
+  std::unique_ptr<model::Model> model;
+  DraftFixture() {
+    path = (testing::fs::temp_directory_path() /
+            ("offgraph-draft-test-" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
+    s.n_layer = 2, s.n_embd = 32, s.n_head = 2, s.n_head_kv = 1, s.head_dim = 16, s.n_ff = 48,
+    s.window = 8, s.n_vocab = 500, s.seed = 21;
+    EXPECT_TRUE(synth::write_model(s, path).ok());
+    model = std::move(model::Model::load(path)).value();
+  }
+  ~DraftFixture() { testing::fs::remove(path); }
+};
+DraftFixture &draft_fixture() {
+  static DraftFixture f;
+  return f;
+}
+
+SpeculationOptions draft_model(int32_t n_max) {
+  SpeculationOptions s = ngram(n_max);
+  s.source = DraftSource::Draft;
+  return s;
+}
+
+// Greedy answers are plain decoding's; sampled ones are drafted from q and verified by
+// speculative sampling (their text differs from the seed's plain one; the distribution test below
+// checks them).
+TEST(SpeculativeDraftModel, GreedyAnswersEqualPlainDecodingForEveryDraftLength) {
+  std::mt19937_64 rng(61);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = greedy(i % 2 ? echo_prompt(rng, 9) : random_tokens(rng, 30 + size_t(i)), 50);
+    if (i % 3 == 2) r.sampling.temperature = 0.8f, r.sampling.seed = 5 + uint64_t(i);
+    if (i == 4) r.n = 2;
+    reqs.push_back(r);
+  }
+  const auto plain = run_with(reqs, std::nullopt);
+  for (int32_t k : {1, 3, 7}) {
+    EngineOptions o = options(4);
+    o.draft_model = draft_fixture().model.get();
+    EngineStats stats;
+    const auto spec = run_with(reqs, draft_model(k), &stats, o);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (reqs[i].sampling.temperature == 0)
+        EXPECT_EQ(spec[i], plain[i]) << "request " << i << ", draft length " << k;
+      else
+        EXPECT_EQ(spec[i].size(), plain[i].size()) << "request " << i << ", draft length " << k;
+    }
+    EXPECT_GT(stats.draft.verifications, 0) << k;
+    // k draft steps per verification at least, batched over at most 4 sequences.
+    EXPECT_GE(4 * stats.draft_steps, int64_t(k) * stats.draft.verifications) << k;
+    EXPECT_EQ(stats.ngram.verifications, 0) << k;
+  }
+}
+
+// The target as its own draft: every drafted token is the target's greedy choice, so every one
+// is kept, across catch-ups, rewinds of the draft cache and rings that wrap; mixed in one batch
+// with n-gram and plain requests.
+TEST(SpeculativeDraftModel, TheTargetAsItsOwnDraftKeepsEveryDraft) {
+  std::mt19937_64 rng(63);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = greedy(random_tokens(rng, 20 + 9 * size_t(i)), 60);
+    if (i == 4) r.speculation = ngram(4);
+    if (i == 5) r.speculation = SpeculationOptions{};
+    reqs.push_back(r);
+  }
+  const auto plain = run_with(reqs, std::nullopt);
+  EngineOptions o = options(4);
+  o.draft_model = fixture().model.get();
+  EngineStats stats;
+  const auto spec = run_with(reqs, draft_model(5), &stats, o);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(spec[i], plain[i]) << "request " << i;
+  EXPECT_GT(stats.draft.drafted, 100);
+  EXPECT_EQ(stats.draft.accepted, stats.draft.drafted);
+  EXPECT_GT(stats.ngram.verifications, 0);
+}
+
+// Speculative sampling with a draft model (p/q): the tokens follow the target's distribution.
+// The second and third tokens of 3,000 sampled answers (after drafts of 2 from another model,
+// q != p) against 3,000 plain ones: a two-sample chi-square test at p = 0.001.
+TEST(SpeculativeDraftModel, SpeculativeSamplingFollowsTheTargetsDistribution) {
+  std::mt19937_64 rng(65);
+  const std::vector<int32_t> prompt = random_tokens(rng, 24);
+  constexpr int kRuns = 3000;
+  auto tokens_at = [&](std::optional<SpeculationOptions> spec) {
+    EngineOptions o = options(0);
+    o.max_active = 8, o.step_tokens = 64;
+    o.draft_model = draft_fixture().model.get();
+    if (spec) o.speculation = *spec;
+    auto e = Engine::create(*fixture().model, o);
+    EXPECT_TRUE(e.ok()) << e.message();
+    std::vector<std::vector<int32_t>> out(kRuns);
+    for (int first = 0; first < kRuns; first += 60) {
+      for (int i = first; i < std::min(kRuns, first + 60); ++i) {
+        Request r = greedy(prompt, 3);
+        r.sampling.temperature = 1.5f, r.sampling.top_k = 5, r.sampling.top_p = 1.0f;
+        r.sampling.min_p = 0.0f, r.sampling.seed = 1000 + uint64_t(i);
+        EXPECT_TRUE((*e)->submit(r,
+                                 [&out, i](const Event &ev) {
+                                   if (ev.token >= 0) out[size_t(i)].push_back(ev.token);
+                                 })
+                        .ok());
+      }
+      (*e)->run_until_idle();
+    }
+    return std::make_pair(out, (*e)->stats());
+  };
+  const auto [plain, plain_stats] = tokens_at(std::nullopt);
+  const auto [spec, spec_stats] = tokens_at(draft_model(2));
+  EXPECT_GT(spec_stats.draft.accepted, 0);
+  EXPECT_LT(spec_stats.draft.accepted, spec_stats.draft.drafted); // q != p: some rejected
+  for (size_t at : {size_t(1), size_t(2)}) {
+    std::map<int32_t, std::pair<double, double>> counts;
+    for (int i = 0; i < kRuns; ++i) {
+      ASSERT_EQ(plain[size_t(i)].size(), 3u);
+      ASSERT_EQ(spec[size_t(i)].size(), 3u);
+      counts[plain[size_t(i)][at]].first += 1;
+      counts[spec[size_t(i)][at]].second += 1;
+    }
+    // Cells with fewer than 10 in all pooled into one.
+    double chi = 0, pooled_a = 0, pooled_b = 0;
+    int cells = 0;
+    for (const auto &[token, ab] : counts) {
+      if (ab.first + ab.second < 10) {
+        pooled_a += ab.first, pooled_b += ab.second;
+        continue;
+      }
+      chi += (ab.first - ab.second) * (ab.first - ab.second) / (ab.first + ab.second), ++cells;
+    }
+    if (pooled_a + pooled_b > 0)
+      chi += (pooled_a - pooled_b) * (pooled_a - pooled_b) / (pooled_a + pooled_b), ++cells;
+    ASSERT_GE(cells, 5);
+    // The 0.999 quantile of chi-square with cells - 1 degrees of freedom (Wilson-Hilferty).
+    const double df = cells - 1, z = 3.0902;
+    const double critical = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
+    EXPECT_LT(chi, critical) << "token " << at << ": chi-square " << chi << " over " << cells
+                             << " cells";
+  }
+}
+
+// The target as its own sampled draft: q = p up to rounding, so nearly every draft is kept.
+TEST(SpeculativeDraftModel, SampledDraftsFromTheTargetItselfAreKept) {
+  std::mt19937_64 rng(67);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    Request r = greedy(random_tokens(rng, 20 + size_t(i)), 40);
+    r.sampling.temperature = 1.0f, r.sampling.seed = 77 + uint64_t(i);
+    reqs.push_back(r);
+  }
+  EngineOptions o = options(4);
+  o.draft_model = fixture().model.get();
+  EngineStats stats;
+  run_with(reqs, draft_model(4), &stats, o);
+  EXPECT_GT(stats.draft.drafted, 50);
+  EXPECT_GE(double(stats.draft.accepted), 0.97 * double(stats.draft.drafted));
+}
+
+TEST(SpeculativeDraftModel, ADraftModelIsRefusedWhereItCannotServe) {
+  EngineOptions o = options(0);
+  o.speculation = draft_model(4);
+  auto none = Engine::create(*fixture().model, o); // no draft model
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.message().find("draft model"), std::string::npos) << none.message();
+  auto plain = Engine::create(*fixture().model, options(0));
+  Request r = greedy({1, 2, 3}, 4);
+  r.speculation = draft_model(4);
+  auto id = (*plain)->submit(r, nullptr);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.message().find("no draft model"), std::string::npos) << id.message();
+  r.prediction = {1, 2};
+  o = options(0), o.draft_model = fixture().model.get();
+  auto with = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(with.ok()) << with.message();
+  id = (*with)->submit(r, nullptr);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.message().find("prediction"), std::string::npos) << id.message();
 }
 
 TEST(Speculative, OptionsOutOfRangeAreRefusedByName) {

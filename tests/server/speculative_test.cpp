@@ -143,6 +143,32 @@ TEST(ServerSpeculative, RequestFieldsChooseTheDrafterAndKeepTheAnswer) {
   EXPECT_LE(run.metric(drafted), 2 * verifications); // speculative.n_max held
 }
 
+// A draft model (here the model itself, so every greedy draft is kept): the same answer, counted
+// under drafter="draft".
+TEST(ServerSpeculative, ADraftModelDraftsTheSameAnswer) {
+  engine::EngineOptions eo = fixed_length();
+  eo.draft_model = shared().model.get();
+  Running run(*shared().model, eo, opts("draft"));
+  const json plain_req = completion("Once upon a time there was a", 40);
+  auto [s0, plain] = run.post("/v1/completions", plain_req);
+  ASSERT_EQ(s0, 200) << plain.dump();
+  json req = plain_req;
+  req["speculative.type"] = "draft", req["speculative.n_max"] = 6;
+  auto [s1, spec] = run.post("/v1/completions", req);
+  ASSERT_EQ(s1, 200) << spec.dump();
+  EXPECT_EQ(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+  ASSERT_TRUE(published(run, plain["usage"]["completion_tokens"].get<double>() +
+                                 spec["usage"]["completion_tokens"].get<double>()));
+  const double drafted = run.metric("offgraph_spec_drafted_tokens_total{drafter=\"draft\"}");
+  EXPECT_GT(drafted, 10);
+  EXPECT_EQ(run.metric("offgraph_spec_accepted_tokens_total{drafter=\"draft\"}"), drafted);
+  // Without a draft model loaded, asking for one is refused by name.
+  Running bare(*shared().model, fixed_length(), opts("bare"));
+  auto [s2, refused] = bare.post("/v1/completions", req);
+  EXPECT_EQ(s2, 400);
+  EXPECT_EQ(refused["error"]["param"], "speculative.type") << refused.dump();
+}
+
 TEST(ServerSpeculative, BadValuesAreRefusedByName) {
   Running run(*shared().model, small_engine(), opts("bad"));
   const json base = completion("Hello", 4);
