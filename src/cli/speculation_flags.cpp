@@ -7,8 +7,9 @@ namespace offgraph::cli {
 void add_speculation_flags(CLI::App &cmd, SpeculationFlags &f) {
   cmd.add_option("--spec-type", f.type,
                  "speculative decoding: none, ngram (drafts from the request's own context) or "
-                 "draft (a draft model's, --spec-draft-model), verified so that the tokens are "
-                 "plain decoding's")
+                 "draft (a draft model's, --spec-draft-model); the answer is plain decoding's "
+                 "(sampled: same seed, same text where a span's logits equal a step's; see "
+                 "--spec-pq)")
       ->capture_default_str();
   cmd.add_option("--spec-draft-model,--model-draft", f.draft_model,
                  "a draft model GGUF with the same vocabulary (requests may then choose "
@@ -22,6 +23,12 @@ void add_speculation_flags(CLI::App &cmd, SpeculationFlags &f) {
   cmd.add_flag("--spec-fixed-length", f.fixed_length,
                "verify every draft up to --spec-draft-n-max, instead of a length that follows the "
                "acceptance rate and the measured cost of a longer step");
+  cmd.add_flag(
+      "--spec-pq", f.pq,
+      "sampled requests with a draft model: speculative sampling (keep a draft with "
+      "probability min(1, p/q)): more drafts kept, but the text for a seed then depends on "
+      "the draft lengths; without it drafts are matched against the token sampled, and "
+      "the text is plain decoding's");
   cmd.add_option("--spec-ngram-min", f.ngram_min,
                  "n-gram drafts: the shortest suffix of the context that must recur")
       ->capture_default_str();
@@ -58,7 +65,7 @@ Result<engine::SpeculationOptions> speculation_options(const SpeculationFlags &f
   auto source = engine::parse_draft_source(f.type);
   if (!source.ok()) return Status::error("--spec-type: " + source.message());
   s.source = *source;
-  s.n_max = f.n_max, s.n_min = f.n_min, s.adaptive = !f.fixed_length;
+  s.n_max = f.n_max, s.n_min = f.n_min, s.adaptive = !f.fixed_length, s.pq = f.pq;
   s.ngram.n_min = f.ngram_min, s.ngram.n_max = f.ngram_max;
   if (Status st = engine::validate(s); !st.ok()) {
     // validate() names the option; say which flag that is.

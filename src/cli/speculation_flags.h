@@ -14,7 +14,7 @@ namespace offgraph::cli {
 struct SpeculationFlags {
   std::string type = "none", draft_model;
   int n_max = 8, n_min = 1, ngram_min = 2, ngram_max = 8;
-  bool fixed_length = false;
+  bool fixed_length = false, pq = false;
 };
 
 // Adds --spec-type, --spec-draft-n-max/-n-min, --spec-fixed-length and --spec-ngram-min/-max.

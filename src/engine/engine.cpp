@@ -87,6 +87,9 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
     if (Status s = validate(*request.speculation); !s.ok()) return s;
     if (request.speculation->source == DraftSource::Draft && !draft_forward_)
       return Status::error("speculative decoding with a draft model: no draft model is loaded");
+    if (request.speculation->source != DraftSource::None && options_.max_write < 2)
+      return Status::error("speculative decoding verifies spans of at least 2 tokens; max_write "
+                           "(the prefill chunk) is 1");
   }
   if (!request.prediction.empty() && request.speculation &&
       request.speculation->source != DraftSource::Ngram)
@@ -674,6 +677,8 @@ std::vector<Engine::Part> Engine::plan_batch() {
     std::vector<std::vector<int32_t>> drafts = draft_with_model(model_drafts);
     for (size_t i = 0; i < model_parts.size(); ++i) {
       Part &p = parts[model_parts[i]];
+      if (int32_t(drafts[i].size()) < std::max(1, p.g->speculator->options().n_min))
+        drafts[i].clear();
       p.draft = std::move(drafts[i]);
       p.n = 1 + int32_t(p.draft.size());
       if (!p.draft.empty()) p.g->speculator->drafted();
@@ -687,6 +692,8 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
   std::vector<std::vector<int32_t>> out(want.size());
   const size_t m = size_t(options_.max_write);
   for (const auto &[a, k] : want) {
+    // The draft cache never holds more than the kept tokens before the last one (sync_draft).
+    if (a->draft_seq >= 0 && a->draft_len >= a->tokens.size()) drop_draft(*a);
     if (a->draft_seq >= 0) continue;
     auto seq = draft_store_->create_sequence();
     if (!seq.ok()) return out;
@@ -704,6 +711,12 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
     if (!logits.ok()) return std::nullopt;
     return std::move(logits).value();
   };
+  // A failed pass leaves the draft caches of `want` unknown: they are dropped (started again from
+  // nothing at the next draft), and nothing is drafted this step.
+  auto failed = [&] {
+    for (const auto &[a, k] : want) drop_draft(*a);
+    return std::vector<std::vector<int32_t>>(want.size());
+  };
   // Catch-up: each draft cache brought to within max_write tokens of its generation's tokens.
   for (;;) {
     model::Batch b;
@@ -717,7 +730,7 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
     }
     if (fed.empty()) break;
     b.logit_rows = {int32_t(b.tokens.size()) - 1}; // unused: the graph needs an output
-    if (!run(b, false)) return std::vector<std::vector<int32_t>>(want.size());
+    if (!run(b, false)) return failed();
     for (Generation *a : fed) a->draft_len += m;
   }
   // Drafting: the first step feeds what the cache lacks up to the last token, each next one the
@@ -742,7 +755,7 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
     }
     if (fed.empty()) break;
     auto logits = run(b, true);
-    if (!logits) return std::vector<std::vector<int32_t>>(want.size());
+    if (!logits) return failed();
     for (size_t r = 0; r < fed.size(); ++r) {
       const size_t i = fed[r];
       Generation &a = *want[i].first;
@@ -762,24 +775,25 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
 
 int32_t Engine::draw_draft(Generation &a, std::span<const float> row,
                            const std::vector<int32_t> &drafted) {
-  if (drafted.empty()) a.draft_q.clear();
+  if (drafted.empty()) a.draft_q_used = 0;
   if (!a.draft_sampler) {
     // q: the request's own sampling settings on the draft's logits, drawn with a stream of its
     // own (the target's stream decides acceptances and corrections).
     sample::SamplingParams params = a.request.sampling;
-    params.seed ^= 0xD1B54A32D192ED03ull;
+    params.seed = (params.seed + uint64_t(a.choice)) ^ 0xD1B54A32D192ED03ull; // choice c: seed + c
     auto s = sample::Sampler::create(params, model_.config().n_vocab);
     if (!s.ok()) return -1;
     a.draft_sampler.emplace(std::move(s).value());
   }
   const size_t n = a.tokens.size();
   a.tokens.insert(a.tokens.end(), drafted.begin(), drafted.end());
-  std::vector<double> q;
+  if (a.draft_q.size() == a.draft_q_used) a.draft_q.emplace_back(); // rows are reused
+  std::vector<double> &q = a.draft_q[a.draft_q_used];
   const Status s = a.draft_sampler->distribution(row, a.tokens, q);
   a.tokens.resize(n);
   if (!s.ok()) return -1;
   const int32_t token = a.draft_sampler->draw_from(q);
-  if (token >= 0) a.draft_q.push_back(std::move(q));
+  if (token >= 0) ++a.draft_q_used;
   return token;
 }
 
@@ -788,15 +802,17 @@ Result<sample::SpeculativeVerdict> Engine::pq_verdict(Generation &a, const float
   // p_j: the request's sampling distribution at row j, its penalties reading the history with
   // d_1..d_j appended (the drafts are put on the tokens for that, then taken off).
   const size_t n_vocab = size_t(model_.config().n_vocab), n = a.tokens.size();
-  std::vector<std::vector<double>> p(draft.size() + 1);
+  std::vector<std::vector<double>> &p = pq_scratch_; // reused: vocabulary-sized rows
+  if (p.size() < draft.size() + 1) p.resize(draft.size() + 1);
   a.tokens.insert(a.tokens.end(), draft.begin(), draft.end());
   Status s = ok_status();
   for (size_t j = 0; j <= draft.size() && s.ok(); ++j)
     s = a.sampler->distribution({rows + j * n_vocab, n_vocab}, {a.tokens.data(), n + j}, p[j]);
   a.tokens.resize(n);
   if (!s.ok()) return s;
-  const sample::SpeculativeVerdict v =
-      sample::verify_sampled(draft, p, a.draft_q, [&] { return a.sampler->uniform(); });
+  const sample::SpeculativeVerdict v = sample::verify_sampled(
+      draft, std::span(p).first(draft.size() + 1), std::span(a.draft_q).first(a.draft_q_used),
+      [&] { return a.sampler->uniform(); });
   if (v.next < 0) return Status::error("sampling: no token has weight after the draft");
   return v;
 }
@@ -846,7 +862,6 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   const double share = double(prefill_tokens) / double(batch.tokens.size());
   stats_.prefill_seconds += seconds * share;
   stats_.decode_seconds += seconds * (1 - share);
-  if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok()) {
     // Nothing was committed; the requests of this step end with the reason, the others go on
     // (a request cancelled meanwhile is finished by the next step, not dropped here).
@@ -910,6 +925,12 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (!advance(a, l)) done.push_back(&a);
   }
   settle(done, std::move(born));
+  // A decode step's cost for the adaptive draft length: the forward pass and what follows it per
+  // token (sampling, grammar, events), which a longer span does not multiply.
+  if (prefill_tokens == 0)
+    step_cost_.observe(
+        int32_t(batch.tokens.size()),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn, int32_t drafted,
@@ -961,7 +982,7 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
 
 bool Engine::speculative_sampling(const Generation &a) const {
   return a.speculator && a.speculator->options().source == DraftSource::Draft &&
-         a.request.sampling.temperature > 0 && !a.grammar;
+         a.speculator->options().pq && a.request.sampling.temperature > 0 && !a.grammar;
 }
 
 bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t> &draft) {
@@ -974,7 +995,7 @@ bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t>
   bool going = true;
   // Speculative sampling (a sampled draft model's draft, with its q): which tokens to emit.
   std::optional<sample::SpeculativeVerdict> verdict;
-  if (speculative_sampling(a) && a.draft_q.size() == draft.size()) {
+  if (speculative_sampling(a) && a.draft_q_used == draft.size()) {
     auto v = pq_verdict(a, rows, draft);
     if (!v.ok()) {
       finish(a, FinishReason::Error, v.message());
@@ -989,8 +1010,8 @@ bool Engine::verify(Generation &a, const float *rows, const std::vector<int32_t>
     const int32_t expected = j < k ? draft[size_t(j)] : -1;
     const int32_t chosen = !verdict ? -1 : size_t(j) < verdict->accepted ? expected : verdict->next;
     going = advance(a, {rows + size_t(j) * n_vocab, n_vocab}, &drawn, expected, chosen);
-    if (!going || drawn != expected)
-      break;         // finished (finish() dropped the rows past it), or a miss
+    if (!going || drawn != expected || (verdict && size_t(j) >= verdict->accepted))
+      break;         // finished (finish() dropped the rows past it), a miss, or p/q's last token
     a.computed += 1; // d_{j+1} was kept: its row in the cache is the sequence's
   }
   const int32_t tested = a.span_tested, kept = a.span_kept;

@@ -185,6 +185,8 @@ public:
   const PrefixTree &tree() const { return tree_; }
   const EngineOptions &options() const { return options_; }
   const kv::KvStore &store() const { return *store_; }
+  // The draft model's store (null without one).
+  const kv::KvStore *draft_store() const { return draft_store_.get(); }
 
 private:
   // One choice of one request, from the queue through the batch to its end: the request's first
@@ -219,7 +221,8 @@ private:
     // Speculative sampling: the draft model's sampler (a stream of its own) and the distribution
     // q each token of the current draft was drawn from.
     std::optional<sample::Sampler> draft_sampler;
-    std::vector<std::vector<double>> draft_q;
+    std::vector<std::vector<double>> draft_q; // the first draft_q_used rows (kept for reuse)
+    size_t draft_q_used = 0;
     int32_t drafted = 0, accepted = 0;      // by its verifications (Event::drafted, accepted)
     int32_t span_tested = 0, span_kept = 0; // of the verification being sampled (advance)
     bool spawned = false;                   // its other choices were forked
@@ -316,7 +319,7 @@ private:
   bool advance(Generation &a, std::span<const float> logits, int32_t *drawn = nullptr,
                int32_t drafted = -1, int32_t chosen = -1);
   // Whether a's drafts are sampled from the draft model's q and verified by speculative sampling
-  // (p/q): a sampled request drafted by a draft model, without a grammar.
+  // (p/q): a sampled request drafted by a draft model with SpeculationOptions::pq, no grammar.
   bool speculative_sampling(const Generation &a) const;
   // Speculative sampling's verdict on a draft: p from each row through a's sampler, q kept when
   // the draft was drawn (Generation::draft_q).
@@ -375,6 +378,8 @@ private:
   std::mutex inbox_mutex_;
   std::deque<std::unique_ptr<Generation>> inbox_;
   std::vector<std::pair<uint64_t, int32_t>> cancels_;
+  // pq_verdict's p rows, reused across steps (vocabulary-sized each).
+  std::vector<std::vector<double>> pq_scratch_;
   // The cost of a decode step by its token count, and the acceptance rate of recent verifications
   // over every sequence (a new sequence's prior), for the adaptive draft length.
   StepCost step_cost_;

@@ -4,7 +4,8 @@
 // samples each of the k + 1 rows in turn with the request's own sampler and keeps drafted tokens
 // while they equal what it drew (sample-and-match), then rewinds the rest. Every token is thus the
 // one plain decoding draws with the same seed: greedy output is identical, and so is sampled
-// output where the logits of a span equal those of single steps.
+// output where the logits of a span equal those of single steps. (A draft model's sampled drafts
+// may instead be verified by speculative sampling, SpeculationOptions::pq.)
 #pragma once
 
 #include "base/status.h"
@@ -43,6 +44,12 @@ struct SpeculationOptions {
   // a longer step (StepCost), so that drafts that keep being rejected stop costing time. Off: every
   // step verifies as many drafted tokens as the drafter gives, up to n_max.
   bool adaptive = true;
+  // Sampled requests with a draft model: false (the default) verifies the draft by sampling each
+  // row and matching, as for n-gram drafts: the same seed gives the same text as plain decoding.
+  // True: speculative sampling (keep d with probability min(1, p/q), else draw from the residual),
+  // which keeps more drafts but whose text for a seed depends on the draft lengths chosen (the
+  // acceptance tests draw from the request's stream); the distribution is the target's either way.
+  bool pq = false;
   NgramDrafterOptions ngram;
 };
 // The message names the field and the allowed range.

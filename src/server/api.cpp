@@ -197,9 +197,7 @@ std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts
 std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &facts, Job &job) {
   auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
   if (given("speculative.p_min"))
-    return bad("speculative.p_min",
-               "'speculative.p_min' applies to draft models; this server drafts from n-grams",
-               "unsupported");
+    return bad("speculative.p_min", "'speculative.p_min' is not supported", "unsupported");
   engine::SpeculationOptions s = facts.speculation;
   bool any = false;
   if (given("speculative.type")) {
@@ -219,8 +217,10 @@ std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &fa
     if (auto e = read_number(body, key, *out, lo, engine::kMaxDraftTokens)) return e;
     any = true;
   }
-  if (given("speculative.adaptive")) {
-    if (auto e = read_bool(body, "speculative.adaptive", s.adaptive)) return e;
+  for (const auto &[key, out] :
+       {std::pair{"speculative.adaptive", &s.adaptive}, std::pair{"speculative.pq", &s.pq}}) {
+    if (!given(key)) continue;
+    if (auto e = read_bool(body, key, *out)) return e;
     any = true;
   }
   if (!any) return std::nullopt;
@@ -234,11 +234,15 @@ std::optional<ApiError> parse_speculation(const json &body, const ModelFacts &fa
   if (predicted && !given("speculative.type")) s.source = engine::DraftSource::Ngram;
   // Lengths without drafts would be ignored: refused.
   if (s.source == engine::DraftSource::None)
-    for (const char *key : {"speculative.n_max", "speculative.n_min", "speculative.adaptive"})
+    for (const char *key :
+         {"speculative.n_max", "speculative.n_min", "speculative.adaptive", "speculative.pq"})
       if (given(key))
         return bad(key, std::string("'") + key +
                             "' has no effect without drafts: set speculative.type (the server's "
                             "is 'none')");
+  if (s.pq && s.source != engine::DraftSource::Draft && given("speculative.pq"))
+    return bad("speculative.pq", "'speculative.pq' (speculative sampling) needs a draft model's q: "
+                                 "set speculative.type to 'draft'");
   if (s.source != engine::DraftSource::Ngram && predicted)
     return bad("speculative.type", std::string("'prediction' is drafted from by n-gram drafts; "
                                                "speculative.type '") +
@@ -281,6 +285,7 @@ std::optional<ApiError> parse_prediction(const json &body, const ModelFacts &fac
   if (!text::is_valid_utf8(text))
     return bad("prediction", "'prediction.content' is not valid UTF-8");
   job.request.prediction = facts.tokenizer->encode(text, false, false);
+  job.prediction = true;
   if (job.request.prediction.size() > size_t(facts.context))
     return bad("prediction", "'prediction.content' has " +
                                  std::to_string(job.request.prediction.size()) +

@@ -62,6 +62,7 @@ struct Job {
   // prompt's log-probabilities when `logprobs` is set: Request::prompt_logprobs).
   bool echo = false;
   std::string echo_text;
+  bool prediction = false; // `prediction` given (usage then reports its counts)
 };
 
 // Parses /v1/chat/completions (chat) or /v1/completions bodies. The chat template is rendered

@@ -144,7 +144,7 @@ struct Routes {
     int completion = 0;
     for (const auto &o : call.outs) completion += o->completion_tokens();
     json u = usage_shape(call.job.request.prompt.size(), completion, call.cached);
-    if (!call.job.request.prediction.empty()) // Predicted Outputs' counts: every drafted token's
+    if (call.job.prediction) // Predicted Outputs' counts: every drafted token's
       u["completion_tokens_details"] = prediction_details(call.accepted, call.drafted);
     return u;
   }

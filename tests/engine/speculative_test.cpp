@@ -252,41 +252,62 @@ DraftFixture &draft_fixture() {
   return f;
 }
 
-SpeculationOptions draft_model(int32_t n_max) {
+SpeculationOptions draft_model(int32_t n_max, bool pq = false) {
   SpeculationOptions s = ngram(n_max);
   s.source = DraftSource::Draft;
+  s.pq = pq;
   return s;
 }
 
-// Greedy answers are plain decoding's; sampled ones are drafted from q and verified by
-// speculative sampling (their text differs from the seed's plain one; the distribution test below
-// checks them).
-TEST(SpeculativeDraftModel, GreedyAnswersEqualPlainDecodingForEveryDraftLength) {
+// Greedy answers, and sampled ones verified by sampling and matching (the default), are plain
+// decoding's; with speculative sampling (pq) greedy ones still are. No draft sequence outlives its
+// request.
+TEST(SpeculativeDraftModel, AnswersEqualPlainDecodingForEveryDraftLength) {
   std::mt19937_64 rng(61);
   std::vector<Request> reqs;
   for (int i = 0; i < 6; ++i) {
     Request r = greedy(i % 2 ? echo_prompt(rng, 9) : random_tokens(rng, 30 + size_t(i)), 50);
     if (i % 3 == 2) r.sampling.temperature = 0.8f, r.sampling.seed = 5 + uint64_t(i);
-    if (i == 4) r.n = 2;
+    if (i == 4) r.n = 2, r.sampling.temperature = 0.9f, r.sampling.seed = 9;
     reqs.push_back(r);
   }
   const auto plain = run_with(reqs, std::nullopt);
-  for (int32_t k : {1, 3, 7}) {
-    EngineOptions o = options(4);
-    o.draft_model = draft_fixture().model.get();
-    EngineStats stats;
-    const auto spec = run_with(reqs, draft_model(k), &stats, o);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      if (reqs[i].sampling.temperature == 0)
-        EXPECT_EQ(spec[i], plain[i]) << "request " << i << ", draft length " << k;
-      else
-        EXPECT_EQ(spec[i].size(), plain[i].size()) << "request " << i << ", draft length " << k;
+  for (bool pq : {false, true})
+    for (int32_t k : {1, 3, 7}) {
+      EngineOptions o = options(4);
+      o.speculation = draft_model(k, pq);
+      o.draft_model = draft_fixture().model.get();
+      auto e = Engine::create(*fixture().model, o);
+      ASSERT_TRUE(e.ok()) << e.message();
+      std::vector<std::vector<std::vector<int32_t>>> out(reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        out[i].resize(size_t(reqs[i].n));
+        ASSERT_TRUE((*e)->submit(reqs[i],
+                                 [&out, i](const Event &ev) {
+                                   if (ev.token >= 0) out[i][size_t(ev.choice)].push_back(ev.token);
+                                   EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                                 })
+                        .ok());
+      }
+      (*e)->run_until_idle();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        std::vector<int32_t> all;
+        for (const auto &c : out[i]) all.insert(all.end(), c.begin(), c.end());
+        if (!pq || reqs[i].sampling.temperature == 0) {
+          EXPECT_EQ(all, plain[i]) << "request " << i << ", draft length " << k << ", pq " << pq;
+        }
+      }
+      // Choices drafted from q draw from streams of their own: their answers differ.
+      if (pq) {
+        EXPECT_NE(out[4][0], out[4][1]);
+      }
+      const EngineStats &stats = (*e)->stats();
+      EXPECT_GT(stats.draft.verifications, 0) << k;
+      // k draft passes per verification at least, batched over at most 4 sequences.
+      EXPECT_GE(4 * stats.draft_steps, int64_t(k) * stats.draft.verifications) << k;
+      EXPECT_EQ(stats.ngram.verifications, 0) << k;
+      EXPECT_TRUE((*e)->draft_store()->sequence_ids().empty());
     }
-    EXPECT_GT(stats.draft.verifications, 0) << k;
-    // k draft steps per verification at least, batched over at most 4 sequences.
-    EXPECT_GE(4 * stats.draft_steps, int64_t(k) * stats.draft.verifications) << k;
-    EXPECT_EQ(stats.ngram.verifications, 0) << k;
-  }
 }
 
 // The target as its own draft: every drafted token is the target's greedy choice, so every one
@@ -313,8 +334,9 @@ TEST(SpeculativeDraftModel, TheTargetAsItsOwnDraftKeepsEveryDraft) {
 }
 
 // Speculative sampling with a draft model (p/q): the tokens follow the target's distribution.
-// The second and third tokens of 3,000 sampled answers (after drafts of 2 from another model,
-// q != p) against 3,000 plain ones: a two-sample chi-square test at p = 0.001.
+// Tokens 2 to 5 of 3,000 sampled answers with a presence penalty (drafts of 2 from another model,
+// q != p, so the penalties read drafted tokens too) against 3,000 plain ones: a two-sample
+// chi-square test at p = 0.001 per position.
 TEST(SpeculativeDraftModel, SpeculativeSamplingFollowsTheTargetsDistribution) {
   std::mt19937_64 rng(65);
   const std::vector<int32_t> prompt = random_tokens(rng, 24);
@@ -329,8 +351,9 @@ TEST(SpeculativeDraftModel, SpeculativeSamplingFollowsTheTargetsDistribution) {
     std::vector<std::vector<int32_t>> out(kRuns);
     for (int first = 0; first < kRuns; first += 60) {
       for (int i = first; i < std::min(kRuns, first + 60); ++i) {
-        Request r = greedy(prompt, 3);
+        Request r = greedy(prompt, 5);
         r.sampling.temperature = 1.5f, r.sampling.top_k = 5, r.sampling.top_p = 1.0f;
+        r.sampling.presence_penalty = 1.0f;
         r.sampling.min_p = 0.0f, r.sampling.seed = 1000 + uint64_t(i);
         EXPECT_TRUE((*e)->submit(r,
                                  [&out, i](const Event &ev) {
@@ -343,14 +366,17 @@ TEST(SpeculativeDraftModel, SpeculativeSamplingFollowsTheTargetsDistribution) {
     return std::make_pair(out, (*e)->stats());
   };
   const auto [plain, plain_stats] = tokens_at(std::nullopt);
-  const auto [spec, spec_stats] = tokens_at(draft_model(2));
+  const auto [spec, spec_stats] = tokens_at(draft_model(2, true));
   EXPECT_GT(spec_stats.draft.accepted, 0);
   EXPECT_LT(spec_stats.draft.accepted, spec_stats.draft.drafted); // q != p: some rejected
-  for (size_t at : {size_t(1), size_t(2)}) {
+  // Rejections at the second drafted token too (the residual drawn after a kept first one).
+  EXPECT_GT(spec_stats.draft.kept[1], 0)
+      << spec_stats.draft.kept[0] << " " << spec_stats.draft.kept[2];
+  for (size_t at : {size_t(1), size_t(2), size_t(3), size_t(4)}) {
     std::map<int32_t, std::pair<double, double>> counts;
     for (int i = 0; i < kRuns; ++i) {
-      ASSERT_EQ(plain[size_t(i)].size(), 3u);
-      ASSERT_EQ(spec[size_t(i)].size(), 3u);
+      ASSERT_EQ(plain[size_t(i)].size(), 5u);
+      ASSERT_EQ(spec[size_t(i)].size(), 5u);
       counts[plain[size_t(i)][at]].first += 1;
       counts[spec[size_t(i)][at]].second += 1;
     }
@@ -387,7 +413,7 @@ TEST(SpeculativeDraftModel, SampledDraftsFromTheTargetItselfAreKept) {
   EngineOptions o = options(4);
   o.draft_model = fixture().model.get();
   EngineStats stats;
-  run_with(reqs, draft_model(4), &stats, o);
+  run_with(reqs, draft_model(4, true), &stats, o);
   EXPECT_GT(stats.draft.drafted, 50);
   EXPECT_GE(double(stats.draft.accepted), 0.97 * double(stats.draft.drafted));
 }
