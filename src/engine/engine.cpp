@@ -862,6 +862,9 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   const double share = double(prefill_tokens) / double(batch.tokens.size());
   stats_.prefill_seconds += seconds * share;
   stats_.decode_seconds += seconds * (1 - share);
+  // A decode step's cost for the adaptive draft length: the forward pass alone (what follows it
+  // is paid per token kept, as plain decoding pays it).
+  if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok()) {
     // Nothing was committed; the requests of this step end with the reason, the others go on
     // (a request cancelled meanwhile is finished by the next step, not dropped here).
@@ -925,12 +928,6 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (!advance(a, l)) done.push_back(&a);
   }
   settle(done, std::move(born));
-  // A decode step's cost for the adaptive draft length: the forward pass and what follows it per
-  // token (sampling, grammar, events), which a longer span does not multiply.
-  if (prefill_tokens == 0)
-    step_cost_.observe(
-        int32_t(batch.tokens.size()),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn, int32_t drafted,

@@ -50,9 +50,19 @@ void StepCost::observe(int32_t tokens, double seconds) {
 }
 
 std::optional<double> StepCost::estimate(int32_t tokens) const {
-  for (int32_t t = std::min<int32_t>(tokens, int32_t(sum_.size()) - 1); t >= 1; --t)
-    if (weight_[size_t(t)] > 0)
-      return sum_[size_t(t)] / weight_[size_t(t)] * (1.0 + kPrior * (tokens - t));
+  for (int32_t t = std::min<int32_t>(tokens, int32_t(sum_.size()) - 1); t >= 1; --t) {
+    if (weight_[size_t(t)] <= 0) continue;
+    const double measured = sum_[size_t(t)] / weight_[size_t(t)];
+    if (t == tokens) return measured;
+    // The smallest measured size's time, as the prior scales it, stands for a one-token step.
+    double one = measured;
+    for (size_t s = 1; s < sum_.size(); ++s)
+      if (weight_[s] > 0) {
+        one = sum_[s] / weight_[s] / (1.0 + kPrior * double(s - 1));
+        break;
+      }
+    return measured + kOptimism * one * (tokens - t);
+  }
   return std::nullopt;
 }
 

@@ -58,13 +58,15 @@ Status validate(const SpeculationOptions &options);
 // The seconds of a decode step by its token count T, measured: a decayed mean per T over the
 // recent decode-only steps of that size. Costs are not linear in T: on 2 CPU cores a step of 2
 // tokens of a 1B model costs 2.2 steps of 1, one of 8 about 4.5 (docs/speculative-bench.md), so
-// a line through the points would mislead. A size not measured yet is estimated from the largest
-// measured size below it, each token more adding kPrior of that step (kPrior per token before
-// anything is measured).
+// a line through the points would mislead. A size not measured yet is estimated optimistically,
+// from the largest measured size below it plus kOptimism of a one-token step per token more, so
+// that it gets tried and measured (a pessimistic guess would never be tried, and never
+// corrected); kPrior per token before anything is measured.
 class StepCost {
 public:
   static constexpr double kDecay = 0.95; // per observation of the same size
   static constexpr double kPrior = 0.25;
+  static constexpr double kOptimism = 0.05;
   static constexpr int32_t kMaxTokens = 256; // sizes above are not tracked (estimated)
   void observe(int32_t tokens, double seconds);
   // The time of a step of `base` + k tokens over that of `base` tokens, for k = 0..k_max.

@@ -485,19 +485,24 @@ TEST(SpeculativeAdaptive, StepCostUsesWhatItMeasured) {
   // Nothing measured: the prior, kPrior per token.
   EXPECT_EQ(c.relative(1, 2),
             (std::vector<double>{1.0, 1.0 + StepCost::kPrior, 1.0 + 2 * StepCost::kPrior}));
-  // Measured sizes give their ratios; a size not measured extends the largest one below it.
+  // Measured sizes give their ratios; a size not measured extends the largest one below it by
+  // kOptimism of a one-token step per token (optimistic, so that it gets tried).
   for (int i = 0; i < 50; ++i) c.observe(1, 0.010), c.observe(2, 0.022), c.observe(4, 0.030);
   const std::vector<double> r = c.relative(1, 5);
   EXPECT_NEAR(r[1], 2.2, 1e-9);
-  EXPECT_NEAR(r[2], 2.2 * (1 + StepCost::kPrior), 1e-9); // 3 tokens: from 2
+  EXPECT_NEAR(r[2], 2.2 + StepCost::kOptimism, 1e-9); // 3 tokens: from 2
   EXPECT_NEAR(r[3], 3.0, 1e-9);
-  EXPECT_NEAR(r[5], 3.0 * (1 + 2 * StepCost::kPrior), 1e-9);
+  EXPECT_NEAR(r[5], 3.0 + 2 * StepCost::kOptimism, 1e-9);
   EXPECT_NEAR(c.relative(2, 2)[2], 0.030 / 0.022, 1e-9);
   // Recent steps weigh more: the mean follows a change.
   for (int i = 0; i < 200; ++i) c.observe(2, 0.011);
   EXPECT_NEAR(c.relative(1, 1)[1], 1.1, 1e-3);
   c.observe(3, -1.0), c.observe(0, 1.0), c.observe(StepCost::kMaxTokens + 1, 1.0); // ignored
-  EXPECT_NEAR(c.relative(1, 2)[2], 1.1 * (1 + StepCost::kPrior), 1e-3);
+  EXPECT_NEAR(c.relative(1, 2)[2], 1.1 + StepCost::kOptimism, 1e-3);
+  // Only larger sizes measured: the smallest, scaled by the prior, stands for a one-token step.
+  StepCost d;
+  for (int i = 0; i < 10; ++i) d.observe(3, 0.015);
+  EXPECT_NEAR(d.relative(3, 2)[2], 1.0 + 2 * StepCost::kOptimism / 1.5, 1e-9);
 }
 
 TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
