@@ -12,7 +12,8 @@ Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
   alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
 }
 
-Result<std::vector<float>> Forward::run(const Batch &batch) {
+Result<std::vector<float>> Forward::run(const Batch &batch,
+                                        std::vector<std::vector<float>> *hidden) {
   const ModelConfig &c = model_.config();
   const int64_t n = int64_t(batch.tokens.size());
   if (n == 0) return Status::error("forward: empty batch");
@@ -30,6 +31,13 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
         (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
       return Status::error("forward: logit rows must be ascending indices into the batch");
   if (batch.logit_rows.empty()) return Status::error("forward: no logits requested");
+  for (size_t i = 0; i < batch.hidden_layers.size(); ++i)
+    if (batch.hidden_layers[i] < 0 || batch.hidden_layers[i] >= c.n_layer ||
+        (i && batch.hidden_layers[i] <= batch.hidden_layers[i - 1]))
+      return Status::error("forward: hidden layers must ascend within [0, " +
+                           std::to_string(c.n_layer) + ")");
+  if (!batch.hidden_layers.empty() && !hidden)
+    return Status::error("forward: hidden layers asked for, nowhere to put them");
 
   kv::Step step(store_);
   for (const Batch::Span &s : batch.spans) {
@@ -51,10 +59,15 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
   in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
   in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, int64_t(batch.logit_rows.size()));
   for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
-  auto logits = build_forward(model_, ctx.get(), batch, in, step);
+  std::vector<ggml_tensor *> hidden_tensors;
+  auto logits = build_forward(model_, ctx.get(), batch, in, step, &hidden_tensors);
   if (!logits.ok()) return logits.status();
   ggml_set_output(*logits);
   ggml_build_forward_expand(gf, *logits);
+  for (ggml_tensor *h : hidden_tensors) { // outputs: the allocator may not reuse their memory
+    ggml_set_output(h);
+    ggml_build_forward_expand(gf, h);
+  }
   if (!ggml_gallocr_alloc_graph(alloc_.get(), gf))
     return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
 
@@ -69,6 +82,14 @@ Result<std::vector<float>> Forward::run(const Batch &batch) {
   if (compute(gf) != GGML_STATUS_SUCCESS) return Status::error("forward: graph compute failed");
   std::vector<float> out(size_t(ggml_nelements(*logits)));
   ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  if (hidden) {
+    hidden->resize(hidden_tensors.size());
+    for (size_t i = 0; i < hidden_tensors.size(); ++i) {
+      (*hidden)[i].resize(size_t(ggml_nelements(hidden_tensors[i])));
+      ggml_backend_tensor_get(hidden_tensors[i], (*hidden)[i].data(), 0,
+                              ggml_nbytes(hidden_tensors[i]));
+    }
+  }
   if (Status s = step.commit(); !s.ok()) return s;
   return out;
 }

@@ -19,8 +19,10 @@ class Forward {
 public:
   Forward(const Model &model, kv::KvStore &store, int n_threads);
 
-  // Logits of batch.logit_rows, row after row (n_rows x n_vocab).
-  Result<std::vector<float>> run(const Batch &batch);
+  // Logits of batch.logit_rows, row after row (n_rows x n_vocab). With batch.hidden_layers,
+  // `hidden` gets each named layer's input for every token (n_tokens x n_embd, token after token).
+  Result<std::vector<float>> run(const Batch &batch,
+                                 std::vector<std::vector<float>> *hidden = nullptr);
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one
   // node at a time and the observer gets each node with its wall time. Slower (one thread

@@ -1,5 +1,7 @@
 #include "model/graph.h"
 
+#include <algorithm>
+
 namespace offgraph::model {
 
 ggml_tensor *GraphBuilder::rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps) const {
@@ -55,6 +57,12 @@ Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_t
     t0 += T;
   }
   return ggml_reshape_2d(ctx_, out, out->ne[0] * out->ne[1], out->ne[2]);
+}
+
+ggml_tensor *GraphBuilder::layer_input(int32_t layer, ggml_tensor *x) const {
+  const auto &wanted = batch_.hidden_layers;
+  if (hidden_ && std::binary_search(wanted.begin(), wanted.end(), layer)) hidden_->push_back(x);
+  return x;
 }
 
 } // namespace offgraph::model

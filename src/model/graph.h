@@ -10,9 +10,10 @@ namespace offgraph::model {
 
 class GraphBuilder {
 public:
+  // `hidden` collects the inputs of batch.hidden_layers (layer_input).
   GraphBuilder(const Model &model, ggml_context *ctx, const Batch &batch, const GraphInputs &in,
-               kv::Step &step)
-      : model_(model), ctx_(ctx), batch_(batch), in_(in), step_(step) {}
+               kv::Step &step, std::vector<ggml_tensor *> *hidden = nullptr)
+      : model_(model), ctx_(ctx), batch_(batch), in_(in), step_(step), hidden_(hidden) {}
 
   const Model &model() const { return model_; }
   const ModelConfig &config() const { return model_.config(); }
@@ -41,6 +42,9 @@ public:
   // every row's K/V, the graph may keep just those rows (a 512-token prompt chunk keeps 1).
   bool keeps_logit_rows() const { return int64_t(batch_.logit_rows.size()) < n_tokens(); }
   ggml_tensor *logit_rows(ggml_tensor *x) const { return ggml_get_rows(ctx_, x, in_.logit_rows); }
+  // Every architecture calls it with each layer's input x [n_embd, n_tokens] (all rows: before
+  // the last layer keeps only the logit rows); x is kept when batch.hidden_layers names the layer.
+  ggml_tensor *layer_input(int32_t layer, ggml_tensor *x) const;
 
 private:
   const Model &model_;
@@ -48,6 +52,7 @@ private:
   const Batch &batch_;
   const GraphInputs &in_;
   kv::Step &step_;
+  std::vector<ggml_tensor *> *hidden_;
 };
 
 } // namespace offgraph::model

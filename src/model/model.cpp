@@ -42,8 +42,19 @@ int64_t Model::n_params() const {
 }
 
 Result<ggml_tensor *> build_forward(const Model &model, ggml_context *ctx, const Batch &batch,
-                                    const GraphInputs &in, kv::Step &step) {
-  return model.architecture().build_graph(GraphBuilder(model, ctx, batch, in, step));
+                                    const GraphInputs &in, kv::Step &step,
+                                    std::vector<ggml_tensor *> *hidden) {
+  std::vector<ggml_tensor *> captured;
+  auto logits =
+      model.architecture().build_graph(GraphBuilder(model, ctx, batch, in, step, &captured));
+  if (!logits.ok()) return logits;
+  if (captured.size() != batch.hidden_layers.size())
+    return Status::error("forward: the graph gave " + std::to_string(captured.size()) + " of the " +
+                             std::to_string(batch.hidden_layers.size()) +
+                             " hidden layers asked for",
+                         StatusCode::kInternal);
+  if (hidden) *hidden = std::move(captured);
+  return logits;
 }
 
 } // namespace offgraph::model

@@ -57,6 +57,10 @@ struct Batch {
   std::vector<int32_t> tokens; // all spans' tokens, span after span
   std::vector<Span> spans;
   std::vector<int32_t> logit_rows; // indices into tokens whose logits are wanted, ascending
+  // Layers whose input is wanted for every token beside the logits, ascending in [0, n_layer):
+  // the residual stream after the layers before (layer 0's: the embedded tokens). What a drafter
+  // conditioned on the target's hidden states reads (docs/speculative.md, DFlash).
+  std::vector<int32_t> hidden_layers = {};
 };
 
 // Graph inputs the runner fills after allocation.
@@ -67,8 +71,10 @@ struct GraphInputs {
 };
 
 // Builds the forward graph of `batch` (whose spans were declared to `step` in order, as span
-// indices 0..n-1) and returns the logits [n_vocab, n_rows].
+// indices 0..n-1) and returns the logits [n_vocab, n_rows]; `hidden` gets the tensors of
+// batch.hidden_layers' inputs [n_embd, n_tokens], in order.
 Result<ggml_tensor *> build_forward(const Model &model, ggml_context *ctx, const Batch &batch,
-                                    const GraphInputs &in, kv::Step &step);
+                                    const GraphInputs &in, kv::Step &step,
+                                    std::vector<ggml_tensor *> *hidden = nullptr);
 
 } // namespace offgraph::model

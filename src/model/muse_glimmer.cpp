@@ -83,6 +83,7 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
   ggml_tensor *x = g.rms_norm(ggml_get_rows(ctx, w.tok_embd, g.token_ids()), nullptr, c.rms_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
+    x = g.layer_input(il, x);
     ggml_tensor *a = g.rms_norm(x, l.attn_norm, c.rms_eps);
     auto [q, k, v] = g.project_qkv(l, a);
     ggml_tensor *gate = l.attn_gate.apply(ctx, a);

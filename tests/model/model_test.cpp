@@ -213,6 +213,77 @@ TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
   }
 }
 
+// Hidden states (Batch::hidden_layers, what a drafter conditioned on the target reads): layer 0's
+// input is the embedded token itself (Muse Glimmer: RMS-normalised without a gain; Llama: the raw
+// row), against the file's embedding read directly; every layer's input for a token is the same
+// whether its prompt went in as one span or token by token; asking for them changes no logit.
+void check_hidden_states(const std::string &arch) {
+  const std::string path = make_model(small_spec(arch, false, 8), arch + "-hidden.gguf");
+  Session s(path, 64, 16);
+  const ModelConfig &c = s.model->config();
+  std::mt19937_64 rng(23);
+  std::vector<int32_t> tokens(12);
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, c.n_vocab - 1)(rng);
+  const std::vector<int32_t> layers = {0, 2, c.n_layer - 1};
+  const size_t E = size_t(c.n_embd), n = tokens.size();
+
+  const kv::SeqId whole = *s.store->create_sequence(), one = *s.store->create_sequence(),
+                  plain = *s.store->create_sequence();
+  Batch b{tokens, {{whole, 0, int32_t(n)}}, {int32_t(n) - 1}, layers};
+  std::vector<std::vector<float>> hidden;
+  auto logits = s.fwd->run(b, &hidden);
+  ASSERT_TRUE(logits.ok()) << logits.message();
+  ASSERT_EQ(hidden.size(), layers.size());
+  for (const auto &h : hidden) ASSERT_EQ(h.size(), n * E);
+  Batch without{tokens, {{plain, 0, int32_t(n)}}, {int32_t(n) - 1}};
+  auto plain_logits = s.fwd->run(without);
+  ASSERT_TRUE(plain_logits.ok());
+  EXPECT_EQ(*logits, *plain_logits);
+
+  // Layer 0 against the embedding table.
+  const ggml_tensor *emb = s.model->weights().tok_embd;
+  const auto *traits = ggml_get_type_traits(emb->type);
+  std::vector<char> raw(emb->nb[1]);
+  std::vector<float> row(E);
+  for (size_t t = 0; t < n; ++t) {
+    ggml_backend_tensor_get(emb, raw.data(), size_t(tokens[t]) * emb->nb[1], emb->nb[1]);
+    if (emb->type == GGML_TYPE_F32)
+      std::memcpy(row.data(), raw.data(), E * sizeof(float));
+    else
+      traits->to_float(raw.data(), row.data(), int64_t(E));
+    double ms = 0;
+    for (float x : row) ms += double(x) * x;
+    const double scale = arch == "muse-glimmer" ? 1.0 / std::sqrt(ms / double(E) + c.rms_eps) : 1.0;
+    for (size_t d = 0; d < E; ++d)
+      ASSERT_NEAR(hidden[0][t * E + d], row[d] * scale,
+                  1e-4 * std::max(1.0, std::fabs(row[d] * scale)))
+          << "token " << t << ", dimension " << d;
+  }
+  // Token by token: the same states (f32 cache; rounding of a one-row product aside).
+  for (size_t t = 0; t < n; ++t) {
+    Batch step{{tokens[t]}, {{one, int32_t(t), 1}}, {0}, layers};
+    std::vector<std::vector<float>> h;
+    ASSERT_TRUE(s.fwd->run(step, &h).ok());
+    for (size_t l = 0; l < layers.size(); ++l)
+      EXPECT_LE(rel_error(h[l].data(), hidden[l].data() + t * E, E), 1e-5)
+          << "layer " << layers[l] << ", token " << t;
+  }
+  // Deeper layers are not the embedding: the states change through the stack.
+  EXPECT_GT(rel_error(hidden[2].data(), hidden[0].data(), n * E), 1e-2);
+  // Bad lists are refused by name.
+  for (std::vector<int32_t> bad :
+       {std::vector<int32_t>{c.n_layer}, std::vector<int32_t>{2, 1}, std::vector<int32_t>{-1}}) {
+    Batch x{{tokens[0]}, {{one, int32_t(n), 1}}, {0}, bad};
+    std::vector<std::vector<float>> h;
+    auto r = s.fwd->run(x, &h);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.message().find("hidden layers"), std::string::npos) << r.message();
+  }
+}
+
+TEST(ModelHidden, MuseGlimmerLayerInputs) { check_hidden_states("muse-glimmer"); }
+TEST(ModelHidden, LlamaLayerInputs) { check_hidden_states("llama"); }
+
 // ---- malformed files ----------------------------------------------------------------------
 
 // Rewrites a GGUF through the gguf API, letting `edit` change metadata; `skip` drops a tensor.
