@@ -208,6 +208,10 @@ void Engine::free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids) {
 }
 
 void Engine::drop_cached(kv::SeqId s) {
+  if (auto d = cached_drafts_.find(s); d != cached_drafts_.end()) {
+    (void)draft_store_->remove_sequence(d->second.first);
+    cached_drafts_.erase(d);
+  }
   cached_.erase(s);
   free_snapshots(tree_.remove_sequence(s));
   (void)store_->remove_sequence(s);
@@ -308,11 +312,13 @@ bool Engine::attach(Generation &a) {
     if (!child.ok()) return false;
     a.seq = *child, reuse = fork_at;
     cached_[fork_from].last_used = ++clock_;
+    reuse_draft(a, fork_from, fork_at);
   } else if (m.snapshot) {
     Saved &saved = saved_.at(*m.snapshot);
     auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;
     a.seq = *child, reuse = m.restore_depth;
+    reuse_draft(a, m.snapshot_source, m.restore_depth);
     saved.last_used = ++clock_;
     cached_[m.snapshot_source].last_used = clock_;
     ++stats_.snapshot_restores;
@@ -493,6 +499,13 @@ void Engine::finish(Generation &a, FinishReason reason, const std::string &error
   // way the generation no longer owns it (it stays in active_ until the step settles). A verify
   // span's rejected rows go first; where they cannot, the sequence is not kept.
   const bool cached = drop_rejected(a).ok() && cache_sequence(a);
+  // A cached conversation keeps its draft cache (cut to the tokens it holds) for the requests
+  // that continue it; anything else drops it.
+  if (cached && a.draft_seq >= 0) {
+    sync_draft(a);
+    if (a.draft_seq >= 0) cached_drafts_[a.seq] = {a.draft_seq, a.draft_len};
+    a.draft_seq = -1, a.draft_len = 0;
+  }
   drop_draft(a);
   if (!cached) (void)store_->remove_sequence(a.seq);
   a.seq = -1;
@@ -732,6 +745,7 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
     b.logit_rows = {int32_t(b.tokens.size()) - 1}; // unused: the graph needs an output
     if (!run(b, false)) return failed();
     for (Generation *a : fed) a->draft_len += m;
+    stats_.draft_catch_up_tokens += int64_t(fed.size() * m);
   }
   // Drafting: the first step feeds what the cache lacks up to the last token, each next one the
   // token the step before drafted; each takes the argmax of its last row.
@@ -744,9 +758,10 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
       Generation &a = *want[i].first;
       if (done[i] || int32_t(out[i].size()) >= want[i].second) continue;
       const size_t before = b.tokens.size();
-      if (out[i].empty())
+      if (out[i].empty()) {
         b.tokens.insert(b.tokens.end(), a.tokens.begin() + long(a.draft_len), a.tokens.end());
-      else
+        stats_.draft_catch_up_tokens += int64_t(a.tokens.size() - a.draft_len) - 1;
+      } else
         b.tokens.push_back(out[i].back());
       const int32_t n = int32_t(b.tokens.size() - before);
       b.spans.push_back({a.draft_seq, int32_t(a.draft_len), n});
@@ -823,6 +838,16 @@ void Engine::sync_draft(Generation &a) {
     a.draft_len = a.computed;
   else
     drop_draft(a); // started again from scratch at the next draft
+}
+
+void Engine::reuse_draft(Generation &a, kv::SeqId from, int32_t depth) {
+  if (!a.speculator || a.speculator->options().source != DraftSource::Draft) return;
+  auto d = cached_drafts_.find(from);
+  if (d == cached_drafts_.end()) return;
+  const int32_t at = std::min<int32_t>(depth, int32_t(d->second.second));
+  // Refused where the draft's rings no longer hold the window before `at`: it then catches up.
+  if (auto child = draft_store_->fork(d->second.first, at); child.ok())
+    a.draft_seq = *child, a.draft_len = size_t(at);
 }
 
 void Engine::drop_draft(Generation &a) {

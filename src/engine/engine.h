@@ -138,11 +138,12 @@ struct EngineStats {
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
   double prefill_seconds = 0, decode_seconds = 0;
-  int64_t decode_spans = 0; // a sequence's decode in one step: one token, or a verify span
-  DraftStats ngram;         // speculative decoding with n-gram drafts
-  DraftStats draft;         // and with the draft model's
-  int64_t draft_steps = 0;  // forward passes of the draft model
-  double draft_seconds = 0; // their time (also counted in decode_seconds)
+  int64_t decode_spans = 0;          // a sequence's decode in one step: one token, or a verify span
+  DraftStats ngram;                  // speculative decoding with n-gram drafts
+  DraftStats draft;                  // and with the draft model's
+  int64_t draft_steps = 0;           // forward passes of the draft model
+  int64_t draft_catch_up_tokens = 0; // tokens the draft model computed to catch up
+  double draft_seconds = 0;          // their time (also counted in decode_seconds)
 };
 
 class Engine {
@@ -346,6 +347,9 @@ private:
   // After a verification: the draft cache cut back to what a's tokens still hold.
   void sync_draft(Generation &a);
   void drop_draft(Generation &a);
+  // Prefix reuse in the draft store: a's draft cache starts as a fork of the one kept with the
+  // cached sequence `from`, at `depth` (or what it holds, if less), where its rings allow.
+  void reuse_draft(Generation &a, kv::SeqId from, int32_t depth);
   // The other n - 1 choices of a request whose prompt was just computed, forked from it.
   void spawn_choices(Generation &a, std::span<const float> logits,
                      std::vector<std::unique_ptr<Generation>> &born);
@@ -358,6 +362,8 @@ private:
   std::unique_ptr<kv::KvStore> draft_store_;
   std::unique_ptr<model::Forward> draft_forward_;
   double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
+  // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.
+  std::map<kv::SeqId, std::pair<kv::SeqId, size_t>> cached_drafts_;
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;

@@ -261,7 +261,7 @@ SpeculationOptions draft_model(int32_t n_max, bool pq = false) {
 
 // Greedy answers, and sampled ones verified by sampling and matching (the default), are plain
 // decoding's; with speculative sampling (pq) greedy ones still are. No draft sequence outlives its
-// request.
+// request but with a cached conversation.
 TEST(SpeculativeDraftModel, AnswersEqualPlainDecodingForEveryDraftLength) {
   std::mt19937_64 rng(61);
   std::vector<Request> reqs;
@@ -306,7 +306,8 @@ TEST(SpeculativeDraftModel, AnswersEqualPlainDecodingForEveryDraftLength) {
       // k draft passes per verification at least, batched over at most 4 sequences.
       EXPECT_GE(4 * stats.draft_steps, int64_t(k) * stats.draft.verifications) << k;
       EXPECT_EQ(stats.ngram.verifications, 0) << k;
-      EXPECT_TRUE((*e)->draft_store()->sequence_ids().empty());
+      // Draft caches outlive their requests only with a cached conversation (prefix reuse).
+      EXPECT_LE((*e)->draft_store()->sequence_ids().size(), (*e)->cached());
     }
 }
 
@@ -416,6 +417,36 @@ TEST(SpeculativeDraftModel, SampledDraftsFromTheTargetItselfAreKept) {
   run_with(reqs, draft_model(4, true), &stats, o);
   EXPECT_GT(stats.draft.drafted, 50);
   EXPECT_GE(double(stats.draft.accepted), 0.97 * double(stats.draft.drafted));
+}
+
+// Prefix reuse reaches the draft store: an agent loop's next turn forks the draft cache kept with
+// the cached conversation, so the draft model catches up only what is new; the answers stay plain
+// decoding's.
+TEST(SpeculativeDraftModel, TheDraftCacheIsReusedWithTheConversation) {
+  std::mt19937_64 rng(69);
+  EngineOptions o = options(2);
+  o.speculation = draft_model(3);
+  o.draft_model = draft_fixture().model.get();
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  std::vector<int32_t> history = random_tokens(rng, 40);
+  int64_t caught_up = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    const Request r = greedy(history, 20);
+    const auto got = run(**e, {r})[0];
+    EXPECT_EQ(got, run_with({r}, std::nullopt)[0]) << "turn " << turn;
+    const int64_t now = (*e)->stats().draft_catch_up_tokens;
+    if (turn == 0) {
+      EXPECT_GE(now, 39); // the whole prompt but its last token
+    } else { // what the target computed anew (the answer and the new tokens), not the history
+      EXPECT_LE(now - caught_up, 20 + 8) << "turn " << turn;
+    }
+    caught_up = now;
+    history.insert(history.end(), got.begin(), got.end());
+    const auto added = random_tokens(rng, 8);
+    history.insert(history.end(), added.begin(), added.end());
+  }
+  EXPECT_GT((*e)->stats().draft.verifications, 0);
 }
 
 TEST(SpeculativeDraftModel, ADraftModelIsRefusedWhereItCannotServe) {
