@@ -184,7 +184,7 @@ TEST(ServerSpeculative, BadValuesAreRefusedByName) {
       {{{"speculative.type", "none"}, {"prediction", {{"type", "content"}, {"content", "x"}}}},
        "speculative.type"},
       {{{"speculative.p_min", 0.5}}, "speculative.p_min"},
-      {{{"speculative.pq", true}}, "speculative.pq"}, // no drafts
+      {{{"speculative.pq", true}}, "speculative.pq"},                                // no drafts
       {{{"speculative.type", "ngram"}, {"speculative.pq", true}}, "speculative.pq"}, // no q
       {{{"speculative.type", "draft"}}, "speculative.type"},                         // none loaded
       {{{"prediction", "text"}}, "prediction"},
