@@ -41,6 +41,9 @@ Result<std::unique_ptr<model::Model>> load_draft_model(const SpeculationFlags &f
                                                        const std::string &target_path) {
   if (f.draft_model.empty()) {
     if (f.type == "draft") return Status::error("--spec-type draft needs --spec-draft-model FILE");
+    if (f.pq)
+      return Status::error("--spec-pq needs --spec-draft-model FILE (it verifies a draft "
+                           "model's drafts against their q)");
     return std::unique_ptr<model::Model>();
   }
   auto draft = model::Model::load(f.draft_model);

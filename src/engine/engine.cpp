@@ -630,13 +630,17 @@ std::vector<Engine::Part> Engine::plan_batch() {
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
   // What drafted tokens add to a step of one token per active generation, measured; a draft
-  // model's also costs one of its forward passes per drafted token.
-  const std::vector<double> draft_cost =
-      step_cost_.relative(int32_t(order.size()), kMaxDraftTokens);
-  std::vector<double> model_cost = draft_cost;
-  if (const auto step = step_cost_.seconds(int32_t(order.size())); step && draft_step_seconds_ > 0)
-    for (size_t k = 1; k < model_cost.size(); ++k)
-      model_cost[k] += double(k) * draft_step_seconds_ / *step;
+  // model's also costs one of its forward passes per drafted token. Only computed in a step where
+  // some generation speculates (plain steps pay nothing for it).
+  std::vector<double> draft_cost, model_cost;
+  if (std::any_of(order.begin(), order.end(), [](const Generation *g) { return g->speculator; })) {
+    draft_cost = step_cost_.relative(int32_t(order.size()), kMaxDraftTokens);
+    model_cost = draft_cost;
+    if (const auto step = step_cost_.seconds(int32_t(order.size()));
+        step && draft_step_seconds_ > 0)
+      for (size_t k = 1; k < model_cost.size(); ++k)
+        model_cost[k] += double(k) * draft_step_seconds_ / *step;
+  }
   std::vector<std::pair<Generation *, int32_t>> model_drafts; // drafted after planning
   std::vector<size_t> model_parts;
   for (Generation *a : order) {
