@@ -27,6 +27,12 @@ ChoiceOutput::json ChoiceOutput::call(const text::ToolCall &c) {
   return j;
 }
 
+void ChoiceOutput::Delta::append(Delta later) {
+  reasoning += later.reasoning;
+  content += later.content;
+  for (auto &c : later.tool_calls) tool_calls.push_back(std::move(c));
+}
+
 ChoiceOutput::Delta ChoiceOutput::absorb(const std::string &piece) {
   Delta d;
   std::string text = piece;

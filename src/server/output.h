@@ -25,6 +25,9 @@ public:
     std::string reasoning, content;
     json tool_calls = json::array(); // with "index", as streamed
     bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+    // `later` after this one: each kind of text concatenated, tool-call deltas in order (a client
+    // accumulates each kind on its own, so nothing is lost by reordering between kinds).
+    void append(Delta later);
   };
 
   // `stop_strings` were validated by the request parser.

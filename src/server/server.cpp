@@ -28,35 +28,55 @@ bool constant_time_equal(const std::string &a, const std::string &b) {
   return diff == 0;
 }
 
-// Events of one request (all its choices), from the engine thread to its HTTP handler.
+} // namespace
+
+// Events of one request (all its choices), from the engine thread to its HTTP handler. A token
+// event is handed over at the end of its step (`release`, from the engine loop), so a handler
+// takes a step's tokens together; a last event is handed over at once, with those before it.
 class Channel {
 public:
   explicit Channel(int32_t choices) : choices_(choices) {}
-  void push(const engine::Event &e) {
+  // Returns whether the event still waits for a `release`.
+  bool push(const engine::Event &e) {
+    const bool last = e.finish != engine::FinishReason::None;
     {
       std::lock_guard lock(m_);
       events_.push_back(e);
-      if (e.finish != engine::FinishReason::None) ++finished_;
+      if (last) ++finished_, released_ = events_.size();
+    }
+    if (last) cv_.notify_one();
+    return !last;
+  }
+  void release() {
+    {
+      std::lock_guard lock(m_);
+      released_ = events_.size();
     }
     cv_.notify_one();
   }
-  enum class Pop { Event, Timeout, Done };
-  Pop pop(engine::Event &out, std::chrono::milliseconds wait) {
+  enum class Pop { Events, Timeout, Done };
+  // Every event released, in order (appended to `out`).
+  Pop pop_all(std::vector<engine::Event> &out, std::chrono::milliseconds wait) {
     std::unique_lock lock(m_);
-    if (!cv_.wait_for(lock, wait, [&] { return !events_.empty() || finished_ >= choices_; }))
+    // Once every choice has its last event, every event is released.
+    if (!cv_.wait_for(lock, wait, [&] { return released_ > 0 || finished_ >= choices_; }))
       return Pop::Timeout;
-    if (events_.empty()) return Pop::Done;
-    out = events_.front();
-    events_.pop_front();
-    return Pop::Event;
+    if (released_ == 0) return Pop::Done;
+    out.insert(out.end(), events_.begin(), events_.begin() + std::ptrdiff_t(released_));
+    events_.erase(events_.begin(), events_.begin() + std::ptrdiff_t(released_));
+    released_ = 0;
+    return Pop::Events;
   }
 
 private:
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<engine::Event> events_;
+  size_t released_ = 0; // events_'s first ones, handed over
   int32_t choices_, finished_ = 0;
 };
+
+namespace {
 
 int64_t now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -164,10 +184,7 @@ struct Routes {
       call.cached = std::max(call.cached, e.cached_tokens);
       call.drafted += e.drafted, call.accepted += e.accepted;
       if (e.finish == engine::FinishReason::Error && call.error.empty()) call.error = e.error;
-      ChoiceOutput::Delta tail = o.finish();
-      d.reasoning += tail.reasoning;
-      d.content += tail.content;
-      for (auto &c : tail.tool_calls) d.tool_calls.push_back(std::move(c));
+      d.append(o.finish());
     }
     return d;
   }
@@ -217,8 +234,13 @@ struct Routes {
                   {503, "the server is shutting down", "", "shutting_down", "unavailable_error"});
     {
       auto channel = call->channel;
-      auto submitted = s.engine_->submit(call->job.request,
-                                         [channel](const engine::Event &e) { channel->push(e); });
+      // Events come from step() on the engine thread (engine.h).
+      auto submitted =
+          s.engine_->submit(call->job.request, [this, channel](const engine::Event &e) {
+            if (!channel->push(e)) return;
+            std::lock_guard lock(s.stepped_mutex_);
+            if (s.stepped_.empty() || s.stepped_.back() != channel) s.stepped_.push_back(channel);
+          });
       if (!submitted.ok()) {
         // A full queue is a moment, not a mistake: 429 and when to come back.
         const ApiError e = api_error(submitted.status());
@@ -246,18 +268,19 @@ struct Routes {
   void whole(const httplib::Request &req, httplib::Response &res, const std::shared_ptr<Call> &call,
              bool chat) {
     const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
-    engine::Event e;
+    std::vector<engine::Event> events;
     bool gone = false;
     Deadline check;
     for (;;) {
-      const auto r = call->channel->pop(e, kPoll);
+      events.clear();
+      const auto r = call->channel->pop_all(events, kPoll);
       if (r == Channel::Pop::Done) break;
       if (!gone && check.due() && (peer_closed(sock) || s.stopping_)) {
         gone = true;
         if (!s.stopping_) ++s.counters_.disconnects;
         cancel(call->id);
       }
-      if (r == Channel::Pop::Event) apply(*call, e);
+      for (const engine::Event &e : events) apply(*call, e);
     }
     if (gone) return fail(res, {499, "the client closed the connection", "", "client_closed"});
     bool all_failed = true;
@@ -271,7 +294,9 @@ struct Routes {
     send(res, 200, response_body(call->head, std::move(choices), usage(*call)));
   }
 
-  // Streaming: server-sent events, one chunk per delta and choice, then [DONE].
+  // Streaming: server-sent events, then [DONE]. What a choice gained from the events taken
+  // together (a step's: a verify span's tokens) goes out as one chunk per kind of delta, as vLLM
+  // streams; its last event's finish follows in a chunk of its own.
   void stream(const httplib::Request &req, httplib::Response &res,
               const std::shared_ptr<Call> &call, bool chat) {
     res.set_header("Cache-Control", "no-cache");
@@ -295,22 +320,34 @@ struct Routes {
       if (chat)
         for (int32_t c = 0; c < call->job.request.n; ++c)
           if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
-      engine::Event e;
+      std::vector<engine::Event> events;
+      std::vector<ChoiceOutput::Delta> pending(size_t(call->job.request.n));
+      auto flush = [&](int32_t c) {
+        bool ok = true;
+        for (const json &part : delta_parts(pending[size_t(c)])) ok = ok && chunk(c, part, nullptr);
+        pending[size_t(c)] = {};
+        return ok;
+      };
       Deadline check;
       for (;;) {
-        const auto r = call->channel->pop(e, kPoll);
+        events.clear();
+        const auto r = call->channel->pop_all(events, kPoll);
         if (r == Channel::Pop::Done) break;
         // A write to a closed connection can succeed for a while (kernel buffers), so the
         // connection is looked at on its own.
         if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
-        if (r == Channel::Pop::Timeout) continue;
         bool ok = true;
-        for (const json &part : delta_parts(apply(*call, e)))
-          ok = ok && chunk(e.choice, part, nullptr);
-        if (ok && e.finish == engine::FinishReason::Error)
-          ok = write(error_body({500, e.error, "", "engine_error", "server_error"}));
-        else if (ok && e.finish != engine::FinishReason::None)
-          ok = chunk(e.choice, json::object(), finish_reason(*call, e.choice));
+        for (const engine::Event &e : events) {
+          if (e.choice < 0 || e.choice >= call->job.request.n) continue;
+          pending[size_t(e.choice)].append(apply(*call, e));
+          if (e.finish == engine::FinishReason::None) continue;
+          ok = ok && flush(e.choice);
+          if (e.finish == engine::FinishReason::Error)
+            ok = ok && write(error_body({500, e.error, "", "engine_error", "server_error"}));
+          else
+            ok = ok && chunk(e.choice, json::object(), finish_reason(*call, e.choice));
+        }
+        for (int32_t c = 0; c < call->job.request.n; ++c) ok = ok && flush(c);
         if (!ok) return gone();
       }
       if (call->job.include_usage) write(usage_chunk(call->head, usage(*call)));
@@ -464,6 +501,15 @@ Server::~Server() {
   if (warm_thread_.joinable()) warm_thread_.join(); // also when stop() ran before attach()
 }
 
+void Server::wake_stepped() {
+  std::vector<std::shared_ptr<Channel>> stepped;
+  {
+    std::lock_guard lock(stepped_mutex_);
+    stepped.swap(stepped_);
+  }
+  for (const auto &channel : stepped) channel->release();
+}
+
 void Server::wake_engine() {
   { std::lock_guard lock(mutex_); } // the loop is either before its check or waiting
   wake_.notify_all();
@@ -485,6 +531,7 @@ void Server::engine_loop() {
     }
     if (stopping_) e->cancel_all(); // shutting down: accepted work ends as cancelled
     e->step();
+    wake_stepped();
     KvMetrics kv = kv_metrics(e->store());
     std::lock_guard lock(published_mutex_);
     published_kv_ = std::move(kv);

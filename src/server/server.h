@@ -37,6 +37,9 @@ struct ServerOptions {
   std::vector<std::string> model_aliases; // more ids requests may name (the file name, ...)
 };
 
+// A request's events on their way from the engine thread to its HTTP handler (server.cpp).
+class Channel;
+
 class Server {
 public:
   // A server for a loaded model.
@@ -81,6 +84,11 @@ private:
   std::condition_variable wake_;
   void wake_engine();
   std::atomic<bool> stopping_{false}, engine_done_{false};
+  // Channels that received token events during the current step: the loop wakes their handlers
+  // once the step is over, so that a verify span's tokens reach the client as one chunk.
+  std::mutex stepped_mutex_;
+  std::vector<std::shared_ptr<Channel>> stepped_;
+  void wake_stepped();
   std::mutex published_mutex_;
   KvMetrics published_kv_; // as of the last step
   // Templates and the tokenizer are used by one handler at a time.

@@ -79,6 +79,35 @@ TEST(ServerSpeculative, APredictionSpeedsTheSameAnswer) {
   EXPECT_EQ(chat_spec["choices"][0]["message"], chat_plain["choices"][0]["message"]);
 }
 
+// A step's tokens reach a streaming client together: one chunk per verify span, so a client pays
+// per step, not per token (each kept drafted token rides in its step's chunk).
+TEST(ServerSpeculative, AVerifySpanStreamsAsOneChunk) {
+  Running run(*shared().model, fixed_length(), opts("chunks"));
+  json req = completion("The old clock in the hall", 48);
+  auto [s0, plain] = run.post("/v1/completions", req);
+  ASSERT_EQ(s0, 200) << plain.dump();
+  req["prediction"] = {{"type", "content"}, {"content", plain["choices"][0]["text"]}};
+  req["stream"] = true, req["stream_options"] = {{"include_usage", true}};
+  auto r = run.client->Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  std::string streamed;
+  int text_chunks = 0;
+  json usage;
+  for (const std::string &d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    const json c = json::parse(d);
+    if (c.contains("usage") && c["usage"].is_object()) usage = c["usage"];
+    for (const json &ch : c["choices"])
+      if (!ch.value("text", "").empty()) ++text_chunks, streamed += ch["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, plain["choices"][0]["text"]);
+  ASSERT_TRUE(usage.is_object());
+  const int accepted = usage["completion_tokens_details"]["accepted_prediction_tokens"];
+  EXPECT_GT(accepted, 5) << usage.dump();
+  // Steps = tokens - kept drafted tokens; a step whose text the detokenizer holds back sends none.
+  EXPECT_LE(text_chunks, usage["completion_tokens"].get<int>() - accepted) << usage.dump();
+}
+
 // A stop string inside a verify span ends the answer where plain decoding ends it: the tokens
 // drawn after it in the same step are dropped, and the usage counts the same tokens.
 TEST(ServerSpeculative, StopStringsInsideASpanEndTheAnswerAsPlainDecoding) {
