@@ -77,8 +77,12 @@ fetch_source() {
 # compiles with -march=native) and the options below.
 # GGML_LLAMAFILE: llamafile's tiled GEMM for prefill matrix products (on by default in llama.cpp's
 # own build, off in ggml's; +45% prefill on Q8_0 here, docs/performance-log.md).
+# GGML_RPC: the RPC backend (layers on other machines, docs/backends.md), and ggml-rpc-server
+# beside the library (the wrapper builds tools/rpc against this same ggml); RDMA off (no
+# libibverbs development files, and TCP is what the docs describe).
 readonly GGML_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
-  -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CCACHE=OFF -DGGML_LLAMAFILE=ON)
+  -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CCACHE=OFF -DGGML_LLAMAFILE=ON
+  -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF)
 
 # Bump when what the build leaves in the prefix changes.
 readonly BUILD_FORMAT=1
@@ -105,7 +109,7 @@ build_ggml() {
     echo "$src" >"$prefix/offgraph-source.txt" # the source may have been re-fetched elsewhere
     echo "$prefix/lib/cmake/ggml"; return 0
   fi
-  log "building ggml (CPU backend, static) into $prefix; this happens once per tree, compiler and CPU"
+  log "building ggml (CPU and RPC backends, static) into $prefix; this happens once per tree, compiler and CPU"
   local start=$SECONDS gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   rm -rf "$prefix.build" "$prefix"

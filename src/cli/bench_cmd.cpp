@@ -10,6 +10,7 @@
 // `--kv-at L,...` instead reports the K/V bytes one sequence holds at each context length L
 // (storage grown to L, rings in full) without computing anything: the store's own accounting.
 #include "commands.h"
+#include "device_flags.h"
 
 #include "kv/storage_types.h"
 #include "model/forward.h"
@@ -114,11 +115,13 @@ std::function<int()> add_bench(CLI::App &app) {
     int32_t reps = 5, threads = 2, batch = 512, kv_page = 64, kv_ctx = 0;
     uint64_t seed = 1;
     bool no_warmup = false, paced = false, profile_ops = false, kv_scatter = false;
+    DeviceFlags devices;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand(
       "bench", "prefill/decode tokens/s at context depths, as llama-bench (JSON lines)");
   cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
+  add_device_flags(*cmd, o->devices);
   cmd->add_option("-p,--n-prompt", o->prompts, "prompt lengths (comma-separated; 0: none)")
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", o->gens, "decode lengths (comma-separated; 0: none)")
@@ -193,8 +196,11 @@ std::function<int()> add_bench(CLI::App &app) {
       return std::fgets(line, sizeof line, stdin) != nullptr;
     };
     if (!pace()) return 0;
-    auto m = model::Model::load(o->model);
+    if (o->profile_ops && !o->devices.rpc.empty())
+      return fail("--profile-ops times nodes on the CPU alone; it cannot be used with --rpc");
+    auto m = load_placed(o->model, o->devices);
     if (!m.ok()) return fail(m.message());
+    report_placement(**m);
     const model::Model &model = **m;
     const model::ModelConfig &c = model.config();
     const std::string wtype = ggml_type_name(model.weights().layers.at(0).ffn_up.w->type);
@@ -212,7 +218,7 @@ std::function<int()> add_bench(CLI::App &app) {
                       std::to_string(o->kv_ctx));
         auto layout = model::make_layout(model, policy(o->kv_ctx > 0 ? o->kv_ctx : len));
         if (!layout.ok()) return fail(layout.message());
-        auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+        auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, model.cache_buffer_types());
         if (!store.ok()) return fail(store.message());
         const kv::SeqId seq = *(*store)->create_sequence();
         if (Status st = (*store)->reserve(seq, len); !st.ok()) return fail(st.message());
@@ -252,7 +258,7 @@ std::function<int()> add_bench(CLI::App &app) {
       const int32_t capacity = d + longest;
       auto layout = model::make_layout(model, policy(capacity));
       if (!layout.ok()) return fail(layout.message());
-      auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+      auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, model.cache_buffer_types());
       if (!store.ok()) return fail(store.message());
       kv::KvStore &kv = **store;
       kv.set_attention_kernel(*kernel);

@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "device_flags.h"
 
 #include "kv/storage_types.h"
 #include "model/forward.h"
@@ -21,10 +22,12 @@ std::function<int()> add_logits(CLI::App &app) {
                                     attention = "grouped";
     int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
     uint64_t seed = 1;
+    DeviceFlags devices;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd =
       app.add_subcommand("logits", "compute logits for a token list, then decode greedily");
+  add_device_flags(*cmd, o->devices);
   cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
   cmd->add_option("--tokens", o->tokens, "prompt token ids, comma-separated");
   cmd->add_option("--random", o->random, "or a prompt of this many random token ids");
@@ -51,10 +54,11 @@ std::function<int()> add_logits(CLI::App &app) {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph logits: %s\n", m.c_str()), 1;
     };
-    auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
+    auto m = load_placed(o->model, o->devices, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return fail(m.message());
+    report_placement(**m);
     const model::ModelConfig &c = (*m)->config();
     std::vector<int32_t> prompt;
     if (!o->tokens.empty()) {
@@ -82,7 +86,7 @@ std::function<int()> add_logits(CLI::App &app) {
     const int32_t capacity = int32_t(prompt.size()) + std::max(o->greedy, 1);
     auto layout = model::make_layout(**m, {capacity, std::min(o->chunk, capacity)});
     if (!layout.ok()) return fail(layout.message());
-    auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+    auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, (**m).cache_buffer_types());
     if (!store.ok()) return fail(store.message());
     if (o->ring_order != "physical" && o->ring_order != "logical")
       return fail("--ring-order is physical or logical");

@@ -6,6 +6,7 @@
 // then has at least n_ctx / 2 tokens of context). The result is exp(mean NLL) and the standard
 // error of that mean carried through the exponential.
 #include "commands.h"
+#include "device_flags.h"
 
 #include "kv/storage_types.h"
 #include "model/forward.h"
@@ -28,12 +29,14 @@ std::function<int()> add_perplexity(CLI::App &app) {
     std::string model, file, ctk = "f16", ctv = "f16", ring_order = "physical";
     int32_t ctx = 512, batch = 64, threads = 2, chunks = -1;
     bool full = false;
+    DeviceFlags devices;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand(
       "perplexity", "perplexity over a text, in strided windows as llama.cpp's perplexity tool");
   cmd->add_option("-m,--model", o->model, "the GGUF model (default: the shipped model)");
   cmd->add_option("-f,--file", o->file, "the text")->required();
+  add_device_flags(*cmd, o->devices);
   cmd->add_option("-c,--ctx", o->ctx, "window (context) length; the second half is scored")
       ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "tokens per forward pass (max_write)")
@@ -67,7 +70,7 @@ std::function<int()> add_perplexity(CLI::App &app) {
     ss << in.rdbuf();
     const std::string text = ss.str();
 
-    auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
+    auto m = load_placed(o->model, o->devices, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return fail(m.message());
@@ -92,7 +95,7 @@ std::function<int()> add_perplexity(CLI::App &app) {
     if (!layout.ok()) return fail(layout.message());
     int n_ring = 0;
     for (int32_t i = 0; i < (*layout)->n_caches(); ++i) n_ring += (*layout)->cache(i).ring();
-    auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, ggml_backend_cpu_buffer_type());
+    auto store = kv::KvStore::create(*layout, {*ctk, *ctv}, (**m).cache_buffer_types());
     if (!store.ok()) return fail(store.message());
     if (o->ring_order == "logical")
       if (Status st = (*store)->set_ring_order(kv::RingOrder::Logical); !st.ok())

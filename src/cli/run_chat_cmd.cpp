@@ -2,6 +2,7 @@
 // Both run on the engine the server uses (engine/engine.h): one request at a time, the prefix tree
 // keeping what earlier turns computed.
 #include "commands.h"
+#include "device_flags.h"
 #include "speculation_flags.h"
 
 #include "engine/engine.h"
@@ -35,6 +36,7 @@ struct CommonOpts {
   uint64_t seed = 0;
   CLI::Option *seed_option = nullptr; // unset: a random seed
   SpeculationFlags spec;
+  DeviceFlags devices;
 };
 
 void add_common(CLI::App *cmd, CommonOpts &o) {
@@ -56,6 +58,7 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
   cmd->add_option("--ctk", o.ctk, "K cache type")->capture_default_str();
   cmd->add_option("--ctv", o.ctv, "V cache type")->capture_default_str();
   add_speculation_flags(*cmd, o.spec);
+  add_device_flags(*cmd, o.devices);
 }
 
 // Everything a generation needs, loaded once.
@@ -80,10 +83,11 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
     if (!path.ok()) return path.status();
     o.model = *path;
   }
-  auto m = model::Model::load(o.model, [](uint64_t d, uint64_t t) {
+  auto m = load_placed(o.model, o.devices, [](uint64_t d, uint64_t t) {
     if (t > (256u << 20)) progress_bar("loading", d, t);
   });
   if (!m.ok()) return m.status();
+  report_placement(**m);
   l.model = std::move(m).value();
   auto tok = text::Tokenizer::from_gguf(o.model);
   if (!tok.ok()) return tok.status();

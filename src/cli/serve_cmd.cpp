@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "device_flags.h"
 #include "speculation_flags.h"
 
 #include "kv/storage_types.h"
@@ -31,6 +32,7 @@ std::function<int()> add_serve(CLI::App &app) {
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
     bool no_prefix_reuse = false;
     SpeculationFlags spec;
+    DeviceFlags devices;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server");
@@ -79,6 +81,7 @@ std::function<int()> add_serve(CLI::App &app) {
          "docs/prefix-cache.md)")
       ->capture_default_str();
   add_speculation_flags(*cmd, o->spec);
+  add_device_flags(*cmd, o->devices);
   cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
       ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
@@ -124,10 +127,11 @@ std::function<int()> add_serve(CLI::App &app) {
     if (Status st = (*s)->start(); !st.ok()) return fail(st.message());
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
-    auto m = model::Model::load(o->model, [](uint64_t d, uint64_t t) {
+    auto m = load_placed(o->model, o->devices, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return (*s)->stop(), fail(m.message());
+    report_placement(**m);
     auto draft = load_draft_model(o->spec, o->model);
     if (!draft.ok()) return (*s)->stop(), fail(draft.message());
     engine::EngineOptions eo;

@@ -39,7 +39,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   std::unique_ptr<Engine> e(new Engine(model, options));
   auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
   if (!layout.ok()) return layout.status();
-  auto store = kv::KvStore::create(*layout, options.types, ggml_backend_cpu_buffer_type());
+  auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types());
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
   e->store_->set_memory_budget(options.kv_budget);
@@ -52,8 +52,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     auto draft_layout =
         model::make_layout(*d, {options.context, options.max_write, options.page_rows});
     if (!draft_layout.ok()) return draft_layout.status();
-    auto draft_store =
-        kv::KvStore::create(*draft_layout, options.types, ggml_backend_cpu_buffer_type());
+    auto draft_store = kv::KvStore::create(*draft_layout, options.types, d->cache_buffer_types());
     if (!draft_store.ok()) return draft_store.status();
     e->draft_store_ = std::move(draft_store).value();
     e->draft_forward_ = std::make_unique<model::Forward>(*d, *e->draft_store_, options.threads);

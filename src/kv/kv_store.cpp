@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 namespace offgraph::kv {
 
@@ -24,8 +25,64 @@ using cache::PageId;
 using cache::PageTable;
 
 int64_t Pool::buffer_bytes() const {
-  return buffer ? int64_t(ggml_backend_buffer_get_size(buffer.get())) : 0;
+  int64_t bytes = 0;
+  for (const Part &p : parts)
+    if (p.buffer) bytes += int64_t(ggml_backend_buffer_get_size(p.buffer.get()));
+  return bytes;
 }
+
+namespace {
+
+// A tensor of a pool, made in the part of its buffer type.
+struct NewTensor {
+  ggml_tensor **slot;
+  ggml_backend_buffer_type_t buft;
+  ggml_type type;
+  int64_t cols, rows;
+  std::string name; // empty: unnamed
+};
+
+// One context per buffer type holding its tensors (not yet allocated).
+Status make_parts(Pool &pool, const std::vector<NewTensor> &tensors) {
+  pool.parts.clear();
+  for (const NewTensor &t : tensors) {
+    auto part = std::find_if(pool.parts.begin(), pool.parts.end(),
+                             [&](const Pool::Part &p) { return p.buft == t.buft; });
+    if (part == pool.parts.end()) {
+      const size_t n = size_t(std::count_if(tensors.begin(), tensors.end(),
+                                            [&](const NewTensor &o) { return o.buft == t.buft; }));
+      ggml_init_params params = {n * ggml_tensor_overhead(), nullptr, true};
+      pool.parts.push_back({t.buft, ggml_context_ptr(ggml_init(params)), nullptr});
+      part = pool.parts.end() - 1;
+      if (!part->ctx) return Status::error("kv store: could not create a ggml context");
+    }
+    *t.slot = ggml_new_tensor_2d(part->ctx.get(), t.type, t.cols, t.rows);
+    if (!t.name.empty()) ggml_set_name(*t.slot, t.name.c_str());
+  }
+  return ok_status();
+}
+
+int64_t parts_size(const Pool &pool) {
+  int64_t bytes = 0;
+  for (const Pool::Part &p : pool.parts)
+    bytes += int64_t(ggml_backend_alloc_ctx_tensors_from_buft_size(p.ctx.get(), p.buft));
+  return bytes;
+}
+
+// Allocates every part not yet allocated; `clear`: to zero (cache storage: rows never written
+// must hold finite values; attention skips masked rows, but a NaN in one would still poison a
+// tiled kernel's sums). False when one could not be allocated.
+bool alloc_parts(Pool &pool, bool clear) {
+  for (Pool::Part &p : pool.parts) {
+    if (p.buffer) continue;
+    p.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(p.ctx.get(), p.buft));
+    if (!p.buffer) return false;
+    if (clear) ggml_backend_buffer_clear(p.buffer.get(), 0);
+  }
+  return true;
+}
+
+} // namespace
 
 int64_t Snapshot::bytes() const { return rows_.buffer_bytes(); }
 
@@ -50,13 +107,14 @@ void copy_rows(ggml_tensor *src, int32_t src_row, ggml_tensor *dst, int32_t dst_
   ggml_backend_tensor_copy(from, to);
 }
 
-KvStore::Mapping::~Mapping() {
+void KvStore::Mapping::reset() {
   if (addr) munmap(addr, bytes);
+  addr = nullptr, bytes = 0;
 }
 
 KvStore::KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
-                 ggml_backend_buffer_type_t buft, int32_t max_pages)
-    : layout_(std::move(layout)), types_(types), buft_(buft), allocator_(max_pages) {}
+                 std::vector<ggml_backend_buffer_type_t> bufts, int32_t max_pages)
+    : layout_(std::move(layout)), types_(types), bufts_(std::move(bufts)), allocator_(max_pages) {}
 
 KvStore::~KvStore() = default;
 
@@ -65,22 +123,49 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
                                                  ggml_backend_buffer_type_t buft,
                                                  int32_t max_pages) {
   if (!layout) return Status::error("kv store: no layout");
-  if (!buft) return Status::error("kv store: no backend buffer type");
+  const int32_t n = layout->n_caches();
+  return create(std::move(layout), types, std::vector(size_t(n), buft), max_pages);
+}
+
+Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::Layout> layout,
+                                                 StorageTypes types,
+                                                 std::vector<ggml_backend_buffer_type_t> bufts,
+                                                 int32_t max_pages) {
+  if (!layout) return Status::error("kv store: no layout");
+  if (int32_t(bufts.size()) != layout->n_caches())
+    return Status::error("kv store: " + std::to_string(bufts.size()) + " buffer types for " +
+                         std::to_string(layout->n_caches()) + " caches");
+  for (ggml_backend_buffer_type_t b : bufts)
+    if (!b) return Status::error("kv store: no backend buffer type");
   if (max_pages < 0) return Status::error("kv store: max_pages must not be negative");
   if (Status s = check_storage_types(*layout, types); !s.ok()) return s;
   int64_t page_bytes = 0;
+  std::map<ggml_backend_buffer_type_t, int64_t> device_page_bytes; // flat caches off the CPU
   for (CacheId c = 0; c < layout->n_caches(); ++c)
-    if (!layout->cache(c).ring())
-      page_bytes += int64_t(layout->page_rows()) *
-                    int64_t(k_row_bytes(*layout, c, types) + v_row_bytes(*layout, c, types));
+    if (!layout->cache(c).ring()) {
+      const int64_t bytes = int64_t(layout->page_rows()) * int64_t(k_row_bytes(*layout, c, types) +
+                                                                   v_row_bytes(*layout, c, types));
+      page_bytes += bytes;
+      if (bufts[size_t(c)] != ggml_backend_cpu_buffer_type())
+        device_page_bytes[bufts[size_t(c)]] += bytes;
+    }
   if (max_pages == 0 && page_bytes > 0) {
     const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
     max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
+    // A device's pool is allocated in full: at most half of what it has free.
+    for (const auto &[buft, bytes] : device_page_bytes) {
+      size_t free = 0, total = 0;
+      if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft))
+        ggml_backend_dev_memory(dev, &free, &total);
+      if (free > 0)
+        max_pages = int32_t(std::clamp<int64_t>(int64_t(free / 2) / bytes, 1, max_pages));
+    }
   }
   // Pool rows are int32 (ggml row indices, page tables): at most 2^31 - 1 of them.
   max_pages =
       std::min<int64_t>(max_pages, std::numeric_limits<int32_t>::max() / layout->page_rows());
-  std::unique_ptr<KvStore> store(new KvStore(std::move(layout), types, buft, max_pages));
+  std::unique_ptr<KvStore> store(
+      new KvStore(std::move(layout), types, std::move(bufts), max_pages));
   store->page_bytes_ = page_bytes;
   if (Status s = store->make_page_pool(); !s.ok()) return s;
   return store;
@@ -91,54 +176,54 @@ Status KvStore::make_page_pool() {
   pages_.k.assign(size_t(n), nullptr);
   pages_.v.assign(size_t(n), nullptr);
   if (page_bytes_ == 0) return ok_status(); // no flat caches
-  ggml_init_params params = {size_t(2 * n) * ggml_tensor_overhead(), nullptr, true};
-  pages_.ctx.reset(ggml_init(params));
-  if (!pages_.ctx) return Status::error("kv store: could not create a ggml context");
-  const bool reserve = buft_ == ggml_backend_cpu_buffer_type();
+  ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
   for (int32_t max_pages = allocator_.max_pages(); max_pages > 0; max_pages /= 2) {
     const int64_t rows = int64_t(max_pages) * layout_->page_rows();
-    std::vector<ggml_tensor *> tensors;
+    std::vector<NewTensor> tensors;
     for (CacheId c = 0; c < n; ++c) {
       if (layout_->cache(c).ring()) continue;
       const cache::CacheSpec &s = layout_->cache(c).spec;
-      pages_.k[size_t(c)] =
-          ggml_new_tensor_2d(pages_.ctx.get(), types_.k, s.k_elements_per_token(), rows);
-      pages_.v[size_t(c)] =
-          ggml_new_tensor_2d(pages_.ctx.get(), types_.v, s.v_elements_per_token(), rows);
-      ggml_format_name(pages_.k[size_t(c)], "cache_k_%d", c);
-      ggml_format_name(pages_.v[size_t(c)], "cache_v_%d", c);
-      tensors.push_back(pages_.k[size_t(c)]);
-      tensors.push_back(pages_.v[size_t(c)]);
+      const std::string i = std::to_string(c);
+      tensors.push_back({&pages_.k[size_t(c)], bufts_[size_t(c)], types_.k,
+                         s.k_elements_per_token(), rows, "cache_k_" + i});
+      tensors.push_back({&pages_.v[size_t(c)], bufts_[size_t(c)], types_.v,
+                         s.v_elements_per_token(), rows, "cache_v_" + i});
     }
-    if (reserve) {
+    if (Status s = make_parts(pages_, tensors); !s.ok()) return s;
+    bool ok = true;
+    for (Pool::Part &part : pages_.parts) {
+      if (part.buft != cpu) continue;
       // Address space only: the OS backs a page of it when first written (anonymous memory reads
       // as zeros, so rows never written are finite, as the tiled kernel's sums need).
       constexpr size_t kAlign = 4096;
       size_t bytes = 0;
-      for (ggml_tensor *t : tensors) bytes += GGML_PAD(ggml_nbytes(t), kAlign);
+      for (ggml_tensor *t = ggml_get_first_tensor(part.ctx.get()); t;
+           t = ggml_get_next_tensor(part.ctx.get(), t))
+        bytes += GGML_PAD(ggml_nbytes(t), kAlign);
       void *addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (addr != MAP_FAILED) {
-        mapping_.addr = addr, mapping_.bytes = bytes;
-        pages_.buffer.reset(ggml_backend_cpu_buffer_from_ptr(addr, bytes));
-        size_t at = 0;
-        for (ggml_tensor *t : tensors) {
-          GGML_ASSERT(
-              ggml_backend_tensor_alloc(pages_.buffer.get(), t, static_cast<char *>(addr) + at) ==
-              GGML_STATUS_SUCCESS);
-          at += GGML_PAD(ggml_nbytes(t), kAlign);
-        }
+      if (addr == MAP_FAILED) {
+        ok = false;
+        break;
       }
-    } else {
-      pages_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(pages_.ctx.get(), buft_));
-      if (pages_.buffer) ggml_backend_buffer_clear(pages_.buffer.get(), 0);
+      mapping_.addr = addr, mapping_.bytes = bytes;
+      part.buffer.reset(ggml_backend_cpu_buffer_from_ptr(addr, bytes));
+      size_t at = 0;
+      for (ggml_tensor *t = ggml_get_first_tensor(part.ctx.get()); t;
+           t = ggml_get_next_tensor(part.ctx.get(), t)) {
+        GGML_ASSERT(
+            ggml_backend_tensor_alloc(part.buffer.get(), t, static_cast<char *>(addr) + at) ==
+            GGML_STATUS_SUCCESS);
+        at += GGML_PAD(ggml_nbytes(t), kAlign);
+      }
     }
-    if (pages_.buffer) {
+    if (ok && alloc_parts(pages_, true)) { // the devices' parts, in full
       allocator_ = cache::PageAllocator(max_pages);
       return ok_status();
     }
-    // Too large for this machine's address space or device: try half as many pages.
-    pages_.ctx.reset(ggml_init(params));
+    // Too large for this machine's address space or a device: try half as many pages.
+    pages_.parts.clear();
+    mapping_.reset();
   }
   return Status::error("kv store: could not reserve a page pool of even one page (" +
                        std::to_string(page_bytes_) + " bytes)");
@@ -183,30 +268,24 @@ Result<Pool> KvStore::make_ring_pool() {
   Pool pool;
   pool.k.assign(size_t(layout_->n_caches()), nullptr);
   pool.v.assign(size_t(layout_->n_caches()), nullptr);
-  int n_tensors = 0;
-  for (CacheId c = 0; c < layout_->n_caches(); ++c) n_tensors += 2 * layout_->cache(c).ring();
-  if (n_tensors == 0) return pool;
-  if (Status s = check_budget(ring_pool_bytes(), "ring storage"); !s.ok()) return s;
-  ggml_init_params params = {size_t(n_tensors) * ggml_tensor_overhead(), nullptr, true};
-  pool.ctx.reset(ggml_init(params));
-  if (!pool.ctx) return Status::error("kv store: could not create a ggml context");
+  std::vector<NewTensor> tensors;
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
     if (!layout_->cache(c).ring()) continue;
     const cache::CacheSpec &s = layout_->cache(c).spec;
     const int32_t n = layout_->cache(c).max_rows;
-    pool.k[size_t(c)] = ggml_new_tensor_2d(pool.ctx.get(), types_.k, s.k_elements_per_token(), n);
-    pool.v[size_t(c)] = ggml_new_tensor_2d(pool.ctx.get(), types_.v, s.v_elements_per_token(), n);
-    ggml_format_name(pool.k[size_t(c)], "cache_k_%d", c);
-    ggml_format_name(pool.v[size_t(c)], "cache_v_%d", c);
+    const std::string i = std::to_string(c);
+    tensors.push_back({&pool.k[size_t(c)], bufts_[size_t(c)], types_.k, s.k_elements_per_token(), n,
+                       "cache_k_" + i});
+    tensors.push_back({&pool.v[size_t(c)], bufts_[size_t(c)], types_.v, s.v_elements_per_token(), n,
+                       "cache_v_" + i});
   }
-  pool.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(pool.ctx.get(), buft_));
-  if (!pool.buffer)
+  if (tensors.empty()) return pool;
+  if (Status s = check_budget(ring_pool_bytes(), "ring storage"); !s.ok()) return s;
+  if (Status s = make_parts(pool, tensors); !s.ok()) return s;
+  if (!alloc_parts(pool, true))
     return Status::error("kv store: could not allocate " + std::to_string(ring_pool_bytes()) +
                              " bytes of ring storage",
                          StatusCode::kInternal);
-  // Rows never written must hold finite values: attention skips masked rows, but a NaN in one
-  // would still poison a tiled kernel's sums.
-  ggml_backend_buffer_clear(pool.buffer.get(), 0);
   return pool;
 }
 
@@ -394,23 +473,19 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
   snap->rows_.k.assign(n, nullptr);
   snap->rows_.v.assign(n, nullptr);
   if (n == 0) return snap;
-  ggml_init_params params = {2 * n * ggml_tensor_overhead(), nullptr, true};
-  snap->rows_.ctx.reset(ggml_init(params));
-  if (!snap->rows_.ctx)
-    return Status::error("kv store: could not create a ggml context for a snapshot");
+  std::vector<NewTensor> tensors; // beside the rings they save (on their device)
   for (size_t i = 0; i < n; ++i) {
     const cache::CacheRows &cr = snap->spec_.rows[i];
     const cache::CacheSpec &s = layout_->cache(cr.cache).spec;
-    snap->rows_.k[i] = ggml_new_tensor_2d(snap->rows_.ctx.get(), types_.k, s.k_elements_per_token(),
-                                          cr.rows.total());
-    snap->rows_.v[i] = ggml_new_tensor_2d(snap->rows_.ctx.get(), types_.v, s.v_elements_per_token(),
-                                          cr.rows.total());
+    ggml_backend_buffer_type_t buft = bufts_[size_t(cr.cache)];
+    tensors.push_back(
+        {&snap->rows_.k[i], buft, types_.k, s.k_elements_per_token(), cr.rows.total(), ""});
+    tensors.push_back(
+        {&snap->rows_.v[i], buft, types_.v, s.v_elements_per_token(), cr.rows.total(), ""});
   }
-  const int64_t need =
-      int64_t(ggml_backend_alloc_ctx_tensors_from_buft_size(snap->rows_.ctx.get(), buft_));
-  if (Status s = check_budget(need, "ring snapshot"); !s.ok()) return s;
-  snap->rows_.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(snap->rows_.ctx.get(), buft_));
-  if (!snap->rows_.buffer)
+  if (Status s = make_parts(snap->rows_, tensors); !s.ok()) return s;
+  if (Status s = check_budget(parts_size(snap->rows_), "ring snapshot"); !s.ok()) return s;
+  if (!alloc_parts(snap->rows_, false)) // every row is copied in below
     return Status::error("kv store: could not allocate a ring snapshot", StatusCode::kInternal);
   snap->live_bytes_ = snapshot_bytes_;
   *snapshot_bytes_ += snap->bytes();

@@ -57,11 +57,15 @@ struct MemoryUse {
   int64_t shared_pages = 0;   // of those, pages another table also holds
 };
 
-// One backend buffer holding the ring caches of one sequence (each at its ring size, fixed), or a
-// snapshot's saved rows.
+// The ring caches of one sequence (each at its ring size, fixed), a snapshot's saved rows, or the
+// page pool: one backend buffer per buffer type its caches live in (one per device).
 struct Pool {
-  ggml_context_ptr ctx;
-  ggml_backend_buffer_ptr buffer;
+  struct Part {
+    ggml_backend_buffer_type_t buft = nullptr;
+    ggml_context_ptr ctx;
+    ggml_backend_buffer_ptr buffer;
+  };
+  std::vector<Part> parts;
   std::vector<ggml_tensor *> k, v; // by cache id (snapshots: by entry); null for flat caches
 
   int64_t buffer_bytes() const;
@@ -85,10 +89,16 @@ private:
 
 class KvStore {
 public:
-  // `buft` is where storage lives (the CPU buffer type now). Types are checked against the layout.
-  // The page pool holds up to `max_pages` pages (0: as many as physical memory can hold). On the
-  // CPU buffer type it is reserved address space that the OS backs only where pages are written,
-  // so an unused reservation costs nothing; on other buffer types it is allocated in full.
+  // `bufts[c]` is where cache c's storage lives (its layer's device), or one `buft` for all.
+  // Types are checked against the layout. The page pool holds up to `max_pages` pages (0: as
+  // many as physical memory can hold, and no more than half of what each device holding a flat
+  // cache reports free). On the CPU buffer type it is reserved address space that the OS backs
+  // only where pages are written, so an unused reservation costs nothing; on other buffer types
+  // it is allocated in full.
+  static Result<std::unique_ptr<KvStore>> create(std::shared_ptr<const cache::Layout> layout,
+                                                 StorageTypes types,
+                                                 std::vector<ggml_backend_buffer_type_t> bufts,
+                                                 int32_t max_pages = 0);
   static Result<std::unique_ptr<KvStore>> create(std::shared_ptr<const cache::Layout> layout,
                                                  StorageTypes types,
                                                  ggml_backend_buffer_type_t buft,
@@ -168,11 +178,12 @@ private:
   struct Mapping {
     void *addr = nullptr;
     size_t bytes = 0;
-    ~Mapping();
+    void reset(); // unmaps
+    ~Mapping() { reset(); }
   };
 
   KvStore(std::shared_ptr<const cache::Layout> layout, StorageTypes types,
-          ggml_backend_buffer_type_t buft, int32_t max_pages);
+          std::vector<ggml_backend_buffer_type_t> bufts, int32_t max_pages);
   Status make_page_pool();
   // A new entry at plan.length: its rings allocated (not yet filled), the pages of those
   // positions shared with `src`.
@@ -195,7 +206,7 @@ private:
 
   std::shared_ptr<const cache::Layout> layout_;
   StorageTypes types_;
-  ggml_backend_buffer_type_t buft_;
+  std::vector<ggml_backend_buffer_type_t> bufts_; // by cache id
   int64_t budget_ = 0;
   // The page pool: per flat cache one K and one V tensor of max_pages * page_rows rows.
   cache::PageAllocator allocator_;

@@ -175,6 +175,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     ggml_tensor *k_store = store_.k_storage(sp.seq, id);
     ggml_tensor *v_store = store_.v_storage(sp.seq, id);
     GGML_ASSERT(k_store && v_store); // add_span reserved the rows
+    const bool host = ggml_backend_buffer_is_host(k_store->buffer);
 
     // (a) write the span's rows (both runs of a wrapping ring at once: set_rows takes indices).
     ggml_tensor *write_rows = write_indices(ctx, span, *plan);
@@ -227,7 +228,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       bool consecutive = true;
       for (int32_t i = first_page + 1; i < end_page && consecutive; ++i)
         consecutive = pages[size_t(i)] == pages[size_t(i - 1)] + 1;
-      w.kernel = choose_kernel(T, group, spec);
+      w.kernel = choose_kernel(T, group, spec, host);
       rows.first_label = read.start;
       rows.n_rows = read.len;
       if (consecutive) { // one run of pool rows: a plain view, as contiguous storage would be
@@ -258,7 +259,8 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   const Written &w = found->second;
   // A shared layer may have another group size, hence another kernel; the views built for the
   // first call suit every kernel except on paged storage, where ggml's reads a masked range.
-  const Kernel kernel = choose_kernel(T, q->ne[1] / spec.n_kv_heads, spec);
+  const bool host = ggml_backend_buffer_is_host(store_.k_storage(sp.seq, id)->buffer);
+  const Kernel kernel = choose_kernel(T, q->ne[1] / spec.n_kv_heads, spec, host);
   if (!layout.cache(id).ring() && (w.rows.pages || w.mask_labels) &&
       (kernel == Kernel::Ggml) != (w.kernel == Kernel::Ggml))
     return Status::error("update_and_attend: cache " + std::to_string(id) +
@@ -278,9 +280,11 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   return out; // [D_v, H_q, T]
 }
 
-Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec) const {
-  // The choice depends on shapes only, never on where pages lie: a sequence's results must not
-  // depend on what other sequences did to the pool.
+Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec,
+                                 bool host) const {
+  // The choice depends on shapes and the device only, never on where pages lie: a sequence's
+  // results must not depend on what other sequences did to the pool.
+  if (!host) return Kernel::Ggml;
   const AttentionKernel kernel = store_.attention_kernel();
   if (kernel != AttentionKernel::Ggml && grouped_attention_applies(T, group))
     return Kernel::Grouped;

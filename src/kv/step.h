@@ -78,8 +78,9 @@ private:
   ggml_tensor *input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
                      std::vector<uint8_t> bytes);
   ggml_tensor *write_indices(ggml_context *ctx, int32_t span, const cache::StepPlan &plan);
-  // Which kernel attends a span of T tokens over n_rows rows with `group` query heads a KV head.
-  Kernel choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec) const;
+  // Which kernel attends a span of T tokens with `group` query heads a KV head: offgraph's own
+  // (custom ops, CPU only) where the storage is in host memory, ggml's stock ops elsewhere.
+  Kernel choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec, bool host) const;
   // The span's page table, copied when first used (the kernels read it while the graph computes).
   const std::vector<int32_t> &span_pages(int32_t span);
   // Which positions the rows read hold: ring slots labelled from the high-water mark

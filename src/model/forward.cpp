@@ -9,7 +9,42 @@ namespace offgraph::model {
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     : model_(model), store_(store), backend_(ggml_backend_cpu_init()) {
   ggml_backend_cpu_set_n_threads(backend_.get(), n_threads);
-  alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+  const Devices &d = model.devices();
+  if (d.size() == 1) {
+    alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+    return;
+  }
+  for (int32_t i = 0; i < d.size(); ++i)
+    if (!d.is_cpu(i)) device_backends_.emplace_back(ggml_backend_dev_init(d.device(i), nullptr));
+}
+
+bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes) {
+  if (alloc_) return ggml_gallocr_alloc_graph(alloc_.get(), gf);
+  if (!sched_ || sched_nodes_ < n_nodes) {
+    std::vector<ggml_backend_t> backends;
+    for (const auto &b : device_backends_) backends.push_back(b.get());
+    backends.push_back(backend_.get()); // the scheduler wants the CPU last
+    sched_.reset(ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()), n_nodes,
+                                        false, false));
+    sched_nodes_ = n_nodes;
+  }
+  ggml_backend_sched_reset(sched_.get());
+  // Custom ops carry C function pointers in their parameters: pinned to the CPU (a remote
+  // backend would call this process's addresses in another).
+  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+    ggml_tensor *node = ggml_graph_node(gf, i);
+    switch (node->op) {
+    case GGML_OP_CUSTOM:
+    case GGML_OP_MAP_CUSTOM1:
+    case GGML_OP_MAP_CUSTOM2:
+    case GGML_OP_MAP_CUSTOM3:
+      ggml_backend_sched_set_tensor_backend(sched_.get(), node, backend_.get());
+      break;
+    default:
+      break;
+    }
+  }
+  return ggml_backend_sched_alloc_graph(sched_.get(), gf);
 }
 
 Result<std::vector<float>> Forward::run(const Batch &batch,
@@ -68,7 +103,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_set_output(h);
     ggml_build_forward_expand(gf, h);
   }
-  if (!ggml_gallocr_alloc_graph(alloc_.get(), gf))
+  if (!allocate(gf, n_nodes))
     return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
 
   std::vector<int32_t> positions;
@@ -95,6 +130,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
 }
 
 ggml_status Forward::compute(ggml_cgraph *gf) {
+  if (sched_) return ggml_backend_sched_graph_compute(sched_.get(), gf);
   if (!observer_) return ggml_backend_graph_compute(backend_.get(), gf);
   ggml_init_params params = {ggml_graph_overhead_custom(1, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));

@@ -1,6 +1,9 @@
-// Forward: computes one batch's logits on the CPU backend. Declares the batch's spans to a
-// kv::Step, builds the model's graph, allocates it, fills the inputs, computes, copies out the
-// wanted logits rows, and commits the step. A failure leaves every sequence as it was.
+// Forward: computes one batch's logits. Declares the batch's spans to a kv::Step, builds the
+// model's graph, allocates it, fills the inputs, computes, copies out the wanted logits rows, and
+// commits the step. A failure leaves every sequence as it was. On the CPU alone the CPU backend
+// computes the graph; with layers on other devices (model::Devices) ggml's scheduler splits it,
+// and every custom op (a function pointer: offgraph's attention and soft-cap kernels) is pinned
+// to the CPU, so that none ever reaches another backend.
 #pragma once
 
 #include "kv/kv_store.h"
@@ -26,17 +29,24 @@ public:
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one
   // node at a time and the observer gets each node with its wall time. Slower (one thread
-  // handoff per node), for finding where a step's time goes, never for measuring speed.
+  // handoff per node), for finding where a step's time goes, never for measuring speed. On the
+  // CPU alone (refused with other devices).
   using NodeObserver = std::function<void(const ggml_tensor *node, double seconds)>;
   void set_node_observer(NodeObserver observer) { observer_ = std::move(observer); }
 
 private:
+  // Allocates the graph's tensors (on the devices the scheduler picks, custom ops on the CPU).
+  bool allocate(ggml_cgraph *gf, size_t n_nodes);
   ggml_status compute(ggml_cgraph *gf);
 
   const Model &model_;
   kv::KvStore &store_;
-  ggml_backend_ptr backend_;
-  ggml_gallocr_ptr alloc_;
+  ggml_backend_ptr backend_; // the CPU's
+  ggml_gallocr_ptr alloc_;   // the CPU alone
+  // Other devices: their backends (split order), then the CPU's, and the scheduler over them.
+  std::vector<ggml_backend_ptr> device_backends_;
+  ggml_backend_sched_ptr sched_;
+  size_t sched_nodes_ = 0; // the graph size the scheduler was made for
   NodeObserver observer_;
 };
 

@@ -3,6 +3,8 @@
 #include "model/arch.h"
 #include "model/graph.h"
 
+#include <algorithm>
+
 namespace offgraph::model {
 
 Result<std::unique_ptr<Model>> Model::open_metadata(const std::string &path) {
@@ -23,14 +25,92 @@ Result<std::unique_ptr<Model>> Model::open_metadata(const std::string &path) {
   auto geo = cache::Geometry::build(layers, 0);
   if (!geo.ok()) return geo.status();
   m->geometry_ = std::move(geo).value();
+  m->layer_device_ = m->devices_->assign(m->config_.n_layer);
   return m;
 }
 
-Result<std::unique_ptr<Model>> Model::load(const std::string &path, const Progress &progress) {
+Result<std::unique_ptr<Model>> Model::load(const std::string &path, const Progress &progress,
+                                           std::shared_ptr<const Devices> devices,
+                                           const DeviceProgress &device_progress) {
   auto m = open_metadata(path);
   if (!m.ok()) return m.status();
   if (Status s = (*m)->file_->map_weights(progress); !s.ok()) return s;
+  if (devices) {
+    (*m)->devices_ = std::move(devices);
+    (*m)->layer_device_ = (*m)->devices_->assign((*m)->config_.n_layer);
+    if (Status s = (*m)->place(device_progress); !s.ok()) return s;
+  }
   return m;
+}
+
+Status Model::place(const DeviceProgress &progress) {
+  const Devices &d = *devices_;
+  for (int32_t dev = 0; dev < d.size(); ++dev) {
+    if (d.is_cpu(dev)) continue;
+    // The slots this device holds; a tensor two slots share (a tied head) is uploaded once.
+    std::vector<ggml_tensor **> slots;
+    for (int32_t il = 0; il < config_.n_layer; ++il)
+      if (layer_device(il) == dev)
+        for_each_slot(weights_.layers[size_t(il)], [&](ggml_tensor *&t) {
+          if (t) slots.push_back(&t);
+        });
+    if (output_device() == dev)
+      for_each_output_slot(weights_, [&](ggml_tensor *&t) {
+        if (t) slots.push_back(&t);
+      });
+    if (slots.empty()) continue;
+    ggml_init_params params = {slots.size() * ggml_tensor_overhead(), nullptr, true};
+    ggml_context_ptr ctx(ggml_init(params));
+    if (!ctx) return Status::error("placing weights: could not create a ggml context");
+    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> copies; // (mapped, on the device)
+    for (ggml_tensor **slot : slots) {
+      auto same = std::find_if(copies.begin(), copies.end(),
+                               [&](const auto &c) { return c.first == *slot; });
+      if (same != copies.end()) continue;
+      ggml_tensor *t = ggml_dup_tensor(ctx.get(), *slot);
+      ggml_set_name(t, ggml_get_name(*slot));
+      copies.emplace_back(*slot, t);
+    }
+    ggml_backend_buffer_ptr buffer(
+        ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), d.buffer_type(dev)));
+    if (!buffer)
+      return Status::error("placing weights: " + d.name(dev) + " could not allocate " +
+                           std::to_string(ggml_backend_alloc_ctx_tensors_from_buft_size(
+                               ctx.get(), d.buffer_type(dev))) +
+                           " bytes for its layers' weights");
+    // Weights: ggml-rpc then offers a server started with -c its cached copy by hash.
+    ggml_backend_buffer_set_usage(buffer.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    uint64_t total = 0, done = 0;
+    for (const auto &c : copies) total += ggml_nbytes(c.second);
+    for (const auto &[mapped, placed] : copies) {
+      ggml_backend_tensor_set(placed, mapped->data, 0, ggml_nbytes(placed));
+      done += ggml_nbytes(placed);
+      if (progress) progress(d.name(dev), done, total);
+    }
+    for (ggml_tensor **slot : slots)
+      *slot = std::find_if(copies.begin(), copies.end(), [&](const auto &c) {
+                return c.first == *slot;
+              })->second;
+    device_ctx_.push_back(std::move(ctx));
+    device_buffers_.emplace_back(dev, std::move(buffer));
+  }
+  return ok_status();
+}
+
+std::vector<ggml_backend_buffer_type_t> Model::cache_buffer_types() const {
+  std::vector<ggml_backend_buffer_type_t> out(size_t(geometry_.n_caches()), nullptr);
+  for (int32_t il = 0; il < config_.n_layer; ++il) {
+    auto &b = out[size_t(geometry_.cache_of_layer(il))];
+    if (!geometry_.is_shared_layer(il)) b = devices_->buffer_type(layer_device(il));
+  }
+  return out;
+}
+
+std::vector<int64_t> Model::device_weight_bytes() const {
+  std::vector<int64_t> out(size_t(devices_->size()), 0);
+  for (const auto &[dev, buffer] : device_buffers_)
+    out[size_t(dev)] += int64_t(ggml_backend_buffer_get_size(buffer.get()));
+  return out;
 }
 
 int64_t Model::n_params() const {

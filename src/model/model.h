@@ -8,6 +8,7 @@
 #include "cache/geometry.h"
 #include "kv/step.h"
 #include "model/config.h"
+#include "model/devices.h"
 #include "model/gguf_file.h"
 #include "model/softcap.h"
 #include "model/weights.h"
@@ -22,9 +23,15 @@ struct Architecture;
 
 class Model {
 public:
-  // Opens, validates and maps a model; `progress` sees the bytes read in.
+  // Opens, validates and maps a model; `progress` sees the bytes read in. With `devices`, the
+  // weights of the layers the split puts on another device are uploaded there
+  // (`device_progress` sees each device's bytes); the rest stay in the file's mapping.
+  using DeviceProgress =
+      std::function<void(const std::string &device, uint64_t done, uint64_t total)>;
   static Result<std::unique_ptr<Model>> load(const std::string &path,
-                                             const Progress &progress = nullptr);
+                                             const Progress &progress = nullptr,
+                                             std::shared_ptr<const Devices> devices = nullptr,
+                                             const DeviceProgress &device_progress = nullptr);
   // Opens and validates metadata and tensor infos only (the file may hold no weights).
   static Result<std::unique_ptr<Model>> open_metadata(const std::string &path);
 
@@ -38,13 +45,30 @@ public:
   const Architecture &architecture() const { return *arch_; }
   int64_t n_params() const;
 
+  // Where the layers run: the devices, and per layer (then the output head, entry n_layer) the
+  // index of its device. The CPU alone unless loaded with devices.
+  const Devices &devices() const { return *devices_; }
+  int32_t layer_device(int32_t layer) const { return layer_device_.at(size_t(layer)); }
+  int32_t output_device() const { return layer_device_.back(); }
+  // Per cache id: the buffer type of its owning layer's device (kv::KvStore::create).
+  std::vector<ggml_backend_buffer_type_t> cache_buffer_types() const;
+  // Bytes of weights uploaded to each device (0 for the CPU, whose weights stay mapped).
+  std::vector<int64_t> device_weight_bytes() const;
+
 private:
+  Status place(const DeviceProgress &progress);
+
   std::unique_ptr<GgufFile> file_;
   const Architecture *arch_ = nullptr;
   ModelConfig config_;
   Weights weights_;
   SoftcapParams softcap_;
   cache::Geometry geometry_;
+  std::shared_ptr<const Devices> devices_ = Devices::cpu_only();
+  std::vector<int32_t> layer_device_;
+  // The weights uploaded to other devices: one context and buffer per device.
+  std::vector<ggml_context_ptr> device_ctx_;
+  std::vector<std::pair<int32_t, ggml_backend_buffer_ptr>> device_buffers_; // (device, buffer)
 };
 
 // The tokens of one forward pass: spans of consecutive tokens, each continuing one sequence.

@@ -56,6 +56,21 @@ struct Weights {
   std::vector<LayerWeights> layers;
 };
 
+// Calls f(slot) for every tensor slot of the layer, bound or not (placement repoints them).
+template <class F> void for_each_slot(LayerWeights &l, F &&f) {
+  for (ggml_tensor **t :
+       {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
+    f(*t);
+  for (Linear *p :
+       {&l.wq, &l.wk, &l.wv, &l.wqkv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.attn_gate})
+    for (ggml_tensor **t : {&p->w, &p->b, &p->s}) f(*t);
+}
+// The output head's slots: its norm and projection (the rope frequencies go with it: every
+// layer reads them, and they are 64 floats).
+template <class F> void for_each_output_slot(Weights &w, F &&f) {
+  for (ggml_tensor **t : {&w.output_norm, &w.output.w, &w.output.b, &w.output.s}) f(*t);
+}
+
 // What a tensor is for decides the types it may have.
 enum class Role { Matrix, Vector, Embedding };
 

@@ -1,0 +1,160 @@
+#include "model/devices.h"
+
+#include "ggml-cpu.h"
+#include "ggml-rpc.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace offgraph::model {
+
+namespace {
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+
+Result<HostPort> split_endpoint(const std::string &endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size())
+    return Status::error("RPC endpoint '" + endpoint + "': expected HOST:PORT");
+  HostPort hp{endpoint.substr(0, colon), 0};
+  const std::string port = endpoint.substr(colon + 1);
+  if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+      (hp.port = std::stoi(port)) < 1 || hp.port > 65535)
+    return Status::error("RPC endpoint '" + endpoint + "': port '" + port +
+                         "' is not a number in 1..65535");
+  // ggml-rpc splits at the first colon: an IPv6 literal cannot be given.
+  if (hp.host.find(':') != std::string::npos)
+    return Status::error("RPC endpoint '" + endpoint +
+                         "': IPv6 addresses are not supported by ggml-rpc; use a host name");
+  return hp;
+}
+
+// Every address the host resolves to (IPv4; ggml-rpc connects over IPv4).
+Result<std::vector<in_addr>> resolve(const HostPort &hp, const std::string &endpoint) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo *found = nullptr;
+  if (int e = getaddrinfo(hp.host.c_str(), nullptr, &hints, &found); e != 0 || !found)
+    return Status::error("RPC endpoint '" + endpoint + "': cannot resolve '" + hp.host +
+                         "': " + gai_strerror(e));
+  std::vector<in_addr> out;
+  for (addrinfo *a = found; a; a = a->ai_next)
+    out.push_back(reinterpret_cast<sockaddr_in *>(a->ai_addr)->sin_addr);
+  freeaddrinfo(found);
+  return out;
+}
+
+// ggml-rpc aborts the process when it cannot connect: try first, so that a server that is not
+// there is an error that names it.
+Status probe(const in_addr &addr, int port, const std::string &endpoint) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status::error("RPC endpoint '" + endpoint + "': cannot create a socket");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(uint16_t(port));
+  sa.sin_addr = addr;
+  const int r = connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa));
+  close(fd);
+  if (r != 0)
+    return Status::error("RPC endpoint '" + endpoint +
+                         "': no ggml-rpc-server answers there (start one with "
+                         "`ggml-rpc-server -p PORT`)");
+  return ok_status();
+}
+
+} // namespace
+
+Status check_endpoint(const std::string &endpoint, bool allow_remote) {
+  auto hp = split_endpoint(endpoint);
+  if (!hp.ok()) return hp.status();
+  auto addrs = resolve(*hp, endpoint);
+  if (!addrs.ok()) return addrs.status();
+  if (allow_remote) return ok_status();
+  for (const in_addr &a : *addrs)
+    if ((ntohl(a.s_addr) >> 24) != 127)
+      return Status::error("RPC endpoint '" + endpoint + "' is not on this machine (" +
+                           inet_ntoa(a) +
+                           "): ggml-rpc has no authentication or encryption, so anyone who "
+                           "reaches the port can read and write its memory; pass "
+                           "--rpc-allow-remote on a network you trust (docs/backends.md)");
+  return ok_status();
+}
+
+Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &options) {
+  auto d = std::make_shared<Devices>();
+  const size_t n_rpc = options.rpc.size();
+  if (!options.split.empty() && options.split.size() != n_rpc && options.split.size() != n_rpc + 1)
+    return Status::error("tensor split: " + std::to_string(options.split.size()) +
+                         " proportions for " + std::to_string(n_rpc) +
+                         " RPC endpoints; give one per endpoint, or one more for the local CPU");
+  if (!options.split.empty() && n_rpc == 0)
+    return Status::error("tensor split: without --rpc there is only the CPU to split over");
+  for (float f : options.split)
+    if (!std::isfinite(f) || f < 0)
+      return Status::error("tensor split: proportions must be finite and >= 0");
+  for (size_t i = 0; i < n_rpc; ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (options.rpc[i] == options.rpc[j])
+        return Status::error("RPC endpoint '" + options.rpc[i] + "' is listed twice");
+  for (const std::string &ep : options.rpc) {
+    OFFGRAPH_TRY(check_endpoint(ep, options.allow_remote));
+    auto hp = split_endpoint(ep);
+    auto addrs = resolve(*hp, ep);
+    OFFGRAPH_TRY(probe((*addrs)[0], hp->port, ep));
+    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(ep.c_str());
+    if (!reg || ggml_backend_reg_dev_count(reg) == 0)
+      return Status::error("RPC endpoint '" + ep + "' offers no device");
+    // A server exposes the devices it was started with; offgraph places layers on its first.
+    d->devices_.push_back(ggml_backend_reg_dev_get(reg, 0));
+    d->endpoints_.push_back(ep);
+  }
+  d->devices_.push_back(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+  d->endpoints_.emplace_back();
+  std::vector<float> w = options.split;
+  if (w.empty()) w.assign(n_rpc, 1.0f);
+  w.resize(n_rpc + 1, 0.0f); // the CPU's, unless given
+  if (n_rpc == 0) w = {1.0f};
+  float sum = 0;
+  for (float &x : w) x = (sum += x);
+  if (sum <= 0) return Status::error("tensor split: the proportions add up to 0");
+  for (float &x : w) x /= sum;
+  d->shares_ = std::move(w);
+  return std::shared_ptr<const Devices>(std::move(d));
+}
+
+std::shared_ptr<const Devices> Devices::cpu_only() {
+  static const std::shared_ptr<const Devices> cpu = *Devices::open({});
+  return cpu;
+}
+
+ggml_backend_buffer_type_t Devices::buffer_type(int32_t d) const {
+  return is_cpu(d) ? ggml_backend_cpu_buffer_type() : ggml_backend_dev_buffer_type(device(d));
+}
+
+std::string Devices::name(int32_t d) const {
+  if (is_cpu(d)) return "CPU";
+  return std::string(ggml_backend_dev_name(device(d))) + " (" + endpoint(d) + ")";
+}
+
+std::vector<int32_t> Devices::assign(int32_t n_layer) const {
+  std::vector<int32_t> out(size_t(n_layer) + 1);
+  for (int32_t i = 0; i <= n_layer; ++i) {
+    const float at = float(i) / float(n_layer + 1);
+    out[size_t(i)] =
+        int32_t(std::upper_bound(shares_.begin(), shares_.end(), at) - shares_.begin());
+    out[size_t(i)] = std::min(out[size_t(i)], cpu());
+  }
+  return out;
+}
+
+} // namespace offgraph::model

@@ -1,0 +1,59 @@
+// Devices: where a model's layers run. The local CPU, and ggml-rpc servers reached at HOST:PORT
+// endpoints (docs/backends.md). A layer's weights and its KV storage live on the device the
+// split assigns it; the input embedding stays on the CPU, and the output head counts as one more
+// layer of the split (as llama.cpp's --split-mode layer does).
+#pragma once
+
+#include "base/status.h"
+
+#include "ggml-backend.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace offgraph::model {
+
+struct DeviceOptions {
+  // ggml-rpc-server endpoints, HOST:PORT, in the order the split lists them.
+  std::vector<std::string> rpc;
+  // Proportions of the layers per device: one per RPC endpoint, or one more for the local CPU
+  // (last). Empty: equal parts over the endpoints, none on the CPU.
+  std::vector<float> split;
+  // The RPC protocol has no authentication or encryption: endpoints outside 127.0.0.0/8 (and
+  // ::1) are refused unless this is set.
+  bool allow_remote = false;
+};
+
+class Devices {
+public:
+  // Connects to every endpoint (a clear error when one does not answer) and checks the split.
+  // No endpoints: the CPU alone.
+  static Result<std::shared_ptr<const Devices>> open(const DeviceOptions &options);
+  static std::shared_ptr<const Devices> cpu_only();
+
+  // Devices in split order: the RPC ones, then the CPU (always last, as ggml's scheduler needs).
+  int32_t size() const { return int32_t(devices_.size()); }
+  int32_t cpu() const { return size() - 1; }
+  bool is_cpu(int32_t d) const { return d == cpu(); }
+  ggml_backend_dev_t device(int32_t d) const { return devices_[size_t(d)]; }
+  ggml_backend_buffer_type_t buffer_type(int32_t d) const;
+  // "CPU", or "RPC0 (127.0.0.1:50052)".
+  std::string name(int32_t d) const;
+  const std::string &endpoint(int32_t d) const { return endpoints_[size_t(d)]; }
+
+  // The device of each layer 0..n_layer-1 and of the output head (entry n_layer): slot i of
+  // n_layer + 1 goes to the device whose cumulative share first passes i / (n_layer + 1).
+  std::vector<int32_t> assign(int32_t n_layer) const;
+
+private:
+  std::vector<ggml_backend_dev_t> devices_;
+  std::vector<std::string> endpoints_; // "" for the CPU
+  std::vector<float> shares_;          // cumulative, normalised; last is 1
+};
+
+// HOST:PORT as ggml-rpc takes it; an error naming what is wrong. `allow_remote` as above.
+Status check_endpoint(const std::string &endpoint, bool allow_remote);
+
+} // namespace offgraph::model
