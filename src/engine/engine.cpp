@@ -39,7 +39,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   std::unique_ptr<Engine> e(new Engine(model, options));
   auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
   if (!layout.ok()) return layout.status();
-  auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types());
+  // Flat caches on another device are allocated in full, not reserved as on the CPU: pages for
+  // every active and cached sequence at full context, and no more.
+  int32_t max_pages = 0;
+  if (model.devices().size() > 1)
+    max_pages = cache::PageTable::pages_for(options.context, (*layout)->page_rows()) *
+                std::max(1, options.max_active + options.max_cached);
+  auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types(), max_pages);
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
   e->store_->set_memory_budget(options.kv_budget);

@@ -152,14 +152,17 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
   if (max_pages == 0 && page_bytes > 0) {
     const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
     max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
-    // A device's pool is allocated in full: at most half of what it has free.
-    for (const auto &[buft, bytes] : device_page_bytes) {
-      size_t free = 0, total = 0;
-      if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft))
-        ggml_backend_dev_memory(dev, &free, &total);
-      if (free > 0)
-        max_pages = int32_t(std::clamp<int64_t>(int64_t(free / 2) / bytes, 1, max_pages));
-    }
+    if (!device_page_bytes.empty())
+      max_pages =
+          std::min(max_pages, 4 * PageTable::pages_for(layout->capacity(), layout->page_rows()));
+  }
+  // A device's pool is allocated in full: at most half of what it has free.
+  for (const auto &[buft, bytes] : device_page_bytes) {
+    size_t free = 0, total = 0;
+    if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft))
+      ggml_backend_dev_memory(dev, &free, &total);
+    if (free > 0 && max_pages > 0)
+      max_pages = int32_t(std::clamp<int64_t>(int64_t(free / 2) / bytes, 1, max_pages));
   }
   // Pool rows are int32 (ggml row indices, page tables): at most 2^31 - 1 of them.
   max_pages =

@@ -91,10 +91,11 @@ class KvStore {
 public:
   // `bufts[c]` is where cache c's storage lives (its layer's device), or one `buft` for all.
   // Types are checked against the layout. The page pool holds up to `max_pages` pages (0: as
-  // many as physical memory can hold, and no more than half of what each device holding a flat
-  // cache reports free). On the CPU buffer type it is reserved address space that the OS backs
-  // only where pages are written, so an unused reservation costs nothing; on other buffer types
-  // it is allocated in full.
+  // many as physical memory can hold, or, with flat caches on other devices, the pages of four
+  // sequences at full capacity), and never more than half of what a device holding a flat cache
+  // reports free. On the CPU buffer type it is reserved address space that the OS backs only
+  // where pages are written, so an unused reservation costs nothing; on other buffer types it is
+  // allocated in full (and cleared), so callers that know their sequences should say.
   static Result<std::unique_ptr<KvStore>> create(std::shared_ptr<const cache::Layout> layout,
                                                  StorageTypes types,
                                                  std::vector<ggml_backend_buffer_type_t> bufts,

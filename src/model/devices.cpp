@@ -111,15 +111,21 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
     auto hp = split_endpoint(ep);
     auto addrs = resolve(*hp, ep);
     OFFGRAPH_TRY(probe((*addrs)[0], hp->port, ep));
-    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(ep.c_str());
+    std::string error;
+    auto relay = RpcRelay::start(ep, &error);
+    if (!relay) return Status::error("RPC endpoint '" + ep + "': " + error);
+    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(relay->endpoint().c_str());
     if (!reg || ggml_backend_reg_dev_count(reg) == 0)
-      return Status::error("RPC endpoint '" + ep + "' offers no device");
+      return Status::error("RPC endpoint '" + ep + "' offers no device" +
+                           (relay->failed() ? " (" + relay->failure() + ")" : ""));
     // A server exposes the devices it was started with; offgraph places layers on its first.
     d->devices_.push_back(ggml_backend_reg_dev_get(reg, 0));
     d->endpoints_.push_back(ep);
+    d->relays_.push_back(std::move(relay));
   }
   d->devices_.push_back(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
   d->endpoints_.emplace_back();
+  d->relays_.emplace_back();
   std::vector<float> w = options.split;
   if (w.empty()) w.assign(n_rpc, 1.0f);
   w.resize(n_rpc + 1, 0.0f); // the CPU's, unless given
@@ -144,6 +150,13 @@ ggml_backend_buffer_type_t Devices::buffer_type(int32_t d) const {
 std::string Devices::name(int32_t d) const {
   if (is_cpu(d)) return "CPU";
   return std::string(ggml_backend_dev_name(device(d))) + " (" + endpoint(d) + ")";
+}
+
+std::string Devices::failure() const {
+  for (int32_t i = 0; i < size(); ++i)
+    if (relays_[size_t(i)] && relays_[size_t(i)]->failed())
+      return name(i) + ": " + relays_[size_t(i)]->failure();
+  return "";
 }
 
 std::vector<int32_t> Devices::assign(int32_t n_layer) const {

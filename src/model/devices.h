@@ -5,6 +5,7 @@
 #pragma once
 
 #include "base/status.h"
+#include "model/rpc_relay.h"
 
 #include "ggml-backend.h"
 
@@ -42,6 +43,16 @@ public:
   // "CPU", or "RPC0 (127.0.0.1:50052)".
   std::string name(int32_t d) const;
   const std::string &endpoint(int32_t d) const { return endpoints_[size_t(d)]; }
+  // Empty while every server answers; else which one stopped and during what. A step computed
+  // after that is not a result (RpcRelay answers for the server): Forward fails it.
+  std::string failure() const;
+  // Bytes sent to and received from device d's server (0 for the CPU).
+  int64_t bytes_to(int32_t d) const {
+    return relays_[size_t(d)] ? relays_[size_t(d)]->bytes_to_server() : 0;
+  }
+  int64_t bytes_from(int32_t d) const {
+    return relays_[size_t(d)] ? relays_[size_t(d)]->bytes_from_server() : 0;
+  }
 
   // The device of each layer 0..n_layer-1 and of the output head (entry n_layer): slot i of
   // n_layer + 1 goes to the device whose cumulative share first passes i / (n_layer + 1).
@@ -50,7 +61,9 @@ public:
 private:
   std::vector<ggml_backend_dev_t> devices_;
   std::vector<std::string> endpoints_; // "" for the CPU
-  std::vector<float> shares_;          // cumulative, normalised; last is 1
+  // Each RPC device's connection goes through a relay of its own (null for the CPU).
+  std::vector<std::unique_ptr<RpcRelay>> relays_;
+  std::vector<float> shares_; // cumulative, normalised; last is 1
 };
 
 // HOST:PORT as ggml-rpc takes it; an error naming what is wrong. `allow_remote` as above.

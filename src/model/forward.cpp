@@ -66,6 +66,9 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
         (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
       return Status::error("forward: logit rows must be ascending indices into the batch");
   if (batch.logit_rows.empty()) return Status::error("forward: no logits requested");
+  if (std::string gone = model_.devices().failure(); !gone.empty())
+    return Status::error("forward: a device of this model is gone: " + gone,
+                         StatusCode::kUnavailable);
   for (size_t i = 0; i < batch.hidden_layers.size(); ++i)
     if (batch.hidden_layers[i] < 0 || batch.hidden_layers[i] >= c.n_layer ||
         (i && batch.hidden_layers[i] <= batch.hidden_layers[i - 1]))
@@ -115,6 +118,14 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
   step.set_inputs();
   if (compute(gf) != GGML_STATUS_SUCCESS) return Status::error("forward: graph compute failed");
+  // A server that stopped mid-step: the relay answered for it, so nothing read below is a result.
+  auto device_lost = [&]() -> Status {
+    std::string gone = model_.devices().failure();
+    if (gone.empty()) return ok_status();
+    return Status::error("forward: a device stopped during the step: " + gone,
+                         StatusCode::kUnavailable);
+  };
+  OFFGRAPH_TRY(device_lost());
   std::vector<float> out(size_t(ggml_nelements(*logits)));
   ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
   if (hidden) {
@@ -125,6 +136,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
                               ggml_nbytes(hidden_tensors[i]));
     }
   }
+  OFFGRAPH_TRY(device_lost()); // the reads above went through it too
   if (Status s = step.commit(); !s.ok()) return s;
   return out;
 }

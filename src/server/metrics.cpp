@@ -126,6 +126,21 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
                            ? double(d.accepted + d.verifications) / double(d.verifications)
                            : 0.0;
               });
+  if (!in.devices.empty()) {
+    auto per_device = [&](const char *name, const char *type, const char *help, auto value) {
+      w.family(name, type, help);
+      for (const MetricsInput::Device &d : in.devices)
+        w.sample(name, double(value(d)), "device=\"" + d.name + "\"");
+    };
+    per_device("offgraph_rpc_bytes_sent_total", "counter",
+               "bytes sent to the device's ggml-rpc-server",
+               [](const MetricsInput::Device &d) { return d.sent; });
+    per_device("offgraph_rpc_bytes_received_total", "counter",
+               "bytes received from the device's ggml-rpc-server",
+               [](const MetricsInput::Device &d) { return d.received; });
+    per_device("offgraph_rpc_up", "gauge", "1 while the device's server answers",
+               [](const MetricsInput::Device &d) { return d.up ? 1 : 0; });
+  }
   w.one("offgraph_decode_spans_total", "counter",
         "a sequence's decode in one step (one token, or a verify span)", double(e.decode_spans));
   w.one("offgraph_queue_depth", "gauge", "requests waiting for a place", double(in.queued));

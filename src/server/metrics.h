@@ -34,6 +34,14 @@ struct MetricsInput {
   int64_t cached_bytes = 0, kv_budget = 0;
   size_t grammar_tables = 0, grammar_table_bytes = 0; // mask tables shared through the vocabulary
   KvMetrics kv;
+  // Layers on other devices (docs/backends.md): per RPC device, its name, the bytes sent to its
+  // server and received from it, and whether it still answers.
+  struct Device {
+    std::string name;
+    int64_t sent = 0, received = 0;
+    bool up = true;
+  };
+  std::vector<Device> devices;
 };
 std::string render_metrics(const MetricsInput &in, const HttpCounters &http);
 

@@ -114,10 +114,24 @@ struct Routes {
   Server &s;
 
   bool loading(httplib::Response &res) {
-    if (s.ready_) return false;
-    send(res, 503,
-         error_body({503, "the model is still loading", "", "model_loading", "unavailable_error"}));
-    return true;
+    if (!s.ready_) {
+      send(res, 503,
+           error_body(
+               {503, "the model is still loading", "", "model_loading", "unavailable_error"}));
+      return true;
+    }
+    // A split model whose device stopped cannot compute a step: new work is refused until the
+    // server is restarted (the device's weights and KV went with it).
+    if (std::string gone = s.model_->devices().failure(); !gone.empty()) {
+      send(res, 503,
+           error_body({503,
+                       "a device of the model is gone (" + gone +
+                           "); restart the "
+                           "server once it is back",
+                       "", "device_lost", "unavailable_error"}));
+      return true;
+    }
+    return false;
   }
 
   void fail(httplib::Response &res, const ApiError &e) {
@@ -582,6 +596,11 @@ std::string Server::metrics_text() {
     in.kv_budget = engine_->options().kv_budget;
     in.grammar_tables = facts_.vocabulary->shared_tables();
     in.grammar_table_bytes = facts_.vocabulary->shared_table_bytes();
+    const model::Devices &d = model_->devices();
+    for (int32_t i = 0; i < d.size(); ++i)
+      if (!d.is_cpu(i))
+        in.devices.push_back(
+            {d.name(i), d.bytes_to(i), d.bytes_from(i), d.failure().find(d.name(i) + ":") != 0});
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;
   }
@@ -626,6 +645,8 @@ void Server::routes() {
 
   http.Get("/health", [this](const httplib::Request &, httplib::Response &res) {
     if (!ready_) return send(res, 503, {{"status", "loading model"}});
+    if (std::string gone = model_->devices().failure(); !gone.empty())
+      return send(res, 503, {{"status", "device lost"}, {"error", gone}});
     send(res, 200, {{"status", "ok"}});
   });
   http.Get("/metrics", [this](const httplib::Request &, httplib::Response &res) {

@@ -10,9 +10,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 namespace offgraph::model {
 namespace {
@@ -197,6 +199,82 @@ TEST(Rpc, TheSplitPlacesLayersAndKvOnTheirDevices) {
     ggml_tensor *k = s.store->k_storage(seq, s.model->geometry().cache_of_layer(il));
     EXPECT_EQ(ggml_backend_buffer_get_type(k->buffer), d.buffer_type(want[size_t(il)])) << il;
   }
+}
+
+// A server killed between steps and one killed while a step computes: the step fails with an
+// error naming the device (ggml-rpc alone would abort the process), every later step is refused
+// the same way, and the other server and the sequences' bookkeeping are untouched.
+TEST(Rpc, AServerThatDiesFailsTheStepNotTheProcess) {
+  RpcServers own(2);
+  ASSERT_TRUE(own.ok());
+  DeviceOptions o;
+  o.rpc = own.endpoints();
+  auto d = Devices::open(o);
+  ASSERT_TRUE(d.ok()) << d.message();
+  Session s(make_model("muse-glimmer", 9), *d);
+  ASSERT_TRUE(s.model);
+  const kv::SeqId seq = *s.store->create_sequence();
+  ASSERT_FALSE(s.step(seq, {1, 2, 3, 4}).empty());
+  EXPECT_GT((*d)->bytes_to(1), 0);
+  EXPECT_GT((*d)->bytes_from(1), 0);
+  EXPECT_EQ((*d)->failure(), "");
+  own.kill_server(1);
+  Batch b;
+  b.tokens = {5};
+  b.spans.push_back({seq, 4, 1});
+  b.logit_rows = {0};
+  auto r = s.fwd->run(b);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find(own.endpoint(1)), std::string::npos) << r.message();
+  EXPECT_EQ(s.store->sequence(seq)->length(), 4); // the failed step committed nothing
+  auto again = s.fwd->run(b);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.message().find("gone"), std::string::npos) << again.message();
+  EXPECT_TRUE(own.alive(0));
+}
+
+// Killed while a long step computes on it (a prefill of 200 tokens in one span, repeated until
+// the kill lands inside one).
+TEST(Rpc, AServerKilledMidStepFailsThatStep) {
+  RpcServers own(1);
+  ASSERT_TRUE(own.ok());
+  DeviceOptions o;
+  o.rpc = own.endpoints();
+  auto d = Devices::open(o);
+  ASSERT_TRUE(d.ok()) << d.message();
+  synth::SynthSpec spec = synth::preset("small", "llama").value();
+  spec.n_layer = 8, spec.n_vocab = 1000, spec.seed = 3;
+  const std::string path = (temp_dir() / "mid-step.gguf").string();
+  ASSERT_TRUE(synth::write_model(spec, path).ok());
+  auto m = Model::load(path, nullptr, *d);
+  ASSERT_TRUE(m.ok()) << m.message();
+  auto layout = make_layout(**m, {4096, 256, 64});
+  ASSERT_TRUE(layout.ok());
+  auto store =
+      kv::KvStore::create(*layout, {GGML_TYPE_F16, GGML_TYPE_F16}, (*m)->cache_buffer_types(), 128);
+  ASSERT_TRUE(store.ok()) << store.message();
+  Forward fwd(**m, **store, 2);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    own.kill_server(0);
+  });
+  Status last = ok_status();
+  int steps = 0;
+  for (int i = 0; i < 1000 && last.ok(); ++i) {
+    const kv::SeqId seq = *(*store)->create_sequence();
+    Batch b;
+    b.tokens.assign(200, 7);
+    b.spans.push_back({seq, 0, 200});
+    b.logit_rows = {199};
+    auto r = fwd.run(b);
+    last = r.status();
+    (void)(*store)->remove_sequence(seq);
+    steps += r.ok();
+  }
+  killer.join();
+  ASSERT_FALSE(last.ok());
+  EXPECT_NE(last.message().find(own.endpoint(0)), std::string::npos) << last.message();
+  std::printf("[ rpc      ] killed after %d whole steps: %s\n", steps, last.message().c_str());
 }
 
 TEST(Rpc, EndpointsAreCheckedBeforeAnyConnection) {

@@ -1,0 +1,58 @@
+// RpcRelay: a loopback port between ggml-rpc's client in this process and one ggml-rpc-server.
+//
+// Why: the pinned ggml-rpc client aborts the process when a server goes away mid-request
+// (RPC_STATUS_ASSERT in ggml-rpc.cpp). The relay forwards every request and response unchanged
+// while the server answers; once it does not (the connection closed or broke), it records why and
+// answers the rest itself: each request that waits for a response gets one of the size the client
+// expects (zeros: no buffer, no memory, no data), so the client returns instead of aborting, and
+// Forward reports the step failed by the failure recorded here. It also counts the bytes each way
+// (docs/backends.md: traffic per token).
+//
+// The protocol it frames (ggml-rpc.cpp, protocol 7.0): a request is | cmd u8 | size u64 | data |;
+// a response, for the commands that have one, | size u64 | data |; the client sends one request
+// at a time and waits for its response before the next.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace offgraph::model {
+
+class RpcRelay {
+public:
+  // Listens on 127.0.0.1 (an ephemeral port) for ggml-rpc's connection to `server` (HOST:PORT,
+  // already checked).
+  static std::unique_ptr<RpcRelay> start(const std::string &server, std::string *error);
+  ~RpcRelay();
+  RpcRelay(const RpcRelay &) = delete;
+  RpcRelay &operator=(const RpcRelay &) = delete;
+
+  // What ggml-rpc connects to: "127.0.0.1:PORT".
+  const std::string &endpoint() const { return endpoint_; }
+  // Empty while the server answers; else what went wrong (stays set).
+  std::string failure() const;
+  bool failed() const { return failed_.load(); }
+  int64_t bytes_to_server() const { return to_server_.load(); }
+  int64_t bytes_from_server() const { return from_server_.load(); }
+
+private:
+  RpcRelay() = default;
+  void run();
+  // One client connection, request by request, until the client closes it.
+  void serve(int client);
+  void fail(const std::string &why);
+
+  std::string server_, endpoint_;
+  int listener_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false}, failed_{false};
+  std::atomic<int64_t> to_server_{0}, from_server_{0};
+  mutable std::mutex mutex_;
+  std::string failure_;
+};
+
+} // namespace offgraph::model

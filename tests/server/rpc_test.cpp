@@ -1,0 +1,138 @@
+// The server with its model's layers split over two ggml-rpc-server processes on 127.0.0.1
+// (docs/backends.md): the same answers as the CPU alone, prefix reuse across the split, traffic
+// in /metrics; and a server that dies mid-request ends that request with an error naming it,
+// then new work gets 503 and /health says why, while the process goes on.
+#include "../model/rpc_servers.h"
+#include "live_server.h"
+
+#include <thread>
+
+namespace offgraph::server::testing {
+namespace {
+
+using offgraph::testing::RpcServers;
+
+struct Shared {
+  std::string path = make_model(16, 11, "rpc");
+  ~Shared() { fs::remove(path); }
+};
+Shared &shared() {
+  static Shared s;
+  return s;
+}
+
+std::unique_ptr<model::Model> load(const std::vector<std::string> &rpc) {
+  std::shared_ptr<const model::Devices> devices;
+  if (!rpc.empty()) {
+    model::DeviceOptions o;
+    o.rpc = rpc;
+    auto d = model::Devices::open(o);
+    EXPECT_TRUE(d.ok()) << d.message();
+    if (!d.ok()) return nullptr;
+    devices = *d;
+  }
+  auto m = model::Model::load(shared().path, nullptr, devices);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+json turn(const json &messages, int max_tokens) {
+  return {{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+// A labelled sample of /metrics, or -1.
+double labelled(Running &run, const std::string &sample) {
+  auto m = run.client->Get("/metrics");
+  if (!m) return -1;
+  const size_t at = m->body.find("\n" + sample + " ");
+  return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + sample.size() + 2));
+}
+
+TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
+  RpcServers rpc(2);
+  ASSERT_TRUE(rpc.ok());
+  auto cpu_model = load({});
+  auto split_model = load(rpc.endpoints());
+  ASSERT_TRUE(cpu_model && split_model);
+  Running cpu(*cpu_model, small_engine(), opts("cpu"));
+  Running split(*split_model, small_engine(), opts("split"));
+  // A three-turn conversation (each turn's answer 40 tokens: the window-16 rings wrap), and a
+  // second conversation sharing its system message.
+  json messages = json::array({{{"role", "system"}, {"content", "You are terse."}},
+                               {{"role", "user"}, {"content", "Name three rivers."}}});
+  for (int t = 0; t < 3; ++t) {
+    auto [s0, a] = cpu.post("/v1/chat/completions", turn(messages, 40));
+    auto [s1, b] = split.post("/v1/chat/completions", turn(messages, 40));
+    ASSERT_EQ(s0, 200) << a.dump();
+    ASSERT_EQ(s1, 200) << b.dump();
+    EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]) << "turn " << t;
+    EXPECT_EQ(b["usage"]["completion_tokens"], a["usage"]["completion_tokens"]);
+    if (t > 0) { // the conversation so far came from the cache, on the devices
+      EXPECT_GT(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 20) << b.dump();
+    }
+    messages.push_back(a["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", "And " + std::to_string(t) + " more?"}});
+  }
+  json other = json::array({messages[0], {{"role", "user"}, {"content", "Name a mountain."}}});
+  auto [s2, c] = cpu.post("/v1/chat/completions", turn(other, 24));
+  auto [s3, d] = split.post("/v1/chat/completions", turn(other, 24));
+  ASSERT_EQ(s2, 200);
+  ASSERT_EQ(s3, 200);
+  EXPECT_EQ(d["choices"][0]["message"], c["choices"][0]["message"]);
+  // Traffic per device, and both up.
+  const model::Devices &devs = split_model->devices();
+  for (int32_t i = 0; i < 2; ++i) {
+    const std::string label = "{device=\"" + devs.name(i) + "\"}";
+    EXPECT_GT(labelled(split, "offgraph_rpc_bytes_sent_total" + label), 0) << label;
+    EXPECT_GT(labelled(split, "offgraph_rpc_bytes_received_total" + label), 0) << label;
+    EXPECT_EQ(labelled(split, "offgraph_rpc_up" + label), 1) << label;
+  }
+  EXPECT_TRUE(rpc.alive(0) && rpc.alive(1));
+}
+
+TEST(ServerRpc, AServerThatDiesMidRequestEndsItWithAnErrorThenNewWorkGets503) {
+  RpcServers rpc(2);
+  ASSERT_TRUE(rpc.ok());
+  auto m = load(rpc.endpoints());
+  ASSERT_TRUE(m);
+  Running run(*m, small_engine(2048, 32), opts("dies"));
+  auto [s0, ok] = run.post("/v1/completions", {{"prompt", "Warm up"}, {"max_tokens", 4}});
+  ASSERT_EQ(s0, 200) << ok.dump();
+  // A long answer, streamed; the second server is killed once 50 of its tokens were generated.
+  const double before = run.metric("offgraph_generated_tokens_total");
+  json req = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 1500}, {"temperature", 0}, {"stream", true}};
+  std::thread killer([&] {
+    httplib::Client probe("127.0.0.1", run.server->port());
+    for (int i = 0; i < 2000; ++i) {
+      auto got = probe.Get("/metrics");
+      const std::string key = "\noffgraph_generated_tokens_total ";
+      if (got && got->body.find(key) != std::string::npos &&
+          std::stod(got->body.substr(got->body.find(key) + key.size())) > before + 50)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    rpc.kill_server(1);
+  });
+  auto r = run.client->Post("/v1/completions", req.dump(), "application/json");
+  killer.join();
+  ASSERT_TRUE(r) << "the stream broke instead of ending";
+  const std::string &body = r->body;
+  EXPECT_NE(body.find(rpc.endpoint(1)), std::string::npos)
+      << body.substr(body.size() > 600 ? body.size() - 600 : 0);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+  // Then: 503 naming the device, for new work and /health.
+  auto [s1, refused] = run.post("/v1/completions", {{"prompt", "Again"}, {"max_tokens", 4}});
+  EXPECT_EQ(s1, 503) << refused.dump();
+  EXPECT_EQ(refused["error"]["code"], "device_lost") << refused.dump();
+  auto h = run.client->Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_NE(h->body.find(rpc.endpoint(1)), std::string::npos) << h->body;
+  const std::string label = "{device=\"" + m->devices().name(1) + "\"}";
+  EXPECT_EQ(labelled(run, "offgraph_rpc_up" + label), 0);
+  EXPECT_TRUE(rpc.alive(0));
+}
+
+} // namespace
+} // namespace offgraph::server::testing
