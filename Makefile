@@ -9,7 +9,7 @@ ASAN_DIR ?= $(BUILD_DIR)-asan
 FUZZ_SECONDS ?= 20
 FUZZ_TIME ?= 600
 
-.PHONY: all deps configure build test run clean bench-kv fuzz-configure fuzz-build fuzz-long test-asan
+.PHONY: all deps configure build test run replicas clean bench-kv fuzz-configure fuzz-build fuzz-long test-asan
 
 all: build
 
@@ -73,6 +73,12 @@ PORT ?= 8080
 
 run: build
 	$(BUILD_DIR)/bin/offgraph serve -m $(DEFAULT_MODEL) --port $(PORT)
+
+# REPLICAS servers of the default model behind nginx on PORT, with conversation affinity
+# (deploy/replicas; docs/backends.md).
+REPLICAS ?= 2
+replicas: build
+	deploy/replicas -n $(REPLICAS) -p $(PORT) -m $(DEFAULT_MODEL) --offgraph $(BUILD_DIR)/bin/offgraph
 
 # Decode-attention benchmark at Muse Glimmer shapes; writes docs/kv-attention.md.
 bench-kv: build

@@ -20,9 +20,10 @@ readonly TREE_HASH="fd570ef54b10ec5fecb739e7e04c8ce44a6f415a"
 readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
 
 # clang, its sanitizer and libFuzzer runtimes (libclang-rt) and libomp (ggml's OpenMP under clang)
-# build the fuzz targets `make test` runs (docs/reliability.md).
+# build the fuzz targets `make test` runs (docs/reliability.md). nginx and its JavaScript module
+# put replicas behind one address with conversation affinity (deploy/replicas, its test).
 readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
-  python3 python3-jsonschema ca-certificates clang libclang-rt-14-dev libomp-dev)
+  python3 python3-jsonschema ca-certificates clang libclang-rt-14-dev libomp-dev nginx libnginx-mod-http-js)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

@@ -1,0 +1,31 @@
+// (njs 0.7, Debian bookworm's: ES5 with a few additions, so no for-of.)
+// Conversation affinity for nginx's `hash ... consistent` (deploy/nginx.conf.in): the key that
+// sends every turn of a conversation to the replica holding its KV cache.
+//   1. a session header the client sets: X-Session-Id (or X-Conversation-Id);
+//   2. else the conversation's first messages (chat: the system message, if any, and the first
+//      user message; completions: the first 512 characters of the prompt), which every later
+//      turn resends unchanged;
+//   3. else (a body nginx could not read, or neither field) a random key: any replica will do.
+function key(r) {
+  var session = r.headersIn['X-Session-Id'] || r.headersIn['X-Conversation-Id'];
+  if (session) return 's:' + session;
+  var body = null;
+  try {
+    body = JSON.parse(r.requestText || '');
+  } catch (e) {
+    body = null;
+  }
+  if (body && Array.isArray(body.messages)) {
+    var first = [];
+    for (var i = 0; i < body.messages.length; i++) {
+      var m = body.messages[i];
+      first.push(JSON.stringify(m));
+      if (m && m.role === 'user') break;
+    }
+    if (first.length) return 'm:' + first.join('\n');
+  }
+  if (body && typeof body.prompt === 'string') return 'p:' + body.prompt.slice(0, 512);
+  return 'r:' + Math.random();
+}
+
+export default {key};
