@@ -64,7 +64,7 @@ test-asan: deps
 	  -Dggml_DIR="$$(cat $(BUILD_DIR)/ggml-dir)" -DOFFGRAPH_PEER_DIR="$$(cat $(BUILD_DIR)/peer-dir)" > $(ASAN_DIR)/configure.log \
 	  || { cat $(ASAN_DIR)/configure.log; exit 1; }
 	cmake --build $(ASAN_DIR) -j $(JOBS)
-	UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) $(ASAN_CTEST_ARGS)
+	UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) $(ASAN_CTEST_ARGS)
 
 # The main job: the server, with the small Muse Glimmer model trained on the King James Bible
 # that ships in models/ (tools/train recreates it).
