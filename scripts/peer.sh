@@ -5,6 +5,9 @@
 #
 #   scripts/peer.sh [target ...]      default targets: llama, test-llama-archs (the generator of
 #                                     the peer corpus, docs/peer.md)
+#   OFFGRAPH_PEER_RPC=1 scripts/peer.sh llama-bench
+#                                     a second build with ggml-rpc (GGML_RPC), for the backends
+#                                     benchmark's llama-bench --rpc; `make test` never builds it
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OFFGRAPH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/offgraph}
@@ -15,7 +18,8 @@ src=$("$here/deps.sh" --source | tail -1)
 tree=$(cat "$src/.offgraph-verified")
 readonly OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DGGML_CCACHE=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON
-  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
+  $([ "${OFFGRAPH_PEER_RPC:-0}" = 1 ] && echo "-DGGML_RPC=ON -DGGML_RPC_RDMA=OFF"))
 key=$({ echo "$tree"; c++ --version | head -1; grep -m1 '^flags' /proc/cpuinfo || uname -m; echo "${OPTIONS[*]}"; } \
   | sha256sum | cut -c1-16)
 dir="$cache/peer-${tree:0:12}-$key"

@@ -341,6 +341,15 @@ std::function<int()> add_bench(CLI::App &app) {
         std::vector<double> ts;
         model::NodeProfile test_profile;
         profiled_steps = 0;
+        // Bytes to and from every RPC device during the timed reps (restores included: a
+        // snapshot's rows are copied on the device, not over the wire).
+        const model::Devices &devs = model.devices();
+        auto wire = [&] {
+          int64_t to = 0, from = 0;
+          for (int32_t i = 0; i < devs.size(); ++i) to += devs.bytes_to(i), from += devs.bytes_from(i);
+          return std::pair{to, from};
+        };
+        const auto wire0 = wire();
         for (int32_t r = 0; r < o->reps; ++r) {
           if (!pace()) return 0;
           if (Status st = kv.restore(seq, **snap); !st.ok()) return fail(st.message());
@@ -362,6 +371,8 @@ std::function<int()> add_bench(CLI::App &app) {
                   .c_str(),
               profiled_steps);
         const kv::MemoryUse mu = kv.memory(seq);
+        const auto wire1 = wire();
+        const double tokens_run = double(t.n) * double(o->reps);
         std::string list;
         double sum = 0;
         for (double x : ts) {
@@ -372,10 +383,13 @@ std::function<int()> add_bench(CLI::App &app) {
         }
         std::printf("%s,\"test\":\"%s\",\"n\":%d,\"depth\":%d,\"batch\":%d,\"ts\":[%s],"
                     "\"avg_ts\":%.3f,\"depth_fill_s\":%.3f,\"kv_held\":%lld,\"kv_min\":%lld,"
-                    "\"kv_buffers\":%lld,\"peak_rss\":%lld}\n",
+                    "\"kv_buffers\":%lld,\"peak_rss\":%lld,\"rpc_devices\":%d,"
+                    "\"rpc_bytes_sent_per_token\":%.1f,\"rpc_bytes_received_per_token\":%.1f}\n",
                     head.c_str(), t.name, t.n, d, o->batch, list.c_str(), sum / double(ts.size()),
                     fill_s, (long long)mu.held, (long long)mu.minimum, (long long)mu.buffers,
-                    (long long)peak_rss_bytes());
+                    (long long)peak_rss_bytes(), devs.size() - 1,
+                    double(wire1.first - wire0.first) / tokens_run,
+                    double(wire1.second - wire0.second) / tokens_run);
         std::fflush(stdout);
       }
     }

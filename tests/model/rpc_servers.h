@@ -7,7 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char **environ;
 
 namespace offgraph::testing {
 
@@ -83,14 +81,19 @@ private:
     std::vector<char *> argv;
     for (auto &a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid = -1;
-    const int r = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    pids_.push_back(r == 0 ? pid : -1);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // The server dies with the test, even one that crashed before its destructors ran.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1), dup2(null, 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    const int r = pid > 0 ? 0 : -1;
+    pids_.push_back(pid > 0 ? pid : -1);
     ports_.push_back(port);
     bool up = false;
     for (int i = 0; r == 0 && i < 200 && !up; ++i) {
