@@ -25,6 +25,7 @@ function key(r) {
     if (first.length) return 'm:' + first.join('\n');
   }
   if (body && typeof body.prompt === 'string') return 'p:' + body.prompt.slice(0, 512);
+  if (body && Array.isArray(body.prompt)) return 'p:' + JSON.stringify(body.prompt).slice(0, 512);
   return 'r:' + Math.random();
 }
 

@@ -346,7 +346,8 @@ std::function<int()> add_bench(CLI::App &app) {
         const model::Devices &devs = model.devices();
         auto wire = [&] {
           int64_t to = 0, from = 0;
-          for (int32_t i = 0; i < devs.size(); ++i) to += devs.bytes_to(i), from += devs.bytes_from(i);
+          for (int32_t i = 0; i < devs.size(); ++i)
+            to += devs.bytes_to(i), from += devs.bytes_from(i);
           return std::pair{to, from};
         };
         const auto wire0 = wire();

@@ -74,6 +74,7 @@ std::function<int()> add_perplexity(CLI::App &app) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return fail(m.message());
+    report_placement(**m);
     auto tok = text::Tokenizer::from_gguf(o->model);
     if (!tok.ok()) return fail(tok.message());
     const text::Tokenizer &t = **tok;

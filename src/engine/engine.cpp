@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 namespace offgraph::engine {
 namespace {
@@ -43,8 +44,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   // every active and cached sequence at full context, and no more.
   int32_t max_pages = 0;
   if (model.devices().size() > 1)
-    max_pages = cache::PageTable::pages_for(options.context, (*layout)->page_rows()) *
-                std::max(1, options.max_active + options.max_cached);
+    max_pages = int32_t(std::min<int64_t>(
+        int64_t(cache::PageTable::pages_for(options.context, (*layout)->page_rows())) *
+            std::max(1, options.max_active + options.max_cached),
+        std::numeric_limits<int32_t>::max()));
   auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types(), max_pages);
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();

@@ -93,31 +93,50 @@ Status check_endpoint(const std::string &endpoint, bool allow_remote) {
 Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &options) {
   auto d = std::make_shared<Devices>();
   const size_t n_rpc = options.rpc.size();
+  // Everything that can be checked without a connection first.
   if (!options.split.empty() && options.split.size() != n_rpc && options.split.size() != n_rpc + 1)
     return Status::error("tensor split: " + std::to_string(options.split.size()) +
                          " proportions for " + std::to_string(n_rpc) +
                          " RPC endpoints; give one per endpoint, or one more for the local CPU");
   if (!options.split.empty() && n_rpc == 0)
     return Status::error("tensor split: without --rpc there is only the CPU to split over");
-  for (float f : options.split)
+  float sum = 0;
+  for (float f : options.split) {
     if (!std::isfinite(f) || f < 0)
       return Status::error("tensor split: proportions must be finite and >= 0");
-  for (size_t i = 0; i < n_rpc; ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (options.rpc[i] == options.rpc[j])
-        return Status::error("RPC endpoint '" + options.rpc[i] + "' is listed twice");
+    sum += f;
+  }
+  if (!options.split.empty() && sum <= 0)
+    return Status::error("tensor split: the proportions add up to 0");
+  // Each endpoint resolved once, here: the relay connects to this address and no other.
+  std::vector<sockaddr_in> addresses;
   for (const std::string &ep : options.rpc) {
     OFFGRAPH_TRY(check_endpoint(ep, options.allow_remote));
     auto hp = split_endpoint(ep);
     auto addrs = resolve(*hp, ep);
-    OFFGRAPH_TRY(probe((*addrs)[0], hp->port, ep));
+    if (!addrs.ok()) return addrs.status();
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(uint16_t(hp->port));
+    sa.sin_addr = (*addrs)[0];
+    // A server serves one client at a time: the same one twice would wait for itself.
+    for (size_t j = 0; j < addresses.size(); ++j)
+      if (addresses[j].sin_addr.s_addr == sa.sin_addr.s_addr &&
+          addresses[j].sin_port == sa.sin_port)
+        return Status::error("RPC endpoints '" + options.rpc[j] + "' and '" + ep +
+                             "' are the same server");
+    addresses.push_back(sa);
+  }
+  for (size_t i = 0; i < n_rpc; ++i) {
+    const std::string &ep = options.rpc[i];
+    OFFGRAPH_TRY(probe(addresses[i].sin_addr, ntohs(addresses[i].sin_port), ep));
     std::string error;
-    auto relay = RpcRelay::start(ep, &error);
+    auto relay = RpcRelay::start(addresses[i], &error);
     if (!relay) return Status::error("RPC endpoint '" + ep + "': " + error);
     ggml_backend_reg_t reg = ggml_backend_rpc_add_server(relay->endpoint().c_str());
+    if (relay->failed()) return Status::error("RPC endpoint '" + ep + "': " + relay->failure());
     if (!reg || ggml_backend_reg_dev_count(reg) == 0)
-      return Status::error("RPC endpoint '" + ep + "' offers no device" +
-                           (relay->failed() ? " (" + relay->failure() + ")" : ""));
+      return Status::error("RPC endpoint '" + ep + "' offers no device");
     // A server exposes the devices it was started with; offgraph places layers on its first.
     d->devices_.push_back(ggml_backend_reg_dev_get(reg, 0));
     d->endpoints_.push_back(ep);
@@ -130,10 +149,9 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
   if (w.empty()) w.assign(n_rpc, 1.0f);
   w.resize(n_rpc + 1, 0.0f); // the CPU's, unless given
   if (n_rpc == 0) w = {1.0f};
-  float sum = 0;
-  for (float &x : w) x = (sum += x);
-  if (sum <= 0) return Status::error("tensor split: the proportions add up to 0");
-  for (float &x : w) x /= sum;
+  float total = 0;
+  for (float &x : w) x = (total += x);
+  for (float &x : w) x /= total;
   d->shares_ = std::move(w);
   return std::shared_ptr<const Devices>(std::move(d));
 }
@@ -154,10 +172,11 @@ std::string Devices::name(int32_t d) const {
 
 std::string Devices::failure() const {
   for (int32_t i = 0; i < size(); ++i)
-    if (relays_[size_t(i)] && relays_[size_t(i)]->failed())
-      return name(i) + ": " + relays_[size_t(i)]->failure();
+    if (failed(i)) return name(i) + ": " + relays_[size_t(i)]->failure();
   return "";
 }
+
+bool Devices::failed(int32_t d) const { return relays_[size_t(d)] && relays_[size_t(d)]->failed(); }
 
 std::vector<int32_t> Devices::assign(int32_t n_layer) const {
   std::vector<int32_t> out(size_t(n_layer) + 1);

@@ -22,8 +22,8 @@ struct DeviceOptions {
   // Proportions of the layers per device: one per RPC endpoint, or one more for the local CPU
   // (last). Empty: equal parts over the endpoints, none on the CPU.
   std::vector<float> split;
-  // The RPC protocol has no authentication or encryption: endpoints outside 127.0.0.0/8 (and
-  // ::1) are refused unless this is set.
+  // The RPC protocol has no authentication or encryption: endpoints outside 127.0.0.0/8 are
+  // refused unless this is set (IPv6 addresses are refused: ggml-rpc cannot parse them).
   bool allow_remote = false;
 };
 
@@ -43,9 +43,10 @@ public:
   // "CPU", or "RPC0 (127.0.0.1:50052)".
   std::string name(int32_t d) const;
   const std::string &endpoint(int32_t d) const { return endpoints_[size_t(d)]; }
-  // Empty while every server answers; else which one stopped and during what. A step computed
-  // after that is not a result (RpcRelay answers for the server): Forward fails it.
+  // Empty while every server answers; else the first that stopped, and during what. A step
+  // computed after that is not a result (RpcRelay answers for the server): Forward fails it.
   std::string failure() const;
+  bool failed(int32_t d) const;
   // Bytes sent to and received from device d's server (0 for the CPU).
   int64_t bytes_to(int32_t d) const {
     return relays_[size_t(d)] ? relays_[size_t(d)]->bytes_to_server() : 0;

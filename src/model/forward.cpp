@@ -9,7 +9,8 @@ namespace offgraph::model {
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     : model_(model), store_(store), backend_(ggml_backend_cpu_init()) {
   ggml_backend_cpu_set_n_threads(backend_.get(), n_threads);
-  const Devices &d = model.devices();
+  devices_ = model.shared_devices();
+  const Devices &d = *devices_;
   if (d.size() == 1) {
     alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
     return;
@@ -24,8 +25,11 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes) {
     std::vector<ggml_backend_t> backends;
     for (const auto &b : device_backends_) backends.push_back(b.get());
     backends.push_back(backend_.get()); // the scheduler wants the CPU last
-    sched_.reset(ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()), n_nodes,
-                                        false, false));
+    // Its hash set holds leafs too (every weight and cache tensor the graph reads), not only
+    // nodes: room for both.
+    const size_t size = 2 * n_nodes + size_t(model_.file().n_tensors());
+    sched_.reset(
+        ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()), size, false, false));
     sched_nodes_ = n_nodes;
   }
   ggml_backend_sched_reset(sched_.get());
@@ -66,6 +70,8 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
         (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
       return Status::error("forward: logit rows must be ascending indices into the batch");
   if (batch.logit_rows.empty()) return Status::error("forward: no logits requested");
+  if (observer_ && !alloc_)
+    return Status::error("forward: node profiling computes on the CPU alone, not with devices");
   if (std::string gone = model_.devices().failure(); !gone.empty())
     return Status::error("forward: a device of this model is gone: " + gone,
                          StatusCode::kUnavailable);

@@ -44,6 +44,8 @@ private:
   ggml_backend_ptr backend_; // the CPU's
   ggml_gallocr_ptr alloc_;   // the CPU alone
   // Other devices: their backends (split order), then the CPU's, and the scheduler over them.
+  // The devices (their relays) outlive the backends and buffers that talk through them.
+  std::shared_ptr<const Devices> devices_;
   std::vector<ggml_backend_ptr> device_backends_;
   ggml_backend_sched_ptr sched_;
   size_t sched_nodes_ = 0; // the graph size the scheduler was made for

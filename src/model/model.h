@@ -48,6 +48,7 @@ public:
   // Where the layers run: the devices, and per layer (then the output head, entry n_layer) the
   // index of its device. The CPU alone unless loaded with devices.
   const Devices &devices() const { return *devices_; }
+  std::shared_ptr<const Devices> shared_devices() const { return devices_; }
   int32_t layer_device(int32_t layer) const { return layer_device_.at(size_t(layer)); }
   int32_t output_device() const { return layer_device_.back(); }
   // Per cache id: the buffer type of its owning layer's device (kv::KvStore::create).

@@ -130,31 +130,42 @@ void no_delay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-int connect_to(const std::string &hostport) {
-  const size_t colon = hostport.rfind(':');
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo *found = nullptr;
-  if (getaddrinfo(hostport.substr(0, colon).c_str(), hostport.substr(colon + 1).c_str(), &hints,
-                  &found) != 0 ||
-      !found)
-    return -1;
+// A connection to the server that breaks, rather than hangs, when the server's machine vanishes
+// without closing it: keepalive probes after 10 s of silence (a server computing a long step
+// still answers them: its kernel does), and unacknowledged data given up on after 30 s.
+int connect_to(const sockaddr_in &address) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<const sockaddr *>(&address), sizeof(address)) != 0) {
     close(fd);
-    fd = -1;
+    return -1;
   }
-  freeaddrinfo(found);
-  if (fd >= 0) no_delay(fd);
+  no_delay(fd);
+  int on = 1, idle = 10, interval = 5, count = 3;
+  unsigned timeout_ms = 30000;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof(timeout_ms));
   return fd;
 }
 
+// A receive timeout on `fd` (0: none).
+void receive_timeout(int fd, int seconds) {
+  timeval tv{seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+// ggml-rpc-server answers one client at a time: a handshake unanswered after this long means it
+// is serving another (ggml-rpc's client would wait for ever).
+constexpr int kHelloSeconds = 10;
+
 } // namespace
 
-std::unique_ptr<RpcRelay> RpcRelay::start(const std::string &server, std::string *error) {
+std::unique_ptr<RpcRelay> RpcRelay::start(const sockaddr_in &address, std::string *error) {
   std::unique_ptr<RpcRelay> r(new RpcRelay());
-  r->server_ = server;
+  r->server_ = address;
   r->listener_ = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -205,8 +216,8 @@ void RpcRelay::run() {
 void RpcRelay::serve(int client) {
   int server = failed_ ? -1 : connect_to(server_);
   if (server < 0 && !failed_) fail("cannot connect to the server");
-  auto lost = [&](uint8_t cmd, const char *how) {
-    fail(std::string("the server ") + how + " during " + cmd_name(cmd));
+  auto lost = [&](uint8_t cmd, const std::string &how) {
+    fail("the server " + how + " during " + cmd_name(cmd));
     if (server >= 0) close(server);
     server = -1;
   };
@@ -233,6 +244,7 @@ void RpcRelay::serve(int client) {
     if (!read_full(client, &cmd, 1) || !read_full(client, &size, 8)) break;
     if (server >= 0 && (!write_full(server, &cmd, 1) || !write_full(server, &size, 8)))
       lost(cmd, "closed the connection");
+    if (server >= 0) to_server_ += 9;
     std::array<uint8_t, kGetTensorSizeAt + 8> head{}; // the request's first bytes
     uint64_t left = size, at = 0;
     bool client_ok = true;
@@ -245,11 +257,10 @@ void RpcRelay::serve(int client) {
       if (at < head.size())
         std::memcpy(head.data() + at, chunk.data(), std::min<uint64_t>(n, head.size() - at));
       if (server >= 0 && !write_full(server, chunk.data(), n)) lost(cmd, "closed the connection");
-      to_server_ += int64_t(n);
+      if (server >= 0) to_server_ += int64_t(n);
       left -= n, at += n;
     }
     if (!client_ok) break;
-    to_server_ += 9;
     int64_t expected = cmd < kCmdCount ? kResponseBytes[cmd] : -1;
     if (cmd == kGetTensor) {
       uint64_t asked = 0;
@@ -258,12 +269,20 @@ void RpcRelay::serve(int client) {
     }
     if (expected < 0) continue;
     // Its response: the server's, or ours once it is gone (zeros of the size the client expects,
-    // after whatever part of the server's already went out).
+    // after whatever part of the server's already went out). A size the client does not expect
+    // would make it abort: that server is treated as gone too.
     uint64_t rsize = uint64_t(expected);
+    if (server >= 0 && cmd == kHello) receive_timeout(server, kHelloSeconds);
     if (server >= 0 && !read_full(server, &rsize, 8)) {
-      lost(cmd, "closed the connection before answering");
+      lost(cmd, cmd == kHello ? "did not answer the handshake (is it serving another client?)"
+                              : "closed the connection before answering");
+      rsize = uint64_t(expected);
+    } else if (server >= 0 && rsize != uint64_t(expected)) {
+      lost(cmd, "answered " + std::to_string(rsize) + " bytes where ggml-rpc 7.0 answers " +
+                    std::to_string(expected) + " (is it a ggml-rpc-server of the pinned tree?)");
       rsize = uint64_t(expected);
     }
+    if (server >= 0) from_server_ += 8;
     if (!write_full(client, &rsize, 8)) break;
     left = rsize;
     bool own = server < 0;
@@ -274,19 +293,26 @@ void RpcRelay::serve(int client) {
         lost(cmd, "closed the connection while answering");
         own = true;
       }
+      // A server of another protocol version: the client would abort on the handshake.
+      if (!own && first && cmd == kHello && (chunk[0] != kProtocol[0] || chunk[1] > kProtocol[1])) {
+        lost(cmd, "speaks ggml-rpc " + std::to_string(chunk[0]) + "." + std::to_string(chunk[1]) +
+                      ", offgraph's client 7.0 (a ggml-rpc-server of the pinned tree is needed)");
+        own = true;
+      }
       if (own) {
         if (first)
           own_answer(cmd, head.data(), chunk.data(), n);
         else
           std::fill(chunk.begin(), chunk.begin() + long(n), 0);
+      } else {
+        from_server_ += int64_t(n);
       }
       first = false;
       if (!write_full(client, chunk.data(), n)) break;
-      if (!own) from_server_ += int64_t(n);
       left -= n;
     }
     if (left > 0) break; // the client went away
-    from_server_ += 8;
+    if (server >= 0 && cmd == kHello) receive_timeout(server, 0);
   }
   if (server >= 0) close(server);
 }

@@ -13,6 +13,8 @@
 // at a time and waits for its response before the next.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -24,9 +26,11 @@ namespace offgraph::model {
 
 class RpcRelay {
 public:
-  // Listens on 127.0.0.1 (an ephemeral port) for ggml-rpc's connection to `server` (HOST:PORT,
-  // already checked).
-  static std::unique_ptr<RpcRelay> start(const std::string &server, std::string *error);
+  // Listens on 127.0.0.1 (an ephemeral port) for ggml-rpc's connections to the server at
+  // `address` (resolved and checked once, by Devices::open: never resolved again, so a name
+  // cannot point elsewhere later). Every process of this machine can connect to that port, as to
+  // a loopback ggml-rpc-server (docs/backends.md).
+  static std::unique_ptr<RpcRelay> start(const sockaddr_in &address, std::string *error);
   ~RpcRelay();
   RpcRelay(const RpcRelay &) = delete;
   RpcRelay &operator=(const RpcRelay &) = delete;
@@ -36,6 +40,7 @@ public:
   // Empty while the server answers; else what went wrong (stays set).
   std::string failure() const;
   bool failed() const { return failed_.load(); }
+  // Bytes that went over the server's connection (not those answered for it once gone).
   int64_t bytes_to_server() const { return to_server_.load(); }
   int64_t bytes_from_server() const { return from_server_.load(); }
 
@@ -46,7 +51,8 @@ private:
   void serve(int client);
   void fail(const std::string &why);
 
-  std::string server_, endpoint_;
+  sockaddr_in server_{};
+  std::string endpoint_;
   int listener_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false}, failed_{false};

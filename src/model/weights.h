@@ -65,8 +65,8 @@ template <class F> void for_each_slot(LayerWeights &l, F &&f) {
        {&l.wq, &l.wk, &l.wv, &l.wqkv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.attn_gate})
     for (ggml_tensor **t : {&p->w, &p->b, &p->s}) f(*t);
 }
-// The output head's slots: its norm and projection (the rope frequencies go with it: every
-// layer reads them, and they are 64 floats).
+// The output head's slots: its norm and projection. (The rope frequencies stay on the CPU: every
+// layer reads them, and they are 64 floats.)
 template <class F> void for_each_output_slot(Weights &w, F &&f) {
   for (ggml_tensor **t : {&w.output_norm, &w.output.w, &w.output.b, &w.output.s}) f(*t);
 }

@@ -599,8 +599,7 @@ std::string Server::metrics_text() {
     const model::Devices &d = model_->devices();
     for (int32_t i = 0; i < d.size(); ++i)
       if (!d.is_cpu(i))
-        in.devices.push_back(
-            {d.name(i), d.bytes_to(i), d.bytes_from(i), d.failure().find(d.name(i) + ":") != 0});
+        in.devices.push_back({d.name(i), d.bytes_to(i), d.bytes_from(i), !d.failed(i)});
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;
   }

@@ -88,10 +88,11 @@ def main():
         print(line.strip(), flush=True)
         replicas = {f"127.0.0.1:{port + 1}": port + 1, f"127.0.0.1:{port + 2}": port + 2}
 
-        def turn(convo, text, headers=None):
+        def turn(convo, text, headers=None, max_tokens=12):
             convo["messages"].append({"role": "user", "content": text})
             status, replica, body = post(port, "/v1/chat/completions",
-                                         {"messages": convo["messages"], "max_tokens": 12, "temperature": 0}, headers)
+                                         {"messages": convo["messages"], "max_tokens": max_tokens, "temperature": 0},
+                                         headers)
             check(status == 200, f"{convo['name']}: status {status}: {body}")
             if status != 200:
                 return None, 0
@@ -130,18 +131,19 @@ def main():
             check(metric(p, "offgraph_requests_total") >= 3 * n,
                   f"{addr}: {metric(p, 'offgraph_requests_total')} requests for {n} conversations")
 
-        # Kill the replica holding c0 while every conversation has a turn in flight.
+        # Kill the replica holding c0 while every conversation has a long turn in flight (400 tokens:
+        # about a second here, and the kill comes after 0.2 s).
         victim = home["c0"]
         pid = int(open(os.path.join(run_dir, f"replica-{replicas[victim] - port}.pid")).read())
         results = {}
 
         def run(c):
-            results[c["name"]] = turn(c, "Turn 3: and after the flood?")
+            results[c["name"]] = turn(c, "Turn 3: and after the flood?", max_tokens=400)
 
         threads = [threading.Thread(target=run, args=(c,)) for c in convos]
         for th in threads:
             th.start()
-        time.sleep(0.05)
+        time.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
         for th in threads:
             th.join()
@@ -149,6 +151,9 @@ def main():
         for c in convos:
             replica, _ = results[c["name"]]
             check(replica is not None, f"{c['name']}: turn 3 was lost")
+            # Cut off mid-answer on the dead replica, computed again on the survivor.
+            if home[c["name"]] == victim:
+                check(replica == survivor, f"{c['name']}: turn 3 answered by {replica}, not the survivor")
         # Then the dead replica's conversations continue on the survivor.
         for c in convos:
             replica, cached = turn(c, "Turn 4: and then?")

@@ -10,6 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -159,7 +162,6 @@ TEST(Rpc, SplitLayersGiveTheCpuLogits) {
   ASSERT_TRUE(servers().ok()) << "could not start " << OFFGRAPH_RPC_SERVER;
   for (const std::string arch : {"muse-glimmer", "llama"}) {
     const std::string path = make_model(arch, 7);
-    Session cpu(path, nullptr);
     // 1:1, uneven, and with the CPU holding the last layers and the head.
     for (std::vector<float> split : {std::vector<float>{1, 1}, {1, 3}, {1, 2, 1}}) {
       SCOPED_TRACE(arch + " split " + std::to_string(split.size()) + " " +
@@ -274,7 +276,48 @@ TEST(Rpc, AServerKilledMidStepFailsThatStep) {
   killer.join();
   ASSERT_FALSE(last.ok());
   EXPECT_NE(last.message().find(own.endpoint(0)), std::string::npos) << last.message();
+  // Inside a step (a command named), not between two (the idle check's "an idle moment").
+  EXPECT_EQ(last.message().find("idle moment"), std::string::npos) << last.message();
   std::printf("[ rpc      ] killed after %d whole steps: %s\n", steps, last.message().c_str());
+}
+
+// Something that is not a ggml-rpc-server of the pinned protocol on the port (here: a server that
+// greets like SSH, and one that accepts and never answers): an error naming the endpoint, where
+// ggml-rpc alone would abort on the handshake or wait for ever.
+TEST(Rpc, APortThatIsNotAnRpcServerIsAnError) {
+  for (const bool speaks : {true, false}) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)), 0);
+    ASSERT_EQ(listen(fd, 8), 0);
+    ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len), 0);
+    std::atomic<bool> done{false};
+    std::thread impostor([&] {
+      std::vector<int> held;
+      while (!done) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        const int c = accept(fd, nullptr, nullptr);
+        if (c < 0) continue;
+        const char banner[] = "SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n";
+        if (speaks) (void)!write(c, banner, sizeof banner - 1);
+        held.push_back(c);
+      }
+      for (int c : held) close(c);
+    });
+    DeviceOptions o;
+    o.rpc = {"127.0.0.1:" + std::to_string(ntohs(sa.sin_port))};
+    auto d = Devices::open(o);
+    done = true;
+    impostor.join();
+    close(fd);
+    ASSERT_FALSE(d.ok()) << (speaks ? "banner" : "silent");
+    EXPECT_NE(d.message().find(o.rpc[0]), std::string::npos) << d.message();
+    std::printf("[ rpc      ] %s: %s\n", speaks ? "a banner" : "silence", d.message().c_str());
+  }
 }
 
 TEST(Rpc, EndpointsAreCheckedBeforeAnyConnection) {
@@ -293,6 +336,12 @@ TEST(Rpc, EndpointsAreCheckedBeforeAnyConnection) {
   auto d = Devices::open(o);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.message().find("127.0.0.1:1"), std::string::npos) << d.message();
+  // One server under two names: it serves one client at a time, so it would wait for itself.
+  const std::string port = servers().endpoint(0).substr(servers().endpoint(0).rfind(':') + 1);
+  o.rpc = {"localhost:" + port, "127.0.0.1:" + port};
+  auto twice = Devices::open(o);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.message().find("same server"), std::string::npos) << twice.message();
   o.rpc = servers().endpoints();
   o.split = {1, 1, 1, 1};
   EXPECT_FALSE(Devices::open(o).ok()); // 4 proportions for 2 endpoints (+ the CPU)
