@@ -2,6 +2,7 @@
 // varied size gives, at every position, the logits of recomputing the whole prefix from an empty
 // cache (where the sliding layers are not even rings). And malformed files get clear errors.
 #include "model/forward.h"
+#include "model_test_util.h"
 #include "synth/synth.h"
 
 #include "ggml-cpu.h"
@@ -20,20 +21,8 @@ namespace offgraph::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Generated files live in a per-process folder, removed when the process ends.
-fs::path temp_dir() {
-  static struct Dir {
-    fs::path path =
-        fs::temp_directory_path() / ("offgraph-model-test-" + std::to_string(::getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } dir;
-  return dir.path;
-}
+using testing::rel_error;
+using testing::temp_dir;
 
 std::string make_model(const synth::SynthSpec &spec, const std::string &name) {
   const std::string path = (temp_dir() / name).string();
@@ -50,16 +39,6 @@ synth::SynthSpec small_spec(const std::string &arch, bool array_pattern, uint64_
   s.n_vocab = 300;
   s.seed = seed;
   return s;
-}
-
-double rel_error(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
 }
 
 struct Session {

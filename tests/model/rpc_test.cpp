@@ -5,6 +5,7 @@
 // across forks, rewinds and snapshots. A server still running at the end is the proof that no
 // custom op (a function pointer of this process) was sent to it.
 #include "model/forward.h"
+#include "model_test_util.h"
 #include "rpc_servers.h"
 #include "synth/synth.h"
 
@@ -22,20 +23,9 @@
 namespace offgraph::model {
 namespace {
 
-namespace fs = std::filesystem;
 using offgraph::testing::RpcServers;
-
-fs::path temp_dir() {
-  static struct Dir {
-    fs::path path = fs::temp_directory_path() / ("offgraph-rpc-test-" + std::to_string(::getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  } dir;
-  return dir.path;
-}
+using testing::rel_error;
+using testing::temp_dir;
 
 RpcServers &servers() {
   static RpcServers s(2);
@@ -50,16 +40,6 @@ std::string make_model(const std::string &arch, uint64_t seed) {
   auto r = synth::write_model(s, path);
   EXPECT_TRUE(r.ok()) << r.message();
   return path;
-}
-
-double rel_error(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
 }
 
 struct Session {
@@ -91,13 +71,19 @@ struct Session {
   }
 };
 
-std::shared_ptr<const Devices> open_devices(std::vector<float> split) {
+// The devices of `endpoints` (all layers on them, split evenly unless `split`).
+std::shared_ptr<const Devices> open_on(std::vector<std::string> endpoints,
+                                       std::vector<float> split = {}) {
   DeviceOptions o;
-  o.rpc = servers().endpoints();
+  o.rpc = std::move(endpoints);
   o.split = std::move(split);
   auto d = Devices::open(o);
   EXPECT_TRUE(d.ok()) << d.message();
   return d.ok() ? *d : nullptr;
+}
+
+std::shared_ptr<const Devices> open_devices(std::vector<float> split) {
+  return open_on(servers().endpoints(), std::move(split));
 }
 
 int32_t argmax(const float *row, int32_t n) {
@@ -209,17 +195,15 @@ TEST(Rpc, TheSplitPlacesLayersAndKvOnTheirDevices) {
 TEST(Rpc, AServerThatDiesFailsTheStepNotTheProcess) {
   RpcServers own(2);
   ASSERT_TRUE(own.ok());
-  DeviceOptions o;
-  o.rpc = own.endpoints();
-  auto d = Devices::open(o);
-  ASSERT_TRUE(d.ok()) << d.message();
-  Session s(make_model("muse-glimmer", 9), *d);
+  auto d = open_on(own.endpoints());
+  ASSERT_TRUE(d);
+  Session s(make_model("muse-glimmer", 9), d);
   ASSERT_TRUE(s.model);
   const kv::SeqId seq = *s.store->create_sequence();
   ASSERT_FALSE(s.step(seq, {1, 2, 3, 4}).empty());
-  EXPECT_GT((*d)->bytes_to(1), 0);
-  EXPECT_GT((*d)->bytes_from(1), 0);
-  EXPECT_EQ((*d)->failure(), "");
+  EXPECT_GT(d->bytes_to(1), 0);
+  EXPECT_GT(d->bytes_from(1), 0);
+  EXPECT_EQ(d->failure(), "");
   own.kill_server(1);
   Batch b;
   b.tokens = {5};
@@ -240,15 +224,13 @@ TEST(Rpc, AServerThatDiesFailsTheStepNotTheProcess) {
 TEST(Rpc, AServerKilledMidStepFailsThatStep) {
   RpcServers own(1);
   ASSERT_TRUE(own.ok());
-  DeviceOptions o;
-  o.rpc = own.endpoints();
-  auto d = Devices::open(o);
-  ASSERT_TRUE(d.ok()) << d.message();
+  auto d = open_on(own.endpoints());
+  ASSERT_TRUE(d);
   synth::SynthSpec spec = synth::preset("small", "llama").value();
   spec.n_layer = 8, spec.n_vocab = 1000, spec.seed = 3;
   const std::string path = (temp_dir() / "mid-step.gguf").string();
   ASSERT_TRUE(synth::write_model(spec, path).ok());
-  auto m = Model::load(path, nullptr, *d);
+  auto m = Model::load(path, nullptr, d);
   ASSERT_TRUE(m.ok()) << m.message();
   auto layout = make_layout(**m, {4096, 256, 64});
   ASSERT_TRUE(layout.ok());
