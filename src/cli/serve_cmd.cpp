@@ -131,15 +131,15 @@ std::function<int()> add_serve(CLI::App &app) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });
     if (!m.ok()) return (*s)->stop(), fail(m.message());
-    // The server (its engine's buffers, on the model's devices) goes before the model: a device's
-    // relay must still carry the buffers' frees (model/rpc_relay.h).
+    report_placement(**m);
+    auto draft = load_draft_model(o->spec, o->model);
+    if (!draft.ok()) return (*s)->stop(), fail(draft.message());
+    // The server (its engine's buffers, on the models' devices) goes before the models: a
+    // device's relay must still carry the buffers' frees (model/rpc_relay.h).
     struct ServerFirst {
       std::unique_ptr<server::Server> &server;
       ~ServerFirst() { server.reset(); }
     } server_first{*s};
-    report_placement(**m);
-    auto draft = load_draft_model(o->spec, o->model);
-    if (!draft.ok()) return (*s)->stop(), fail(draft.message());
     engine::EngineOptions eo;
     eo.context = o->ctx;
     eo.max_write = o->batch;

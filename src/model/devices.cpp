@@ -72,22 +72,33 @@ Status probe(const in_addr &addr, int port, const std::string &endpoint) {
   return ok_status();
 }
 
-} // namespace
-
-Status check_endpoint(const std::string &endpoint, bool allow_remote) {
+// The address offgraph will connect to for `endpoint` (the first it resolves to), after checking
+// every address it resolves to against the loopback rule: resolved once, so that the address
+// checked is the address used.
+Result<sockaddr_in> checked_address(const std::string &endpoint, bool allow_remote) {
   auto hp = split_endpoint(endpoint);
   if (!hp.ok()) return hp.status();
   auto addrs = resolve(*hp, endpoint);
   if (!addrs.ok()) return addrs.status();
-  if (allow_remote) return ok_status();
-  for (const in_addr &a : *addrs)
-    if ((ntohl(a.s_addr) >> 24) != 127)
-      return Status::error("RPC endpoint '" + endpoint + "' is not on this machine (" +
-                           inet_ntoa(a) +
-                           "): ggml-rpc has no authentication or encryption, so anyone who "
-                           "reaches the port can read and write its memory; pass "
-                           "--rpc-allow-remote on a network you trust (docs/backends.md)");
-  return ok_status();
+  if (!allow_remote)
+    for (const in_addr &a : *addrs)
+      if ((ntohl(a.s_addr) >> 24) != 127)
+        return Status::error("RPC endpoint '" + endpoint + "' is not on this machine (" +
+                             inet_ntoa(a) +
+                             "): ggml-rpc has no authentication or encryption, so anyone who "
+                             "reaches the port can read and write its memory; pass "
+                             "--rpc-allow-remote on a network you trust (docs/backends.md)");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(uint16_t(hp->port));
+  sa.sin_addr = (*addrs)[0];
+  return sa;
+}
+
+} // namespace
+
+Status check_endpoint(const std::string &endpoint, bool allow_remote) {
+  return checked_address(endpoint, allow_remote).status();
 }
 
 Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &options) {
@@ -111,15 +122,12 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
   // Each endpoint resolved once, here: the relay connects to this address and no other.
   std::vector<sockaddr_in> addresses;
   for (const std::string &ep : options.rpc) {
-    OFFGRAPH_TRY(check_endpoint(ep, options.allow_remote));
-    auto hp = split_endpoint(ep);
-    auto addrs = resolve(*hp, ep);
-    if (!addrs.ok()) return addrs.status();
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(uint16_t(hp->port));
-    sa.sin_addr = (*addrs)[0];
-    // A server serves one client at a time: the same one twice would wait for itself.
+    auto checked = checked_address(ep, options.allow_remote);
+    if (!checked.ok()) return checked.status();
+    const sockaddr_in sa = *checked;
+    // A server serves one client at a time: the same one twice would wait for itself (caught
+    // here when both names resolve to one address; two addresses of one machine are caught by
+    // the relay's handshake timeout).
     for (size_t j = 0; j < addresses.size(); ++j)
       if (addresses[j].sin_addr.s_addr == sa.sin_addr.s_addr &&
           addresses[j].sin_port == sa.sin_port)
@@ -174,6 +182,11 @@ std::string Devices::failure() const {
   for (int32_t i = 0; i < size(); ++i)
     if (failed(i)) return name(i) + ": " + relays_[size_t(i)]->failure();
   return "";
+}
+
+void Devices::interrupt(const std::string &why) const {
+  for (const auto &relay : relays_)
+    if (relay) relay->interrupt(why);
 }
 
 bool Devices::failed(int32_t d) const { return relays_[size_t(d)] && relays_[size_t(d)]->failed(); }

@@ -47,6 +47,9 @@ public:
   // computed after that is not a result (RpcRelay answers for the server): Forward fails it.
   std::string failure() const;
   bool failed(int32_t d) const;
+  // Gives up on every server still answering or waited on (RpcRelay::interrupt): for a shutdown
+  // that must not wait on a server that froze.
+  void interrupt(const std::string &why) const;
   // Bytes sent to and received from device d's server (0 for the CPU).
   int64_t bytes_to(int32_t d) const {
     return relays_[size_t(d)] ? relays_[size_t(d)]->bytes_to_server() : 0;

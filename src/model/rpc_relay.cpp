@@ -182,9 +182,15 @@ std::unique_ptr<RpcRelay> RpcRelay::start(const sockaddr_in &address, std::strin
   return r;
 }
 
+void RpcRelay::interrupt(const std::string &why) {
+  fail(why);
+  if (const int fd = server_fd_.load(); fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
 RpcRelay::~RpcRelay() {
   stopping_ = true;
   if (listener_ >= 0) shutdown(listener_, SHUT_RDWR);
+  if (const int fd = server_fd_.load(); fd >= 0) shutdown(fd, SHUT_RDWR); // one that froze
   if (thread_.joinable()) thread_.join();
   if (listener_ >= 0) close(listener_);
 }
@@ -216,8 +222,10 @@ void RpcRelay::run() {
 void RpcRelay::serve(int client) {
   int server = failed_ ? -1 : connect_to(server_);
   if (server < 0 && !failed_) fail("cannot connect to the server");
+  server_fd_ = server;
   auto lost = [&](uint8_t cmd, const std::string &how) {
     fail("the server " + how + " during " + cmd_name(cmd));
+    server_fd_ = -1;
     if (server >= 0) close(server);
     server = -1;
   };
@@ -232,11 +240,12 @@ void RpcRelay::serve(int client) {
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       if (poll(p, server >= 0 ? 2 : 1, 100) > 0) {
         if (p[0].revents) break;
-        uint8_t b;
-        if (server >= 0 && p[1].revents && recv(server, &b, 1, MSG_PEEK | MSG_DONTWAIT) <= 0)
-          lost(kCmdCount, "closed the connection");
+        // A server never speaks unasked: readable while idle is a close, or bytes it had no
+        // reason to send; both end it.
+        if (server >= 0 && p[1].revents) lost(kCmdCount, "closed the connection");
       }
       if (stopping_) {
+        server_fd_ = -1;
         if (server >= 0) close(server);
         return;
       }
@@ -314,6 +323,7 @@ void RpcRelay::serve(int client) {
     if (left > 0) break; // the client went away
     if (server >= 0 && cmd == kHello) receive_timeout(server, 0);
   }
+  server_fd_ = -1;
   if (server >= 0) close(server);
 }
 

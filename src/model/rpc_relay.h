@@ -37,6 +37,10 @@ public:
 
   // What ggml-rpc connects to: "127.0.0.1:PORT".
   const std::string &endpoint() const { return endpoint_; }
+  // Gives up on the server (shutting down while a request waits on one that froze: it still
+  // acknowledges at the TCP level, so the wait would never end); the request is answered as for
+  // a lost server.
+  void interrupt(const std::string &why);
   // Empty while the server answers; else what went wrong (stays set).
   std::string failure() const;
   bool failed() const { return failed_.load(); }
@@ -54,6 +58,7 @@ private:
   sockaddr_in server_{};
   std::string endpoint_;
   int listener_ = -1;
+  std::atomic<int> server_fd_{-1}; // the server connection in use, for the destructor to cut
   std::thread thread_;
   std::atomic<bool> stopping_{false}, failed_{false};
   std::atomic<int64_t> to_server_{0}, from_server_{0};

@@ -137,13 +137,17 @@ def main():
         pid = int(open(os.path.join(run_dir, f"replica-{replicas[victim] - port}.pid")).read())
         results = {}
 
+        finished = {}
+
         def run(c):
             results[c["name"]] = turn(c, "Turn 3: and after the flood?", max_tokens=400)
+            finished[c["name"]] = time.time()
 
         threads = [threading.Thread(target=run, args=(c,)) for c in convos]
         for th in threads:
             th.start()
         time.sleep(0.2)
+        killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
         for th in threads:
             th.join()
@@ -151,8 +155,9 @@ def main():
         for c in convos:
             replica, _ = results[c["name"]]
             check(replica is not None, f"{c['name']}: turn 3 was lost")
-            # Cut off mid-answer on the dead replica, computed again on the survivor.
-            if home[c["name"]] == victim:
+            # Cut off mid-answer on the dead replica, computed again on the survivor (unless the
+            # answer was whole before the kill: an early end of text).
+            if home[c["name"]] == victim and finished[c["name"]] > killed_at:
                 check(replica == survivor, f"{c['name']}: turn 3 answered by {replica}, not the survivor")
         # Then the dead replica's conversations continue on the survivor.
         for c in convos:
