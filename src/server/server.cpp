@@ -515,12 +515,6 @@ Server::~Server() {
   if (warm_thread_.joinable()) warm_thread_.join(); // also when stop() ran before attach()
 }
 
-int64_t Server::steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void Server::wake_stepped() {
   std::vector<std::shared_ptr<Channel>> stepped;
   {
@@ -539,10 +533,6 @@ void Server::wake_engine() {
 // inbox, and /metrics reads what the loop publishes after each step, so nothing waits for a
 // long prefill step but the requests in it.
 void Server::engine_loop() {
-  struct Exited {
-    std::atomic<bool> &flag;
-    ~Exited() { flag = true; }
-  } exited{engine_exited_};
   while (!engine_done_) {
     engine::Engine *e = nullptr;
     {
@@ -554,9 +544,7 @@ void Server::engine_loop() {
       }
     }
     if (stopping_) e->cancel_all(); // shutting down: accepted work ends as cancelled
-    step_started_ms_ = steady_ms();
     e->step();
-    step_started_ms_ = 0;
     wake_stepped();
     KvMetrics kv = kv_metrics(e->store());
     std::lock_guard lock(published_mutex_);
@@ -581,25 +569,10 @@ void Server::stop() {
   // finishes, so that the HTTP threads can end; then the loop ends.
   if (stopping_.exchange(true)) return;
   wake_engine();
-  // A step waiting on an RPC server that froze would never end (it still acknowledges at the TCP
-  // level), and handlers wait for their requests' last events: once one step has run 10 s into
-  // the shutdown, give up on the devices; the step then fails as on a lost device.
-  std::thread watchdog([this, stop_ms = steady_ms()] {
-    while (!engine_exited_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      const int64_t since = step_started_ms_.load();
-      if (since > 0 && steady_ms() - std::max(since, stop_ms) > 10000 && model_) {
-        model_->devices().interrupt("not answering when the server shut down");
-        return;
-      }
-    }
-  });
   if (http_thread_.joinable()) http_thread_.join();
   engine_done_ = true;
   wake_engine();
   if (engine_thread_.joinable()) engine_thread_.join();
-  engine_exited_ = true; // also when the loop never started
-  watchdog.join();
   if (warm_thread_.joinable()) warm_thread_.join();
 }
 

@@ -83,11 +83,7 @@ private:
   std::mutex mutex_;
   std::condition_variable wake_;
   void wake_engine();
-  std::atomic<bool> stopping_{false}, engine_done_{false}, engine_exited_{false};
-  // When the step now running started (steady clock, ms), 0 between steps: stop() gives up on
-  // a model's devices when one step outlasts the shutdown by 10 s.
-  std::atomic<int64_t> step_started_ms_{0};
-  static int64_t steady_ms();
+  std::atomic<bool> stopping_{false}, engine_done_{false};
   // Channels that received token events during the current step: the loop wakes their handlers
   // once the step is over, so that a verify span's tokens reach the client as one chunk.
   std::mutex stepped_mutex_;
