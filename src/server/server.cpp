@@ -569,6 +569,7 @@ void Server::stop() {
   // finishes, so that the HTTP threads can end; then the loop ends.
   if (stopping_.exchange(true)) return;
   wake_engine();
+  if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
   engine_done_ = true;
   wake_engine();
