@@ -1,12 +1,15 @@
 // update_and_attend against the float64 oracle: random geometries (GQA ratios 1..16, head dims
 // 32..256 with V != K, windows 1..64 so rings wrap many times, shared layers), random step mixes
 // (prefill chunks, decodes, two sequences per step, rewinds, clears, forks, snapshots and
-// restores), for every pair of K and V storage types.
+// restores), for every pair of K and V storage types; and the same trials with the storage in a
+// ggml-rpc server's memory, where update_and_attend takes ggml's stock ops.
 #include "cache/geometry.h"
 #include "oracle.h"
+#include "rpc_servers.h"
 #include "runner.h"
 
 #include "ggml-cpu.h"
+#include "ggml-rpc.h"
 
 #include <gtest/gtest.h>
 
@@ -41,14 +44,23 @@ double tolerance(ggml_type t) {
 struct Stats {
   int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
           restores_inside_reach = 0, clears = 0, ring_calls = 0, shared_calls = 0,
-          logical_trials = 0, refusals = 0, grouped_calls = 0, tiled_calls = 0, ggml_trials = 0;
+          logical_trials = 0, refusals = 0, grouped_calls = 0, tiled_calls = 0, ggml_trials = 0,
+          stock_calls = 0;
   double worst = 0, worst_tiled = 0;
 };
 
+// The graphs of a trial compute on the CPU, or, given a ggml-rpc endpoint, on that server's
+// device, with the store's storage in its memory.
+testing::Runner make_runner(const std::string &rpc_endpoint) {
+  if (rpc_endpoint.empty()) return testing::Runner();
+  return testing::Runner(ggml_backend_ptr(ggml_backend_rpc_init(rpc_endpoint.c_str(), 0)));
+}
+
 class Trial {
 public:
-  Trial(uint64_t seed, StorageTypes types, Stats &stats)
-      : rng_(seed), reach_rng_(seed + 1000), types_(types), stats_(stats) {}
+  Trial(uint64_t seed, StorageTypes types, Stats &stats, std::string rpc_endpoint = {})
+      : rng_(seed), reach_rng_(seed + 1000), types_(types), stats_(stats),
+        rpc_endpoint_(std::move(rpc_endpoint)), runner_(make_runner(rpc_endpoint_)) {}
 
   void run(int n_ops);
 
@@ -86,6 +98,7 @@ private:
   }
   StorageTypes types_;
   Stats &stats_;
+  std::string rpc_endpoint_;     // empty: storage in host memory
   std::vector<int32_t> q_heads_; // per layer
   std::shared_ptr<const cache::Layout> layout_;
   std::unique_ptr<KvStore> store_;
@@ -122,7 +135,11 @@ void Trial::build_geometry() {
   auto layout = cache::Layout::make(std::move(geo).value(), {capacity, max_write, uniform(1, 16)});
   ASSERT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
-  auto store = KvStore::create(layout_, types_, ggml_backend_cpu_buffer_type());
+  ggml_backend_buffer_type_t buft = rpc_endpoint_.empty()
+                                        ? ggml_backend_cpu_buffer_type()
+                                        : ggml_backend_rpc_buffer_type(rpc_endpoint_.c_str(), 0);
+  ASSERT_EQ(ggml_backend_buft_is_host(buft), rpc_endpoint_.empty());
+  auto store = KvStore::create(layout_, types_, buft);
   ASSERT_TRUE(store.ok()) << store.message();
   store_ = std::move(store).value();
   // Half the trials whose types allow it read rings in logical order.
@@ -198,6 +215,11 @@ void Trial::step() {
   for (const Call &call : calls) {
     stats_.grouped_calls += call.kernel == "grouped_attention";
     stats_.tiled_calls += call.kernel == "tiled_attention";
+    // Storage outside host memory must never reach offgraph's kernels (custom ops: CPU only).
+    if (!rpc_endpoint_.empty()) {
+      ASSERT_EQ(call.kernel, "flash_attn_ext");
+    }
+    stats_.stock_calls += call.kernel == "flash_attn_ext";
   }
   // The oracle appends each cache's rows once (a shared layer adds none), then attends.
   for (int32_t s = 0; s < int32_t(step.spans().size()); ++s) {
@@ -529,11 +551,54 @@ std::vector<std::pair<ggml_type, ggml_type>> type_pairs() {
   return pairs;
 }
 
+std::string type_pair_name(const ::testing::TestParamInfo<std::pair<ggml_type, ggml_type>> &info) {
+  return std::string("K_") + ggml_type_name(info.param.first) + "_V_" +
+         ggml_type_name(info.param.second);
+}
+
 INSTANTIATE_TEST_SUITE_P(StorageTypes, OracleTest, ::testing::ValuesIn(type_pairs()),
-                         [](const auto &param_info) {
-                           return std::string("K_") + ggml_type_name(param_info.param.first) +
-                                  "_V_" + ggml_type_name(param_info.param.second);
-                         });
+                         type_pair_name);
+
+// The stock-op path: the same random trials with the storage in a ggml-rpc server's memory (not
+// the host's), so that update_and_attend writes with set_rows, reads pages as masked pool ranges,
+// stages its masks and attends with flash_attn_ext, all on that device; forks, snapshots and
+// restores copy device memory. Same oracle, same bounds.
+class OracleStockOpsTest : public ::testing::TestWithParam<std::pair<ggml_type, ggml_type>> {};
+
+TEST_P(OracleStockOpsTest, OnAnRpcDeviceMatchesFloat64Reference) {
+  static offgraph::testing::RpcServers servers(1);
+  ASSERT_TRUE(servers.ok()) << "ggml-rpc-server did not start: " << OFFGRAPH_RPC_SERVER;
+  const StorageTypes types{GetParam().first, GetParam().second};
+  Stats stats;
+  for (uint64_t seed = 1; stats.steps < 1000 && !HasFailure(); ++seed) {
+    Trial trial(seed * 6151 + uint64_t(types.k) * 131 + uint64_t(types.v), types, stats,
+                servers.endpoint(0));
+    trial.run(80);
+    if (HasFailure()) ADD_FAILURE() << "seed " << seed;
+  }
+  std::printf("[ oracle   ] stock ops on a ggml-rpc device, K %s V %s: %lld steps (%lld with two "
+              "sequences), %lld attention calls (%lld on rings, %lld shared), %lld rewinds, %lld "
+              "forks, %lld restores, %lld logical-order trials; worst relative error %.3g (bound "
+              "%.3g)\n",
+              ggml_type_name(types.k), ggml_type_name(types.v), (long long)stats.steps,
+              (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
+              (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.forks,
+              (long long)stats.restores, (long long)stats.logical_trials, stats.worst,
+              std::max(tolerance(types.k), tolerance(types.v)));
+  EXPECT_EQ(stats.stock_calls, stats.calls);
+  EXPECT_GT(stats.ring_calls, 50);
+  EXPECT_GT(stats.shared_calls, 10);
+  EXPECT_GT(stats.two_span_steps, 10);
+  EXPECT_GT(stats.forks, 3);
+  EXPECT_GT(stats.restores, 3);
+  EXPECT_GE(stats.logical_trials, types.k == GGML_TYPE_Q8_0 ? 0 : 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(StorageTypes, OracleStockOpsTest,
+                         ::testing::Values(std::pair{GGML_TYPE_F32, GGML_TYPE_F32},
+                                           std::pair{GGML_TYPE_F16, GGML_TYPE_F16},
+                                           std::pair{GGML_TYPE_Q8_0, GGML_TYPE_F16}),
+                         type_pair_name);
 
 } // namespace
 } // namespace offgraph::kv

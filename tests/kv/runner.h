@@ -1,6 +1,7 @@
-// Runs one Step's attention calls through a real ggml graph on the CPU backend, the way a model
-// would: inputs as graph tensors, gallocr allocation, set_inputs, compute. Outputs are poisoned
-// with NaN before compute so that rows attention failed to write are caught.
+// Runs one Step's attention calls through a real ggml graph, the way a model would: inputs as
+// graph tensors, gallocr allocation, set_inputs, compute. Outputs are poisoned with NaN before
+// compute so that rows attention failed to write are caught. The backend is the CPU's unless one
+// is given (a device whose memory is not the host's, where the store's storage lives too).
 #pragma once
 
 #include "kv/step.h"
@@ -34,6 +35,7 @@ public:
   Runner() : backend_(ggml_backend_cpu_init()) {
     ggml_backend_cpu_set_n_threads(backend_.get(), 2);
   }
+  explicit Runner(ggml_backend_ptr backend) : backend_(std::move(backend)) {}
 
   // Returns false (with a test failure) if the step could not be built or computed.
   bool run(Step &step, const cache::Layout &layout, std::vector<Call> &calls) {

@@ -2,7 +2,7 @@
 // (docs/backends.md): the same answers as the CPU alone, prefix reuse across the split, traffic
 // in /metrics; and a server that dies mid-request ends that request with an error naming it,
 // then new work gets 503 and /health says why, while the process goes on.
-#include "../model/rpc_servers.h"
+#include "rpc_servers.h"
 #include "live_server.h"
 
 #include <thread>
