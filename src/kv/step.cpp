@@ -192,6 +192,10 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     // joined by a copy when the read wraps); a flat cache's read run through its page table
     // (offgraph's kernels), or, for ggml's kernel, the pool rows spanning the run's pages with
     // every row not in the run masked.
+    // Outside host memory the rows read are whole rings and whole pages, the mask hiding what is
+    // not the sequence's: the views' shapes then stay put from one decode step to the next (for
+    // a page's worth of tokens), so the step's graph is the last one again and a device may
+    // reuse it (ggml-rpc recomputes its stored copy instead of receiving the graph anew).
     const cache::CacheLayout &cl = layout.cache(id);
     auto rows_view = [&](ggml_tensor *written, ggml_tensor *store, int32_t dim, int32_t first,
                          int32_t n) {
@@ -216,7 +220,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       }
     } else if (cl.ring()) {
       rows.ring_rows = cl.max_rows;
-      rows.n_rows = std::min(cl.max_rows, plan->high_water_after);
+      rows.n_rows = host ? std::min(cl.max_rows, plan->high_water_after) : cl.max_rows;
       w.k = rows_view(k_written, k_store, spec.k_head_dim, 0, rows.n_rows);
       w.v = rows_view(v_written, v_store, spec.v_head_dim, 0, rows.n_rows);
     } else {
@@ -231,7 +235,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       w.kernel = choose_kernel(T, group, spec, host);
       rows.first_label = read.start;
       rows.n_rows = read.len;
-      if (consecutive) { // one run of pool rows: a plain view, as contiguous storage would be
+      if (consecutive && host) { // one run of pool rows: a plain view, as contiguous storage
         rows.first_row = pages[size_t(first_page)] * page_rows + read.start % page_rows;
       } else if (w.kernel != Kernel::Ggml) {
         w.rows = {pages.data(), page_rows, read.start};

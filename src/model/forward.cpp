@@ -3,8 +3,98 @@
 #include "ggml-cpu.h"
 
 #include <chrono>
+#include <cstring>
+#include <unordered_map>
 
 namespace offgraph::model {
+namespace {
+
+bool is_custom(const ggml_tensor *t) {
+  switch (t->op) {
+  case GGML_OP_CUSTOM:
+  case GGML_OP_MAP_CUSTOM1:
+  case GGML_OP_MAP_CUSTOM2:
+  case GGML_OP_MAP_CUSTOM3:
+    return true;
+  default:
+    return false;
+  }
+}
+
+// Every tensor of a graph: its nodes in order, then the tensors they read that are not nodes
+// (inputs, weights, storage), in the order the nodes first name them. (ggml keeps the leafs'
+// list private; this order is as deterministic.)
+std::vector<ggml_tensor *> graph_tensors(ggml_cgraph *gf) {
+  const int n_nodes = ggml_graph_n_nodes(gf);
+  std::vector<ggml_tensor *> all;
+  std::unordered_map<const ggml_tensor *, size_t> place;
+  for (int i = 0; i < n_nodes; ++i) {
+    all.push_back(ggml_graph_node(gf, i));
+    place.emplace(all.back(), all.size());
+  }
+  auto visit = [&](ggml_tensor *t) {
+    if (t && place.emplace(t, all.size() + 1).second) all.push_back(t);
+  };
+  for (int i = 0; i < n_nodes; ++i) {
+    const ggml_tensor *node = ggml_graph_node(gf, i);
+    for (int s = 0; s < GGML_MAX_SRC; ++s) visit(node->src[s]);
+    visit(node->view_src);
+  }
+  // A read tensor may itself be a view of one no node names.
+  for (size_t i = size_t(n_nodes); i < all.size(); ++i) visit(all[i]->view_src);
+  return all;
+}
+
+// What the scheduler's splits and allocation, and a server's stored copy of its split, depend
+// on, tensor by tensor (graph_tensors): op, type, shape, strides, flags, parameters, view
+// offset, sources and view source (as places in the list), and the address of whatever was
+// allocated before the graph (weights, KV storage and views of them). A custom op's parameters
+// are left out: they point at this step's kernel parameters (rows read, pages), which the reused
+// graph takes over (adopt_allocation). Two graphs with equal signatures are the same
+// computation on different input values.
+std::vector<uint64_t> graph_signature(ggml_cgraph *gf, const std::vector<ggml_tensor *> &all) {
+  std::unordered_map<const ggml_tensor *, uint64_t> place;
+  place.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i) place.emplace(all[i], uint64_t(i) + 1);
+  auto where = [&](const ggml_tensor *t) -> uint64_t { return t ? place.at(t) : 0; };
+  std::vector<uint64_t> sig;
+  sig.reserve(all.size() * 40);
+  sig.push_back(uint64_t(ggml_graph_n_nodes(gf)));
+  sig.push_back(uint64_t(all.size()));
+  auto add = [&](const ggml_tensor *t) {
+    sig.push_back(uint64_t(t->op));
+    sig.push_back(uint64_t(t->type));
+    sig.push_back(uint64_t(t->flags));
+    for (int d = 0; d < GGML_MAX_DIMS; ++d) sig.push_back(uint64_t(t->ne[d]));
+    for (int d = 0; d < GGML_MAX_DIMS; ++d) sig.push_back(uint64_t(t->nb[d]));
+    if (!is_custom(t))
+      for (size_t p = 0; p < GGML_MAX_OP_PARAMS / sizeof(int32_t); ++p)
+        sig.push_back(uint64_t(uint32_t(t->op_params[p])));
+    sig.push_back(uint64_t(t->view_offs));
+    sig.push_back(where(t->view_src));
+    for (int s = 0; s < GGML_MAX_SRC; ++s) sig.push_back(where(t->src[s]));
+    sig.push_back(uint64_t(reinterpret_cast<uintptr_t>(t->data)));
+    sig.push_back(uint64_t(reinterpret_cast<uintptr_t>(t->buffer)));
+  };
+  for (const ggml_tensor *t : all) add(t);
+  return sig;
+}
+
+// `fresh` (unallocated, the same signature as `allocated`) takes over allocated's memory, tensor
+// by tensor, so that inputs written to it and outputs read from it are allocated's; allocated's
+// custom ops take over fresh's parameters (this step's kernel parameters).
+void adopt_allocation(const std::vector<ggml_tensor *> &fresh,
+                      const std::vector<ggml_tensor *> &allocated) {
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    ggml_tensor *f = fresh[i], *a = allocated[i];
+    f->buffer = a->buffer;
+    f->data = a->data;
+    f->extra = a->extra;
+    if (is_custom(a)) std::memcpy(a->op_params, f->op_params, sizeof(a->op_params));
+  }
+}
+
+} // namespace
 
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     : model_(model), store_(store), backend_(ggml_backend_cpu_init()) {
@@ -19,8 +109,18 @@ Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     if (!d.is_cpu(i)) device_backends_.emplace_back(ggml_backend_dev_init(d.device(i), nullptr));
 }
 
-bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes) {
+bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
   if (alloc_) return ggml_gallocr_alloc_graph(alloc_.get(), gf);
+  std::vector<ggml_tensor *> tensors = graph_tensors(gf);
+  std::vector<uint64_t> signature = graph_signature(gf, tensors);
+  if (last_.graph && signature == last_.signature) {
+    adopt_allocation(tensors, last_.tensors);
+    ++graphs_reused_;
+    return true;
+  }
+  // The scheduler still points into the last graph: it goes once the new one is allocated.
+  LastGraph replaced = std::move(last_);
+  last_ = {};
   if (!sched_ || sched_nodes_ < n_nodes) {
     std::vector<ggml_backend_t> backends;
     for (const auto &b : device_backends_) backends.push_back(b.get());
@@ -35,20 +135,13 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes) {
   ggml_backend_sched_reset(sched_.get());
   // Custom ops carry C function pointers in their parameters: pinned to the CPU (a remote
   // backend would call this process's addresses in another).
-  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-    ggml_tensor *node = ggml_graph_node(gf, i);
-    switch (node->op) {
-    case GGML_OP_CUSTOM:
-    case GGML_OP_MAP_CUSTOM1:
-    case GGML_OP_MAP_CUSTOM2:
-    case GGML_OP_MAP_CUSTOM3:
+  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
+    if (ggml_tensor *node = ggml_graph_node(gf, i); is_custom(node))
       ggml_backend_sched_set_tensor_backend(sched_.get(), node, backend_.get());
-      break;
-    default:
-      break;
-    }
-  }
-  return ggml_backend_sched_alloc_graph(sched_.get(), gf);
+  if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) return false;
+  ++graphs_built_;
+  last_ = {std::move(ctx), gf, std::move(tensors), std::move(signature)};
+  return true;
 }
 
 Result<std::vector<float>> Forward::run(const Batch &batch,
@@ -112,8 +205,10 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_set_output(h);
     ggml_build_forward_expand(gf, h);
   }
-  if (!allocate(gf, n_nodes))
+  if (!allocate(gf, n_nodes, ctx))
     return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
+  // The graph computed: the last one when reused (this step's tensors hold its memory).
+  ggml_cgraph *computed = last_.graph ? last_.graph : gf;
 
   std::vector<int32_t> positions;
   for (const Batch::Span &s : batch.spans)
@@ -123,7 +218,10 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   if (in.logit_rows->buffer) // not in the graph when every row's logits are wanted
     ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
   step.set_inputs();
-  if (compute(gf) != GGML_STATUS_SUCCESS) return Status::error("forward: graph compute failed");
+  if (compute(computed) != GGML_STATUS_SUCCESS) {
+    last_ = {};
+    return Status::error("forward: graph compute failed");
+  }
   // A server that stopped mid-step: the relay answered for it, so nothing read below is a result.
   auto device_lost = [&]() -> Status {
     std::string gone = model_.devices().failure();

@@ -3,7 +3,10 @@
 // commits the step. A failure leaves every sequence as it was. On the CPU alone the CPU backend
 // computes the graph; with layers on other devices (model::Devices) ggml's scheduler splits it,
 // and every custom op (a function pointer: offgraph's attention and soft-cap kernels) is pinned
-// to the CPU, so that none ever reaches another backend.
+// to the CPU, so that none ever reaches another backend. There a step whose graph is the last
+// step's again (same shapes, same storage: a decode step within a page) reuses the last graph's
+// allocation and splits, so that ggml-rpc servers recompute their stored copy instead of
+// receiving the graph again.
 #pragma once
 
 #include "kv/kv_store.h"
@@ -35,8 +38,10 @@ public:
   void set_node_observer(NodeObserver observer) { observer_ = std::move(observer); }
 
 private:
-  // Allocates the graph's tensors (on the devices the scheduler picks, custom ops on the CPU).
-  bool allocate(ggml_cgraph *gf, size_t n_nodes);
+  // Allocates the graph's tensors (on the devices the scheduler picks, custom ops on the CPU),
+  // or, with the scheduler, hands them the last graph's allocation when `gf` is that graph
+  // again; `ctx` (gf's) is then kept as the last graph's.
+  bool allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx);
   ggml_status compute(ggml_cgraph *gf);
 
   const Model &model_;
@@ -49,6 +54,22 @@ private:
   std::vector<ggml_backend_ptr> device_backends_;
   ggml_backend_sched_ptr sched_;
   size_t sched_nodes_ = 0; // the graph size the scheduler was made for
+  // The graph the scheduler holds allocated, with its context and signature (graph_signature):
+  // a step whose graph has the same signature computes this one.
+  struct LastGraph {
+    ggml_context_ptr ctx;
+    ggml_cgraph *graph = nullptr;
+    std::vector<ggml_tensor *> tensors; // graph_tensors
+    std::vector<uint64_t> signature;
+  } last_;
+  int64_t graphs_reused_ = 0, graphs_built_ = 0;
+
+public:
+  // Steps that computed the last graph again, and steps that allocated a new one (with devices).
+  int64_t graphs_reused() const { return graphs_reused_; }
+  int64_t graphs_built() const { return graphs_built_; }
+
+private:
   NodeObserver observer_;
 };
 

@@ -92,7 +92,8 @@ int32_t argmax(const float *row, int32_t n) {
 
 // Runs the same script on both sessions and compares every row: a prompt in chunks, greedy decode
 // past several windows, a fork decoded on its own, a rewind, a snapshot restored.
-void compare(Session &cpu, Session &split, uint64_t seed) {
+// `decode_graphs_reused`: how many of the 40 decode steps computed the last step's graph again.
+void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode_graphs_reused) {
   ASSERT_TRUE(cpu.model && split.model);
   const int32_t V = cpu.model->config().n_vocab;
   std::mt19937_64 rng(seed);
@@ -126,11 +127,13 @@ void compare(Session &cpu, Session &split, uint64_t seed) {
   ASSERT_TRUE(cpu.store->rewind(c0, 30).ok());
   ASSERT_TRUE(split.store->rewind(s0, 30).ok());
   int32_t next = prompt.back();
+  const int64_t reused_before = split.fwd->graphs_reused();
   for (int i = 0; i < 40; ++i) { // greedy, past three windows of 12
     auto l = both(c0, s0, {next});
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
     next = argmax(l.data(), V);
   }
+  decode_graphs_reused = split.fwd->graphs_reused() - reused_before;
   // A fork of everything so far (pages shared, rings copied on the devices), decoded on its own.
   const int32_t n = cpu.store->sequence(c0)->length();
   auto fc = cpu.store->fork(c0, n), fs_ = split.store->fork(s0, n);
@@ -140,22 +143,31 @@ void compare(Session &cpu, Session &split, uint64_t seed) {
   ASSERT_TRUE(cpu.store->restore(c0, **snap_c).ok());
   ASSERT_TRUE(split.store->restore(s0, **snap_s).ok());
   both(c0, s0, {prompt.back(), 17, 23});
-  std::printf("[ rpc      ] %s: %d rows, worst relative error %.2g (bound 1e-4)\n",
-              cpu.model->config().arch_name.c_str(), rows, worst);
+  std::printf("[ rpc      ] %s: %d rows, worst relative error %.2g (bound 1e-4); %lld of 40 "
+              "decode steps reused the last graph (%lld graphs built, %lld reused in all)\n",
+              cpu.model->config().arch_name.c_str(), rows, worst, (long long)decode_graphs_reused,
+              (long long)split.fwd->graphs_built(), (long long)split.fwd->graphs_reused());
 }
 
 TEST(Rpc, SplitLayersGiveTheCpuLogits) {
   ASSERT_TRUE(servers().ok()) << "could not start " << OFFGRAPH_RPC_SERVER;
   for (const std::string arch : {"muse-glimmer", "llama"}) {
     const std::string path = make_model(arch, 7);
-    // 1:1, uneven, and with the CPU holding the last layers and the head.
-    for (std::vector<float> split : {std::vector<float>{1, 1}, {1, 3}, {1, 2, 1}}) {
-      SCOPED_TRACE(arch + " split " + std::to_string(split.size()) + " " +
-                   std::to_string(split[1]));
+    // 1:1, uneven, with the CPU holding the head, and with the CPU holding the last two layers
+    // (Muse Glimmer's: rings, read by offgraph's kernels in a reused graph) and the head.
+    for (std::vector<float> split : {std::vector<float>{1, 1}, {1, 3}, {1, 2, 1}, {1, 1, 2}}) {
+      std::string name;
+      for (float f : split) name += (name.empty() ? "" : ":") + std::to_string(int(f));
+      SCOPED_TRACE(arch + " split " + name);
       Session cpu_again(path, nullptr);
       Session remote(path, open_devices(split));
-      compare(cpu_again, remote, 100 + split.size());
+      int64_t reused = 0;
+      compare(cpu_again, remote, 100 + split.size(), reused);
       if (HasFatalFailure()) return;
+      // Decode steps reuse the graph but where a page fills (pages of 4 rows here).
+      if (split.size() == 2) {
+        EXPECT_GE(reused, 28);
+      }
     }
   }
   EXPECT_TRUE(servers().alive(0));
