@@ -43,6 +43,10 @@ public:
     int status = 0;
     return waitpid(pids_[i], &status, WNOHANG) == 0;
   }
+  // Stopped (SIGSTOP): the connection stays open and TCP still acknowledges, nothing answers.
+  void freeze(size_t i) {
+    if (pids_[i] > 0) ::kill(pids_[i], SIGSTOP);
+  }
   void kill_server(size_t i) {
     if (pids_[i] <= 0) return;
     ::kill(pids_[i], SIGKILL);

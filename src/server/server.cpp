@@ -564,10 +564,46 @@ Status Server::start() {
   return ok_status();
 }
 
+namespace {
+// While a shutdown runs: once it has taken `grace`, gives up on the model's device servers, so
+// that a step waiting on one that froze (stopped, deadlocked: it still acknowledges at the TCP
+// level) fails as on a lost device and the shutdown can go on. Nothing on the CPU alone.
+class DeviceStopWatchdog {
+public:
+  DeviceStopWatchdog(const model::Model *model, int grace_seconds) {
+    if (!model || model->devices().size() <= 1) return;
+    const model::Devices &devices = model->devices();
+    thread_ = std::thread([this, &devices, grace_seconds] {
+      std::unique_lock lock(mutex_);
+      if (done_cv_.wait_for(lock, std::chrono::seconds(grace_seconds), [this] { return done_; }))
+        return;
+      devices.interrupt("offgraph is stopping and the step in flight waited " +
+                        std::to_string(grace_seconds) + " s on its device servers");
+    });
+  }
+  ~DeviceStopWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+
+private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+} // namespace
+
 void Server::stop() {
   // New requests get 503; waiting handlers cancel theirs, which the still-running engine loop
   // finishes, so that the HTTP threads can end; then the loop ends.
   if (stopping_.exchange(true)) return;
+  DeviceStopWatchdog watchdog(model_, options_.device_stop_grace_seconds);
   wake_engine();
   if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();

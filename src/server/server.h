@@ -35,6 +35,9 @@ struct ServerOptions {
   int32_t max_tokens_cap = 0;    // the most one request may ask for; 0: the context
   int http_threads = 64;         // connections served at once (idle keep-alive ones included)
   std::vector<std::string> model_aliases; // more ids requests may name (the file name, ...)
+  // On stop, how long a step may go on waiting for a device server before every server is given
+  // up on (model::Devices::interrupt): one that froze would otherwise hold the shutdown for good.
+  int device_stop_grace_seconds = 10;
 };
 
 // A request's events on their way from the engine thread to its HTTP handler (server.cpp).

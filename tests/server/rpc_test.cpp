@@ -1,9 +1,10 @@
 // The server with its model's layers split over two ggml-rpc-server processes on 127.0.0.1
 // (docs/backends.md): the same answers as the CPU alone, prefix reuse across the split, traffic
 // in /metrics; and a server that dies mid-request ends that request with an error naming it,
-// then new work gets 503 and /health says why, while the process goes on.
-#include "rpc_servers.h"
+// then new work gets 503 and /health says why, while the process goes on; one that freezes
+// mid-request does not hold the server's shutdown.
 #include "live_server.h"
+#include "rpc_servers.h"
 
 #include <thread>
 
@@ -131,6 +132,59 @@ TEST(ServerRpc, AServerThatDiesMidRequestEndsItWithAnErrorThenNewWorkGets503) {
   EXPECT_NE(h->body.find(rpc.endpoint(1)), std::string::npos) << h->body;
   const std::string label = "{device=\"" + m->devices().name(1) + "\"}";
   EXPECT_EQ(labelled(run, "offgraph_rpc_up" + label), 0);
+  EXPECT_TRUE(rpc.alive(0));
+}
+
+TEST(ServerRpc, AServerThatFreezesMidRequestDoesNotHoldTheShutdown) {
+  RpcServers rpc(2);
+  ASSERT_TRUE(rpc.ok());
+  auto m = load(rpc.endpoints());
+  ASSERT_TRUE(m);
+  ServerOptions so = opts("frozen");
+  so.device_stop_grace_seconds = 1;
+  auto server = std::move(Server::create(*m, small_engine(2048, 32), so)).value();
+  ASSERT_TRUE(server->start().ok());
+  httplib::Client client("127.0.0.1", server->port());
+  client.set_read_timeout(120, 0);
+  // A long streamed answer; the second server is stopped once 30 tokens came back.
+  std::atomic<int> chunks{0};
+  std::thread reader([&] {
+    json req = {
+        {"prompt", "Once upon a time"}, {"max_tokens", 1500}, {"temperature", 0}, {"stream", true}};
+    httplib::Request r;
+    r.method = "POST";
+    r.path = "/v1/completions";
+    r.body = req.dump();
+    r.set_header("Content-Type", "application/json");
+    r.content_receiver = [&](const char *, size_t, uint64_t, uint64_t) {
+      ++chunks;
+      return true;
+    };
+    client.send(r);
+  });
+  for (int i = 0; i < 4000 && chunks < 30; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(chunks.load(), 30) << "the stream did not start";
+  rpc.freeze(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300)); // a step now waits on it
+  // The shutdown ends (bounded here so that a hang is a failure, not a stuck test run).
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    server->stop();
+    stopped = true;
+  });
+  for (int i = 0; i < 600 && !stopped; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool ended = stopped;
+  if (!ended) rpc.kill_server(1); // lets the shutdown finish so that the test can end
+  stopper.join();
+  reader.join();
+  EXPECT_TRUE(ended) << "the shutdown waited on the frozen server for 60 s";
+  // The devices were given up on by the shutdown (a stopping server cuts its streams, as on the
+  // CPU alone: requests in flight end as cancelled).
+  EXPECT_NE(m->devices().failure().find("offgraph is stopping"), std::string::npos)
+      << m->devices().failure();
+  EXPECT_GE(chunks.load(), 30);
   EXPECT_TRUE(rpc.alive(0));
 }
 
