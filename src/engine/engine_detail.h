@@ -1,0 +1,21 @@
+// What engine.cpp and engine_memory.cpp share (not part of the engine's interface).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace offgraph::engine {
+
+// Snapshots kept near one message start: the chunks before, holding and after it cover it when
+// chunks are long; short ones (a busy step's budget) would take one each.
+inline constexpr int32_t kSnapshotsPerStart = 3;
+
+// How many leading tokens a and b share.
+inline size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  return size_t(std::mismatch(a.begin(), a.begin() + long(n), b.begin()).first - a.begin());
+}
+
+} // namespace offgraph::engine

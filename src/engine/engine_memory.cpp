@@ -1,0 +1,285 @@
+// Engine: memory and the prefix cache (docs/prefix-cache.md): what cached sequences and
+// snapshots hold, eviction under the budgets, admission by the most a request can grow to, and
+// starting a request from the deepest reusable point (attach, park, publish, keep a snapshot).
+#include "engine/engine.h"
+#include "engine/engine_detail.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace offgraph::engine {
+
+int64_t Engine::cached_bytes() const {
+  // Runs every step (publish): marks in a flat array by page id, not a set. 1: an active request
+  // holds the page (it counts there); 2: already counted here.
+  std::vector<uint8_t> mark(size_t(store_->pages().touched()), 0);
+  for (const auto &g : active_)
+    if (const cache::PageTable *t = store_->page_table(g->seq))
+      for (cache::PageId p : t->pages) mark[size_t(p)] = 1;
+  int64_t bytes = 0, pages = 0;
+  for (const auto &[seq, c] : cached_) {
+    bytes += store_->memory(seq).ring;
+    for (cache::PageId p : store_->page_table(seq)->pages)
+      if (mark[size_t(p)] == 0) mark[size_t(p)] = 2, ++pages;
+  }
+  bytes += pages * store_->page_bytes();
+  for (const auto &[id, saved] : saved_)
+    bytes += saved.snapshot->bytes() + int64_t(saved.logits.size() * sizeof(float));
+  return bytes;
+}
+
+void Engine::free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids) {
+  for (PrefixTree::SnapshotId id : ids) stats_.snapshot_evictions += saved_.erase(id);
+}
+
+void Engine::drop_cached(kv::SeqId s) {
+  if (auto d = cached_drafts_.find(s); d != cached_drafts_.end()) {
+    (void)draft_store_->remove_sequence(d->second.first);
+    cached_drafts_.erase(d);
+  }
+  cached_.erase(s);
+  free_snapshots(tree_.remove_sequence(s));
+  (void)store_->remove_sequence(s);
+}
+
+void Engine::evict_lru(bool sequences_only) {
+  // The least recently used of the cached sequences and snapshots: a snapshot only loses a
+  // reuse point; a sequence takes its pages and the snapshots no other sequence passes through.
+  auto seq = std::min_element(cached_.begin(), cached_.end(), [](const auto &x, const auto &y) {
+    return x.second.last_used < y.second.last_used;
+  });
+  auto snap = std::min_element(saved_.begin(), saved_.end(), [](const auto &x, const auto &y) {
+    return x.second.last_used < y.second.last_used;
+  });
+  if (!sequences_only && snap != saved_.end() &&
+      (seq == cached_.end() || snap->second.last_used < seq->second.last_used)) {
+    tree_.remove_snapshot(snap->first);
+    saved_.erase(snap);
+    ++stats_.snapshot_evictions;
+    return;
+  }
+  if (seq == cached_.end()) return;
+  drop_cached(seq->first);
+  ++stats_.cache_evictions;
+}
+
+void Engine::evict_over_budget() {
+  // max_cached counts sequences: only they go for it (a snapshot on the path of the sequences
+  // that stay keeps serving them). Bytes: whichever was used least recently.
+  while (int32_t(cached_.size()) > options_.max_cached) evict_lru(true);
+  while ((!cached_.empty() || !saved_.empty()) && options_.cache_budget > 0 &&
+         cached_bytes() > options_.cache_budget)
+    evict_lru();
+}
+
+int64_t Engine::peak_bytes(const Generation &a) const {
+  // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
+  // snapshot_every tokens and at most kSnapshotsPerStart per message start, and one where requests
+  // wait to share it (each at most the rings).
+  const int32_t prompt = int32_t(a.request.prompt.size());
+  const int32_t length = prompt + a.request.max_tokens;
+  int64_t snapshots = 0;
+  if (store_->layout().has_ring()) {
+    const int64_t count = 1 + int64_t(a.publish_at.size()) +
+                          (options_.snapshot_every > 0
+                               ? prompt / options_.snapshot_every +
+                                     kSnapshotsPerStart * int64_t(a.request.message_starts.size())
+                               : 0);
+    snapshots = count * store_->peak_bytes_at_length(0);
+  }
+  return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
+}
+
+Result<bool> Engine::memory_allows(const Generation &a) {
+  if (options_.kv_budget <= 0) return true;
+  const int64_t need = peak_bytes(a);
+  if (need > options_.kv_budget)
+    return Status::error("the request may need " + std::to_string(need) +
+                         " bytes of KV cache (prompt + max_tokens" +
+                         (a.request.n > 1 ? ", times n" : "") + "); the budget is " +
+                         std::to_string(options_.kv_budget));
+  int64_t reserved = 0;
+  for (const auto &b : active_) // a request with n choices forks them when its prompt is done
+    reserved +=
+        b->computed < b->request.prompt.size() ? peak_bytes(*b) : peak_bytes(*b) / b->request.n;
+  // Cached conversations give way, least recently used first (the one this request would reuse
+  // may go too: correctness does not depend on it, only the work saved).
+  while (reserved + need + cached_bytes() > options_.kv_budget &&
+         (!cached_.empty() || !saved_.empty()))
+    evict_lru();
+  return reserved + need <= options_.kv_budget;
+}
+
+bool Engine::attach(Generation &a) {
+  const std::vector<int32_t> &prompt = a.request.prompt;
+  // A scored prompt needs every position's logits: nothing of it is reused.
+  if (!options_.prefix_reuse || tree_.n_sequences() == 0 || a.request.prompt_logprobs) return false;
+  // At least the prompt's last token is computed (its logits start the answer), unless a snapshot
+  // at the prompt's end kept them: the same prompt again (a regenerate) computes nothing.
+  const int32_t whole = int32_t(prompt.size()), target = whole - 1;
+  PrefixTree::Match m = tree_.match(prompt, whole);
+  if (m.sequences.empty()) return false;
+  const bool whole_prompt = m.snapshot && m.snapshot_depth == whole && m.restore_depth == whole &&
+                            !saved_.at(*m.snapshot).logits.empty();
+  if (!whole_prompt) m = tree_.match(prompt, target); // the deepest snapshot short of the end
+  // The deepest point a cached sequence's rings still hold (every position for a model without
+  // sliding layers): forking there costs no snapshot.
+  kv::SeqId fork_from = -1;
+  int32_t fork_at = 0;
+  for (const auto &[s, c] : cached_) {
+    const int32_t at =
+        int32_t(std::min(shared_prefix(*tree_.tokens_of(s), prompt), size_t(target)));
+    if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
+  }
+  int32_t reuse = 0;
+  if (!whole_prompt && fork_at > 0 && fork_at >= m.restore_depth) {
+    auto child = store_->fork(fork_from, fork_at);
+    if (!child.ok()) return false;
+    a.seq = *child, reuse = fork_at;
+    cached_[fork_from].last_used = ++clock_;
+    reuse_draft(a, fork_from, fork_at);
+  } else if (m.snapshot) {
+    Saved &saved = saved_.at(*m.snapshot);
+    auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
+    if (!child.ok()) return false;
+    a.seq = *child, reuse = m.restore_depth;
+    reuse_draft(a, m.snapshot_source, m.restore_depth);
+    saved.last_used = ++clock_;
+    cached_[m.snapshot_source].last_used = clock_;
+    ++stats_.snapshot_restores;
+    if (whole_prompt) a.prompt_logits = saved.logits, a.logits_ready = true;
+  }
+  if (reuse == 0) return false;
+  a.computed = size_t(reuse);
+  a.reused = reuse;
+  stats_.reused_prompt_tokens += reuse;
+  ++stats_.prefix_hits;
+  return true;
+}
+
+bool Engine::park(std::unique_ptr<Generation> &a) {
+  if (!options_.prefix_reuse || options_.max_cached == 0 || a->request.prompt_logprobs)
+    return false;
+  const std::vector<int32_t> &prompt = a->request.prompt;
+  // Worth waiting for: a prefix at least a page longer than what the tree gives now.
+  const int32_t tree_depth = std::min(tree_.match(prompt, 0).depth, int32_t(prompt.size()) - 1);
+  Generation *best = nullptr;
+  int32_t best_depth = tree_depth + store_->page_rows() - 1;
+  for (const auto &g : active_) {
+    const int32_t shared =
+        int32_t(std::min(shared_prefix(g->request.prompt, prompt), prompt.size() - 1));
+    // Only a prefix it has yet to compute: one it holds is served by forking it when it is cached
+    // (or by its snapshots).
+    if (shared > best_depth && size_t(shared) > g->computed) best = g.get(), best_depth = shared;
+  }
+  if (!best) return false;
+  best->publish_at.insert(best_depth);
+  parked_.push_back({std::move(a), best->id, best_depth});
+  ++stats_.parked;
+  return true;
+}
+
+void Engine::unpark() {
+  // Back to the queue's front in their order: they were first in line.
+  for (auto it = parked_.rbegin(); it != parked_.rend();) {
+    const bool producing = std::any_of(active_.begin(), active_.end(), [&](const auto &g) {
+      return g->id == it->waits_for && g->choice == 0 && g->publish_at.count(it->depth);
+    });
+    if (producing) {
+      ++it;
+      continue;
+    }
+    queue_.push_front(std::move(it->g));
+    it = decltype(it)(parked_.erase(std::next(it).base()));
+  }
+}
+
+bool Engine::publish_prefix(Generation &a) {
+  const int32_t depth = int32_t(a.computed);
+  if (!a.publish_at.erase(depth)) return false;
+  // A fork at this depth, cached, serves the waiting requests (its rings hold the depth); a
+  // snapshot there, in the tree at once, serves later ones after the fork is gone (a longer
+  // sequence through it makes it redundant).
+  const std::span<const int32_t> prefix(a.tokens.data(), size_t(depth));
+  auto fork = store_->fork(a.seq, depth);
+  if (!fork.ok()) return false;
+  if (!tree_.insert_sequence(prefix, *fork)) {
+    (void)store_->remove_sequence(*fork);
+    return false;
+  }
+  cached_[*fork] = {++clock_, depth};
+  if (store_->layout().has_ring())
+    if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
+      keep_snapshot(prefix, std::move(snap).value(), {});
+  return true;
+}
+
+void Engine::keep_snapshot(std::span<const int32_t> prefix, std::unique_ptr<kv::Snapshot> snapshot,
+                           std::vector<float> logits) {
+  const int32_t reach = snapshot->reach();
+  // The same state taken again keeps the snapshot that reaches further back (a sequence forked
+  // just before this depth saved fewer rows), and a prompt end's logits.
+  if (auto old = tree_.snapshot_at(prefix); old && old->second >= reach) {
+    Saved &kept = saved_.at(old->first);
+    if (kept.logits.empty()) kept.logits = std::move(logits);
+    kept.last_used = clock_;
+    return;
+  }
+  const PrefixTree::SnapshotId id = next_snapshot_++;
+  std::optional<PrefixTree::SnapshotId> replaced;
+  if (!tree_.insert_snapshot(prefix, id, reach, &replaced)) return; // on no cached sequence's path
+  if (replaced) {
+    if (logits.empty()) logits = std::move(saved_.at(*replaced).logits);
+    saved_.erase(*replaced);
+  }
+  saved_[id] = Saved{std::move(snapshot), std::move(logits), clock_};
+}
+
+Status Engine::admit(Generation &a) {
+  a.tokens = a.request.prompt;
+  a.computed = 0;
+  start_speculation(a);
+  // Sequences in the store: the active ones, the cached ones, and the one this request adds.
+  while (int32_t(active_.size() + cached_.size()) >= options_.max_active + options_.max_cached &&
+         !cached_.empty())
+    evict_lru(true);
+  if (attach(a)) return ok_status();
+  for (;;) {
+    auto seq = store_->create_sequence();
+    if (seq.ok()) {
+      a.seq = *seq;
+      return ok_status();
+    }
+    if (cached_.empty() && saved_.empty()) return seq.status();
+    evict_lru(); // make room: the least recently used cached state goes first
+  }
+}
+
+bool Engine::cache_sequence(Generation &a) {
+  if (options_.max_cached == 0 || !options_.prefix_reuse || a.computed == 0) return false;
+  const std::span<const int32_t> held(a.tokens.data(), a.computed);
+  // Cached sequences that this one holds add nothing but their rings' slack: a prefix of it or the
+  // same tokens, and those whose own prompt this one extends (what they add is the answer they
+  // generated, which the next turn of their conversation replaced: a chat template re-renders it).
+  // Their prompt ends' snapshots lie on this one's path and stay.
+  // (A follow-up message leaves the prompt inside its generation header, a token or two before
+  // its end: that sequence stays until evicted. Its prompt end's snapshot reaches the new path, but
+  // nothing tells a continuation from a conversation that differs only near its prompt end.)
+  std::vector<kv::SeqId> redundant;
+  for (const auto &[s, c] : cached_) {
+    const std::vector<int32_t> &t = *tree_.tokens_of(s);
+    const size_t shared = shared_prefix(t, held);
+    if (shared == t.size() || shared >= size_t(c.prompt)) redundant.push_back(s);
+  }
+  if (!tree_.insert_sequence(held, a.seq)) return false;
+  cached_[a.seq] = {++clock_, int32_t(std::min(a.computed, a.request.prompt.size()))};
+  for (Generation::Taken &t : a.taken) {
+    if (size_t(t.depth) <= a.computed)
+      keep_snapshot(held.first(size_t(t.depth)), std::move(t.snapshot), std::move(t.logits));
+  }
+  a.taken.clear();
+  for (kv::SeqId s : redundant) drop_cached(s);
+  return true;
+}
+
+} // namespace offgraph::engine
