@@ -295,7 +295,36 @@ def grammar_seeds():
     return seeds
 
 
+def image_seeds():
+    """Small PNGs of every colour type, depth and interlacing, and baseline, progressive and
+    greyscale JPEGs (Pillow, python3-pil from Debian)."""
+    import io
+    from PIL import Image
+    base = Image.new("RGB", (19, 13))
+    base.putdata([((x * 13) % 256, (y * 19) % 256, (x * y) % 256) for y in range(13) for x in range(19)])
+    seeds = {}
+
+    def save(name, img, fmt, **kw):
+        buf = io.BytesIO()
+        img.save(buf, fmt, **kw)
+        seeds[name] = buf.getvalue()
+    save("rgb.png", base, "PNG")
+    save("rgba.png", base.convert("RGBA"), "PNG")
+    save("grey.png", base.convert("L"), "PNG")
+    save("grey_alpha.png", base.convert("LA"), "PNG")
+    save("bilevel.png", base.convert("1"), "PNG")
+    pal = base.convert("P", palette=Image.ADAPTIVE, colors=16)
+    pal.info["transparency"] = 3
+    save("palette_trns.png", pal, "PNG", transparency=3)
+    save("grey16.png", base.convert("L").convert("I").point(lambda v: v * 257).convert("I;16"), "PNG")
+    save("baseline.jpg", base, "JPEG", quality=85)
+    save("progressive.jpg", base, "JPEG", quality=85, progressive=True)
+    save("grey.jpg", base.convert("L"), "JPEG", quality=85)
+    return seeds
+
+
 def main():
+    write("image", image_seeds())
     write("grammar", grammar_seeds())
     write("request", request_seeds())
     write("tokenizer", tokenizer_seeds())
