@@ -1,4 +1,5 @@
 #include "synth/synth.h"
+#include "synth/tensor_plan.h"
 
 #include "ggml-cpp.h"
 #include "gguf.h"
@@ -48,22 +49,6 @@ Result<SynthSpec> preset(const std::string &name, const std::string &arch) {
 }
 
 namespace {
-
-struct TensorPlan {
-  std::string name;
-  int64_t ne0, ne1;
-  ggml_type type;
-  enum Init { Normal, Gain, Constant } init;
-  float scale; // std-dev (Normal), spread (Gain) or value (Constant)
-};
-
-// The type a matrix gets: the requested one when its rows are whole blocks, else the best that
-// fits (as llama.cpp's quantizer falls back).
-ggml_type fit(ggml_type want, int64_t ne0) {
-  for (ggml_type t : {want, GGML_TYPE_Q8_0, GGML_TYPE_F16})
-    if (ne0 % ggml_blck_size(t) == 0) return t;
-  return GGML_TYPE_F32;
-}
 
 Status read_file(const std::string &path, std::string &out) {
   std::ifstream in(path, std::ios::binary);
@@ -152,11 +137,11 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
                 KW = int64_t(s.n_head_kv) * s.head_dim;
   const ggml_type wt = s.weight_type;
   auto mat = [&](const std::string &n, int64_t in, int64_t outw) {
-    return TensorPlan{
-        n, in, outw, fit(wt, in), TensorPlan::Normal, float(1.0 / std::sqrt(double(in)))};
+    return matrix_plan(n, in, outw, fit(wt, in), TensorPlan::Normal,
+                       float(1.0 / std::sqrt(double(in))));
   };
   auto gain = [&](const std::string &n, int64_t ne0) {
-    return TensorPlan{n, ne0, 1, GGML_TYPE_F32, TensorPlan::Gain, 0.1f};
+    return vector_plan(n, ne0, TensorPlan::Gain, 0.1f);
   };
   // Residual branches start small (as GPT-2 initialises them, 1/sqrt(2 x layers)): random deep
   // nets are otherwise chaotic, and rounding differences of 1e-4 grow into different tokens.
@@ -167,14 +152,15 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
     return t;
   };
   auto post_gain = [&](const std::string &n, int64_t ne0) {
-    return TensorPlan{n, ne0, 1, GGML_TYPE_F32, TensorPlan::Constant, branch};
+    return vector_plan(n, ne0, TensorPlan::Constant, branch);
   };
   std::vector<TensorPlan> plan;
-  plan.push_back({"token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f});
+  plan.push_back(
+      matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f));
   plan.push_back(gain("output_norm.weight", E));
   // A head 4x the unit scale spreads the logits so greedy choices are decisive.
-  plan.push_back({"output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
-                  float(4.0 / std::sqrt(double(E)))});
+  plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
+                             float(4.0 / std::sqrt(double(E)))));
   for (int32_t i = 0; i < s.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     plan.push_back(gain(b + "attn_norm.weight", E));
@@ -184,9 +170,8 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
     if (muse) {
       plan.push_back(mat(b + "attn_gate.weight", E, QW));
       plan.push_back(
-          {b + "attn_q_norm.weight", s.head_dim, 1, GGML_TYPE_F32, TensorPlan::Constant, 3.87f});
-      plan.push_back(
-          {b + "attn_k_norm.weight", s.head_dim, 1, GGML_TYPE_F32, TensorPlan::Constant, 1.0f});
+          vector_plan(b + "attn_q_norm.weight", s.head_dim, TensorPlan::Constant, 3.87f));
+      plan.push_back(vector_plan(b + "attn_k_norm.weight", s.head_dim, TensorPlan::Constant, 1.0f));
     }
     plan.push_back(out_mat(b + "attn_output.weight", QW, E));
     if (muse) plan.push_back(post_gain(b + "post_attention_norm.weight", E));
@@ -197,61 +182,13 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
     if (muse) plan.push_back(post_gain(b + "post_ffw_norm.weight", E));
   }
 
-  ggml_init_params params = {plan.size() * ggml_tensor_overhead(), nullptr, true};
-  ggml_context_ptr meta(ggml_init(params));
-  uint64_t total = 0, n_params = 0;
-  for (const TensorPlan &t : plan) {
-    ggml_tensor *x = t.ne1 == 1 ? ggml_new_tensor_1d(meta.get(), t.type, t.ne0)
-                                : ggml_new_tensor_2d(meta.get(), t.type, t.ne0, t.ne1);
-    ggml_set_name(x, t.name.c_str());
-    gguf_add_tensor(out.get(), x);
-    total += ggml_nbytes(x);
-    n_params += uint64_t(ggml_nelements(x));
-  }
-
-  std::FILE *fp = std::fopen(path.c_str(), "wb");
-  if (!fp) return Status::error("synth: cannot write '" + path + "'");
-  std::unique_ptr<std::FILE, int (*)(std::FILE *)> closer(fp, std::fclose);
-  std::vector<uint8_t> head(gguf_get_meta_size(out.get()));
-  gguf_get_meta_data(out.get(), head.data());
-  if (std::fwrite(head.data(), 1, head.size(), fp) != head.size())
-    return Status::error("synth: write failed");
+  uint64_t n_params = 0, total = 0;
+  OFFGRAPH_TRY(
+      write_gguf(out.get(), plan, path, s.metadata_only, s.seed, progress, n_params, total));
   std::string summary = s.arch + ", " + std::to_string(s.n_layer) + " layers, embd " +
                         std::to_string(E) + ", " + std::to_string(n_params) +
                         " parameters, vocab " + std::to_string(n_vocab);
   if (s.metadata_only) return summary + ", metadata only";
-
-  std::mt19937_64 rng(s.seed);
-  uint64_t written = 0;
-  std::vector<float> values;
-  std::vector<uint8_t> bytes;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const TensorPlan &t = plan[i];
-    const uint64_t at = head.size() + gguf_get_tensor_offset(out.get(), int64_t(i));
-    for (long pos = std::ftell(fp); uint64_t(pos) < at; ++pos) std::fputc(0, fp);
-    values.resize(size_t(t.ne0 * t.ne1));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (float &v : values) {
-      switch (t.init) {
-      case TensorPlan::Normal:
-        v = t.scale * normal(rng);
-        break;
-      case TensorPlan::Gain:
-        v = 1.0f + t.scale * normal(rng);
-        break;
-      case TensorPlan::Constant:
-        v = t.scale;
-        break;
-      }
-    }
-    bytes.resize(ggml_row_size(t.type, t.ne0) * size_t(t.ne1));
-    ggml_quantize_chunk(t.type, values.data(), bytes.data(), 0, t.ne1, t.ne0, nullptr);
-    if (std::fwrite(bytes.data(), 1, bytes.size(), fp) != bytes.size())
-      return Status::error("synth: write failed");
-    written += bytes.size();
-    if (progress) progress(written, total);
-  }
-  for (long pos = std::ftell(fp); pos % long(GGUF_DEFAULT_ALIGNMENT) != 0; ++pos) std::fputc(0, fp);
   return summary + ", " + std::to_string(total) + " bytes of weights";
 }
 

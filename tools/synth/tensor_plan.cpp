@@ -1,0 +1,74 @@
+#include "synth/tensor_plan.h"
+
+#include "ggml-cpp.h"
+
+#include <cstdio>
+#include <memory>
+#include <random>
+
+namespace offgraph::synth {
+
+ggml_type fit(ggml_type want, int64_t ne0) {
+  for (ggml_type t : {want, GGML_TYPE_Q8_0, GGML_TYPE_F16})
+    if (ne0 % ggml_blck_size(t) == 0) return t;
+  return GGML_TYPE_F32;
+}
+
+Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const std::string &path,
+                  bool metadata_only, uint64_t seed,
+                  const std::function<void(uint64_t, uint64_t)> &progress, uint64_t &n_params,
+                  uint64_t &total) {
+  ggml_init_params params = {plan.size() * ggml_tensor_overhead(), nullptr, true};
+  ggml_context_ptr meta(ggml_init(params));
+  total = 0, n_params = 0;
+  for (const TensorPlan &t : plan) {
+    ggml_tensor *x = ggml_new_tensor(meta.get(), t.type, t.n_dims, t.ne.data());
+    ggml_set_name(x, t.name.c_str());
+    gguf_add_tensor(keys, x);
+    total += ggml_nbytes(x);
+    n_params += uint64_t(ggml_nelements(x));
+  }
+  std::FILE *fp = std::fopen(path.c_str(), "wb");
+  if (!fp) return Status::error("synth: cannot write '" + path + "'");
+  std::unique_ptr<std::FILE, int (*)(std::FILE *)> closer(fp, std::fclose);
+  std::vector<uint8_t> head(gguf_get_meta_size(keys));
+  gguf_get_meta_data(keys, head.data());
+  if (std::fwrite(head.data(), 1, head.size(), fp) != head.size())
+    return Status::error("synth: write failed");
+  if (metadata_only) return ok_status();
+  std::mt19937_64 rng(seed);
+  uint64_t written = 0;
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const TensorPlan &t = plan[i];
+    const uint64_t at = head.size() + gguf_get_tensor_offset(keys, int64_t(i));
+    for (long pos = std::ftell(fp); uint64_t(pos) < at; ++pos) std::fputc(0, fp);
+    const int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
+    values.resize(size_t(t.ne[0] * rows));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float &v : values) {
+      switch (t.init) {
+      case TensorPlan::Normal:
+        v = t.scale * normal(rng);
+        break;
+      case TensorPlan::Gain:
+        v = 1.0f + t.scale * normal(rng);
+        break;
+      case TensorPlan::Constant:
+        v = t.scale;
+        break;
+      }
+    }
+    bytes.resize(ggml_row_size(t.type, t.ne[0]) * size_t(rows));
+    ggml_quantize_chunk(t.type, values.data(), bytes.data(), 0, rows, t.ne[0], nullptr);
+    if (std::fwrite(bytes.data(), 1, bytes.size(), fp) != bytes.size())
+      return Status::error("synth: write failed");
+    written += bytes.size();
+    if (progress) progress(written, total);
+  }
+  for (long pos = std::ftell(fp); pos % long(GGUF_DEFAULT_ALIGNMENT) != 0; ++pos) std::fputc(0, fp);
+  return ok_status();
+}
+
+} // namespace offgraph::synth
