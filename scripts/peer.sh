@@ -4,7 +4,8 @@
 # calls reuse what is built. Prints the build directory as its last line.
 #
 #   scripts/peer.sh [target ...]      default targets: llama, test-llama-archs (the generator of
-#                                     the peer corpus, docs/peer.md)
+#                                     the peer corpus, docs/peer.md), llama-mtmd-cli (the
+#                                     vision reference, tests/peer/vision_peer_test.cpp)
 #   OFFGRAPH_PEER_RPC=1 scripts/peer.sh llama-bench
 #                                     a second build with ggml-rpc (GGML_RPC), for the backends
 #                                     benchmark's llama-bench --rpc; `make test` never builds it
@@ -24,7 +25,7 @@ key=$({ echo "$tree"; c++ --version | head -1; grep -m1 '^flags' /proc/cpuinfo |
   | sha256sum | cut -c1-16)
 dir="$cache/peer-${tree:0:12}-$key"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(llama test-llama-archs)
+[ ${#targets[@]} -gt 0 ] || targets=(llama test-llama-archs llama-mtmd-cli)
 
 if [ ! -f "$dir/.configured" ]; then
   log "configuring the llama.cpp peer in $dir"

@@ -11,6 +11,7 @@ namespace offgraph::cli {
 
 // Each adds its subcommand; the returned function runs it (exit code) when it was chosen.
 std::function<int()> add_synth(CLI::App &app);
+std::function<int()> add_synth_mmproj(CLI::App &app);
 std::function<int()> add_inspect(CLI::App &app);
 std::function<int()> add_logits(CLI::App &app);
 std::function<int()> add_run(CLI::App &app);

@@ -45,6 +45,7 @@ int main(int argc, char **argv) {
   app.add_flag("-v,--version", version,
                "print offgraph's version and the ggml it was built against");
   auto synth = offgraph::cli::add_synth(app);
+  auto synth_mmproj = offgraph::cli::add_synth_mmproj(app);
   auto inspect = offgraph::cli::add_inspect(app);
   auto logits = offgraph::cli::add_logits(app);
   auto run = offgraph::cli::add_run(app);
@@ -64,6 +65,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (app.got_subcommand("synth")) return synth();
+  if (app.got_subcommand("synth-mmproj")) return synth_mmproj();
   if (app.got_subcommand("inspect")) return inspect();
   if (app.got_subcommand("logits")) return logits();
   if (app.got_subcommand("run")) return run();

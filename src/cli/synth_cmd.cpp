@@ -1,12 +1,24 @@
 #include "commands.h"
 
 #include "kv/storage_types.h"
+#include "synth/mmproj.h"
 #include "synth/synth.h"
 
 #include <cstdio>
 #include <memory>
 
 namespace offgraph::cli {
+namespace {
+
+// A weight type by ggml's name, or GGML_TYPE_COUNT.
+ggml_type type_named(const std::string &name) {
+  for (int i = 0; i < GGML_TYPE_COUNT; ++i)
+    if (ggml_get_type_traits(ggml_type(i))->type_name && name == ggml_type_name(ggml_type(i)))
+      return ggml_type(i);
+  return GGML_TYPE_COUNT;
+}
+
+} // namespace
 
 std::function<int()> add_synth(CLI::App &app) {
   struct Opts {
@@ -63,11 +75,7 @@ std::function<int()> add_synth(CLI::App &app) {
       s.pattern_array = o->pattern == "array";
     }
     if (!o->type.empty()) {
-      ggml_type t = GGML_TYPE_COUNT;
-      for (int i = 0; i < GGML_TYPE_COUNT; ++i)
-        if (ggml_get_type_traits(ggml_type(i))->type_name &&
-            o->type == ggml_type_name(ggml_type(i)))
-          t = ggml_type(i);
+      const ggml_type t = type_named(o->type);
       if (t == GGML_TYPE_COUNT)
         return std::fprintf(stderr, "offgraph synth: unknown weight type '%s'\n", o->type.c_str()),
                1;
@@ -83,6 +91,40 @@ std::function<int()> add_synth(CLI::App &app) {
     if (!summary.ok())
       return std::fprintf(stderr, "offgraph synth: %s\n", summary.message().c_str()), 1;
     std::printf("wrote %s: %s\n", o->out.c_str(), summary->c_str());
+    return 0;
+  };
+}
+
+std::function<int()> add_synth_mmproj(CLI::App &app) {
+  auto s = std::make_shared<synth::MmprojSpec>();
+  auto out = std::make_shared<std::string>();
+  auto type = std::make_shared<std::string>("f32");
+  CLI::App *cmd = app.add_subcommand(
+      "synth-mmproj",
+      "write a Muse Glimmer vision encoder (mmproj GGUF) with seeded random weights");
+  cmd->add_option("-o,--output", *out, "the GGUF file to write")->required();
+  cmd->add_option("--embd-text", s->n_embd_text, "the text model's width (the projection's output)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", s->n_layer, "encoder layers")->capture_default_str();
+  cmd->add_option("--embd", s->n_embd, "encoder width")->capture_default_str();
+  cmd->add_option("--heads", s->n_head, "attention heads")->capture_default_str();
+  cmd->add_option("--ff", s->n_ff, "feed-forward width")->capture_default_str();
+  cmd->add_option("--adapter", s->adapter, "adapter width")->capture_default_str();
+  cmd->add_option("--pos-side", s->pos_side, "position table side (and window side), patches")
+      ->capture_default_str();
+  cmd->add_option("--type", *type, "matrix type: f32, f16, q8_0, ...")->capture_default_str();
+  cmd->add_option("--seed", s->seed, "random seed")->capture_default_str();
+  return [s, out, type]() -> int {
+    s->weight_type = type_named(*type);
+    if (s->weight_type == GGML_TYPE_COUNT)
+      return std::fprintf(stderr, "offgraph synth-mmproj: unknown weight type '%s'\n",
+                          type->c_str()),
+             1;
+    auto summary = synth::write_mmproj(*s, *out);
+    if (!summary.ok())
+      return std::fprintf(stderr, "offgraph synth-mmproj: %s\n", summary.message().c_str()), 1;
+    std::printf("wrote %s: %s\n", out->c_str(), summary->c_str());
     return 0;
   };
 }

@@ -490,6 +490,27 @@ Result<std::optional<float>> GgufFile::optional_f32(const std::string &key) cons
   return std::optional<float>(*v);
 }
 
+Result<std::optional<bool>> GgufFile::optional_bool(const std::string &key) const {
+  if (!has(key)) return std::optional<bool>();
+  auto id = key_of(key, {GGUF_TYPE_BOOL});
+  if (!id.ok()) return id.status();
+  return std::optional<bool>(gguf_get_val_bool(gguf_.get(), *id));
+}
+
+Result<std::optional<std::vector<float>>>
+GgufFile::optional_f32_array(const std::string &key) const {
+  if (!has(key)) return std::optional<std::vector<float>>();
+  auto id = key_of(key, {GGUF_TYPE_ARRAY});
+  if (!id.ok()) return id.status();
+  const gguf_type et = gguf_get_arr_type(gguf_.get(), *id);
+  if (et != GGUF_TYPE_FLOAT32)
+    return Status::error(path_ + ": key '" + key + "' is an array of " + gguf_type_label(et) +
+                         ", expected an array of f32");
+  const auto *raw = static_cast<const float *>(gguf_get_arr_data(gguf_.get(), *id));
+  return std::optional<std::vector<float>>(
+      std::vector<float>(raw, raw + gguf_get_arr_n(gguf_.get(), *id)));
+}
+
 Result<std::optional<std::vector<bool>>>
 GgufFile::optional_bool_array(const std::string &key) const {
   const int64_t id = gguf_find_key(gguf_.get(), key.c_str());

@@ -80,6 +80,9 @@ public:
   Result<std::string> str(const std::string &key) const;
   Result<std::optional<uint32_t>> optional_u32(const std::string &key) const;
   Result<std::optional<float>> optional_f32(const std::string &key) const;
+  Result<std::optional<bool>> optional_bool(const std::string &key) const;
+  // A float array (f32 elements), or nullopt when the key is absent.
+  Result<std::optional<std::vector<float>>> optional_f32_array(const std::string &key) const;
   // A bool array, or nullopt when the key holds a scalar or is absent.
   Result<std::optional<std::vector<bool>>> optional_bool_array(const std::string &key) const;
 
