@@ -3,13 +3,16 @@
 // embeddings it dumps (MTMD_DEBUG_EMBEDDINGS) have the row count offgraph's grid gives for each
 // image size (non-square, above the 32-patch window, under a lowered token cap) and the text
 // model's width; so the writer's keys and tensors are the reference's, and so is the grid.
+#include "image/decode.h"
 #include "image/preprocess.h"
 #include "model/vision.h"
+#include "model/vision_encoder.h"
 #include "synth/mmproj.h"
 #include "synth/synth.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,8 +71,10 @@ std::string png(int w, int h) {
   return path;
 }
 
-// llama-mtmd-cli's encoding of one image: rows and width of the dumped embeddings.
-bool reference_rows(const std::string &image, int max_tokens, int &rows, int &width) {
+// llama-mtmd-cli's encoding of one image: rows and width of the dumped embeddings, and (with
+// `values`) the embeddings.
+bool reference_rows(const std::string &image, int max_tokens, int &rows, int &width,
+                    std::vector<float> *values = nullptr) {
   const std::string dump = (work_dir() / "emb.bin").string();
   fs::remove(dump);
   const std::string cmd =
@@ -85,6 +90,10 @@ bool reference_rows(const std::string &image, int max_tokens, int &rows, int &wi
   int32_t head[2] = {0, 0};
   f.read(reinterpret_cast<char *>(head), sizeof(head));
   rows = head[0], width = head[1];
+  if (values) {
+    values->resize(size_t(rows) * size_t(width));
+    f.read(reinterpret_cast<char *>(values->data()), std::streamsize(values->size() * 4));
+  }
   return bool(f);
 }
 
@@ -105,6 +114,54 @@ TEST(VisionPeer, TheReferenceLoadsTheSyntheticMmprojAndEncodesOurGridsRows) {
     std::printf("[ vision   ] %dx%d (cap %d): the reference encoded %d rows of %d; offgraph's "
                 "grid %dx%d\n",
                 c.w, c.h, c.cap, rows, width, g.width, g.height);
+  }
+}
+
+// The encoder's rows against the reference's (llama-mtmd-cli -fa off: f32 attention; both
+// round the pixels to f16 in the patch convolution), on images decoded and preprocessed by
+// offgraph: non-square, one window, several windows with partial ones at the right and bottom
+// edges, the position table resized up and down (grids above and below 32 patches a side).
+TEST(VisionPeer, EncoderRowsMatchTheReference) {
+  auto m = model::VisionModel::load(files().mmproj, 64);
+  ASSERT_TRUE(m.ok()) << m.message();
+  struct Case {
+    int w, h;
+  };
+  for (const Case &c :
+       {Case{100, 70}, Case{448, 448}, Case{640, 480}, Case{300, 901}, Case{900, 470}}) {
+    SCOPED_TRACE(std::to_string(c.w) + "x" + std::to_string(c.h));
+    const std::string path = png(c.w, c.h);
+    int rows = 0, width = 0;
+    std::vector<float> ref;
+    ASSERT_TRUE(reference_rows(path, 4096, rows, width, &ref));
+    std::ifstream f(path, std::ios::binary);
+    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f),
+                                     std::istreambuf_iterator<char>()};
+    auto img = image::decode_image(bytes);
+    ASSERT_TRUE(img.ok()) << img.message();
+    const model::VisionConfig &vc = (*m)->config();
+    const image::GridSize g = image::choose_grid(img->width, img->height, 28, 4096);
+    const image::Image resized = image::resize_lanczos(*img, g.width, g.height);
+    auto enc = model::encode_image(**m, image::normalize_planar(resized, vc.mean, vc.std_dev),
+                                   g.width, g.height, 2);
+    ASSERT_TRUE(enc.ok()) << enc.message();
+    ASSERT_EQ(enc->n_rows, rows);
+    ASSERT_EQ(enc->width, width);
+    double worst = 0, num = 0, den = 0;
+    for (int r = 0; r < rows; ++r) {
+      double rn = 0, rd = 0;
+      for (int i = 0; i < width; ++i) {
+        const double a = enc->rows[size_t(r) * size_t(width) + size_t(i)];
+        const double b = ref[size_t(r) * size_t(width) + size_t(i)];
+        rn += (a - b) * (a - b), rd += b * b;
+      }
+      worst = std::max(worst, std::sqrt(rn / rd));
+      num += rn, den += rd;
+    }
+    std::printf("[ vision   ] %dx%d -> %d rows: worst row relative error %.3g, overall %.3g "
+                "(bound 1e-4)\n",
+                c.w, c.h, rows, worst, std::sqrt(num / den));
+    EXPECT_LE(worst, 1e-4);
   }
 }
 
