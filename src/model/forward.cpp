@@ -154,7 +154,19 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   if (covered != n)
     return Status::error("forward: spans cover " + std::to_string(covered) + " of " +
                          std::to_string(n) + " tokens");
-  for (int32_t t : batch.tokens)
+  for (size_t i = 0; i < batch.embedding_at.size(); ++i)
+    if (batch.embedding_at[i] < 0 || batch.embedding_at[i] >= n ||
+        (i && batch.embedding_at[i] <= batch.embedding_at[i - 1]))
+      return Status::error("forward: embedding rows must be ascending indices into the batch");
+  if (batch.embeddings.size() != batch.embedding_at.size() * size_t(c.n_embd))
+    return Status::error("forward: " + std::to_string(batch.embeddings.size()) +
+                         " embedding values for " + std::to_string(batch.embedding_at.size()) +
+                         " rows of width " + std::to_string(c.n_embd));
+  // Token ids are looked up where the input is not an embedding row; elsewhere they only name
+  // the row (for prefix reuse) and id 0 is looked up (then replaced).
+  std::vector<int32_t> lookup = batch.tokens;
+  for (int32_t at : batch.embedding_at) lookup[size_t(at)] = 0;
+  for (int32_t t : lookup)
     if (t < 0 || t >= c.n_vocab)
       return Status::error("forward: token id " + std::to_string(t) +
                            " is outside the vocabulary (0.." + std::to_string(c.n_vocab - 1) + ")");
@@ -196,6 +208,13 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
   in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, int64_t(batch.logit_rows.size()));
   for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
+  if (!batch.embedding_at.empty()) {
+    const int64_t m = int64_t(batch.embedding_at.size());
+    in.embedding_at = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I64, m);
+    in.embeddings = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, c.n_embd, m);
+    ggml_set_input(in.embedding_at);
+    ggml_set_input(in.embeddings);
+  }
   std::vector<ggml_tensor *> hidden_tensors;
   auto logits = build_forward(model_, ctx.get(), batch, in, step, &hidden_tensors);
   if (!logits.ok()) return logits.status();
@@ -213,7 +232,12 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   std::vector<int32_t> positions;
   for (const Batch::Span &s : batch.spans)
     for (int32_t i = 0; i < s.n_tokens; ++i) positions.push_back(s.position + i);
-  ggml_backend_tensor_set(in.tokens, batch.tokens.data(), 0, ggml_nbytes(in.tokens));
+  ggml_backend_tensor_set(in.tokens, lookup.data(), 0, ggml_nbytes(in.tokens));
+  if (in.embeddings) {
+    const std::vector<int64_t> at(batch.embedding_at.begin(), batch.embedding_at.end());
+    ggml_backend_tensor_set(in.embedding_at, at.data(), 0, ggml_nbytes(in.embedding_at));
+    ggml_backend_tensor_set(in.embeddings, batch.embeddings.data(), 0, ggml_nbytes(in.embeddings));
+  }
   ggml_backend_tensor_set(in.positions, positions.data(), 0, ggml_nbytes(in.positions));
   if (in.logit_rows->buffer) // not in the graph when every row's logits are wanted
     ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));

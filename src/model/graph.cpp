@@ -9,6 +9,12 @@ ggml_tensor *GraphBuilder::rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps
   return gain ? ggml_mul(ctx_, x, gain) : x;
 }
 
+ggml_tensor *GraphBuilder::input_rows(ggml_tensor *tok_embd) const {
+  ggml_tensor *x = ggml_get_rows(ctx_, tok_embd, in_.tokens);
+  if (!in_.embeddings) return x;
+  return ggml_set_rows(ctx_, x, in_.embeddings, in_.embedding_at);
+}
+
 ggml_tensor *GraphBuilder::rope(ggml_tensor *x, const RopeParams &p,
                                 ggml_tensor *freq_factors) const {
   // YaRN off: no extrapolation mix; beta_fast/beta_slow are ggml's defaults, unused without it.

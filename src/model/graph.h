@@ -21,6 +21,9 @@ public:
   ggml_context *ctx() const { return ctx_; }
   int64_t n_tokens() const { return int64_t(batch_.tokens.size()); }
   ggml_tensor *token_ids() const { return in_.tokens; }
+  // The batch's input rows [n_embd, n]: the tokens' rows of `tok_embd`, with the batch's
+  // embedding rows (Batch::embeddings) in place of theirs.
+  ggml_tensor *input_rows(ggml_tensor *tok_embd) const;
 
   // rms(x, eps) * gain; gain may be absent (a weightless norm).
   ggml_tensor *rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps) const;

@@ -65,7 +65,7 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
   ggml_context *ctx = g.ctx();
   const RopeParams rope = c.rope(false);
 
-  ggml_tensor *x = ggml_get_rows(ctx, w.tok_embd, g.token_ids());
+  ggml_tensor *x = g.input_rows(w.tok_embd);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
     x = g.layer_input(il, x);

@@ -86,13 +86,22 @@ struct Batch {
   // the residual stream after the layers before (layer 0's: the embedded tokens). What a drafter
   // conditioned on the target's hidden states reads (docs/speculative.md, DFlash).
   std::vector<int32_t> hidden_layers = {};
+  // Rows whose input is an embedding instead of a token's (image rows: the vision encoder's
+  // output, vision_encoder.h): indices into tokens, ascending, and their rows (n_embd floats
+  // each, row after row). The tokens at those indices are not looked up (any value, e.g. an id
+  // that keys the row for prefix reuse). Each architecture's input handling (its first norm)
+  // applies to these rows as to token rows.
+  std::vector<int32_t> embedding_at = {};
+  std::vector<float> embeddings = {};
 };
 
 // Graph inputs the runner fills after allocation.
 struct GraphInputs {
-  ggml_tensor *tokens = nullptr;     // I32 [n_tokens]
-  ggml_tensor *positions = nullptr;  // I32 [n_tokens]
-  ggml_tensor *logit_rows = nullptr; // I32 [n_rows]
+  ggml_tensor *tokens = nullptr;       // I32 [n_tokens]
+  ggml_tensor *positions = nullptr;    // I32 [n_tokens]
+  ggml_tensor *logit_rows = nullptr;   // I32 [n_rows]
+  ggml_tensor *embedding_at = nullptr; // I64 [n_embedding_rows], or null
+  ggml_tensor *embeddings = nullptr;   // F32 [n_embd, n_embedding_rows], or null
 };
 
 // Builds the forward graph of `batch` (whose spans were declared to `step` in order, as span

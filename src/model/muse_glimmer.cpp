@@ -80,7 +80,8 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
   const Weights &w = g.weights();
   ggml_context *ctx = g.ctx();
 
-  ggml_tensor *x = g.rms_norm(ggml_get_rows(ctx, w.tok_embd, g.token_ids()), nullptr, c.rms_eps);
+  // Image rows get this weightless norm too, exactly once (MUSE_GLIMMER.md §7).
+  ggml_tensor *x = g.rms_norm(g.input_rows(w.tok_embd), nullptr, c.rms_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights &l = w.layers[size_t(il)];
     x = g.layer_input(il, x);
