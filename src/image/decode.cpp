@@ -156,8 +156,8 @@ void jpeg_on_progress(j_common_ptr cinfo) {
 }
 
 Status decode_jpeg(std::span<const uint8_t> bytes, const DecodeLimits &limits, Image &out) {
-  jpeg_decompress_struct cinfo;
-  JpegError err;
+  jpeg_decompress_struct cinfo{};
+  JpegError err{};
   jpeg_progress_mgr progress;
   Status checked = ok_status();
   cinfo.err = jpeg_std_error(&err.mgr);

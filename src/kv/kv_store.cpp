@@ -12,6 +12,17 @@
 
 namespace offgraph::kv {
 
+namespace {
+std::atomic<int64_t> g_device_buffer_frees{0};
+} // namespace
+
+int64_t device_buffer_frees() { return g_device_buffer_frees.load(); }
+
+void CountingBufferFree::operator()(ggml_backend_buffer_t buffer) const {
+  if (!ggml_backend_buffer_is_host(buffer)) ++g_device_buffer_frees;
+  ggml_backend_buffer_free(buffer);
+}
+
 Result<AttentionKernel> parse_attention_kernel(std::string_view name) {
   if (name == "grouped") return AttentionKernel::Grouped;
   if (name == "grouped-decode") return AttentionKernel::GroupedDecodeOnly;

@@ -59,11 +59,21 @@ struct MemoryUse {
 
 // The ring caches of one sequence (each at its ring size, fixed), a snapshot's saved rows, or the
 // page pool: one backend buffer per buffer type its caches live in (one per device).
+// Buffers of storage outside host memory freed so far, by every store of the process. A device
+// (a ggml-rpc server) may forget what it held for a graph when one of its buffers is freed, so a
+// graph may be reused only while this stays the same (model::Forward).
+int64_t device_buffer_frees();
+
+// Frees a buffer, counting it in device_buffer_frees() when it is not in host memory.
+struct CountingBufferFree {
+  void operator()(ggml_backend_buffer_t buffer) const;
+};
+
 struct Pool {
   struct Part {
     ggml_backend_buffer_type_t buft = nullptr;
     ggml_context_ptr ctx;
-    ggml_backend_buffer_ptr buffer;
+    std::unique_ptr<ggml_backend_buffer, CountingBufferFree> buffer;
   };
   std::vector<Part> parts;
   std::vector<ggml_tensor *> k, v; // by cache id (snapshots: by entry); null for flat caches

@@ -58,6 +58,15 @@ public:
     return relays_[size_t(d)] ? relays_[size_t(d)]->bytes_from_server() : 0;
   }
 
+  // FREE_BUFFER requests to every server so far: a server forgets its stored graphs on each, so
+  // a graph may be recomputed (Forward's reuse) only while this stays the same.
+  int64_t buffer_frees() const {
+    int64_t n = 0;
+    for (const auto &relay : relays_)
+      if (relay) n += relay->buffer_frees();
+    return n;
+  }
+
   // The device of each layer 0..n_layer-1 and of the output head (entry n_layer): slot i of
   // n_layer + 1 goes to the device whose cumulative share first passes i / (n_layer + 1).
   std::vector<int32_t> assign(int32_t n_layer) const;

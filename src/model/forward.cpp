@@ -109,11 +109,21 @@ Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     if (!d.is_cpu(i)) device_backends_.emplace_back(ggml_backend_dev_init(d.device(i), nullptr));
 }
 
+int64_t Forward::buffer_frees() const {
+  return kv::device_buffer_frees() + model_.devices().buffer_frees();
+}
+
 bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
   if (alloc_) return ggml_gallocr_alloc_graph(alloc_.get(), gf);
   std::vector<ggml_tensor *> tensors = graph_tensors(gf);
   std::vector<uint64_t> signature = graph_signature(gf, tensors);
-  if (last_.graph && signature == last_.signature) {
+  // A server forgets its stored graphs whenever any buffer of it is freed (a sequence removed, a
+  // snapshot dropped): then the graph is sent again. The stores count their frees as they make
+  // them (exact, this thread); the relays count every FREE_BUFFER request, from anywhere, once
+  // they read it. A freed buffer's memory may also come back at the same address for other
+  // storage, which the signature could not tell apart.
+  const int64_t frees = buffer_frees();
+  if (last_.graph && signature == last_.signature && frees == last_.buffer_frees) {
     adopt_allocation(tensors, last_.tensors);
     ++graphs_reused_;
     return true;
@@ -140,7 +150,8 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
       ggml_backend_sched_set_tensor_backend(sched_.get(), node, backend_.get());
   if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) return false;
   ++graphs_built_;
-  last_ = {std::move(ctx), gf, std::move(tensors), std::move(signature)};
+  // Counted after allocation: the scheduler may have freed its own compute buffers to grow them.
+  last_ = {std::move(ctx), gf, std::move(tensors), std::move(signature), buffer_frees()};
   return true;
 }
 
@@ -246,6 +257,9 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     last_ = {};
     return Status::error("forward: graph compute failed");
   }
+  // Every FREE_BUFFER sent before the compute reached its relay before the compute's answer came
+  // back through it (one connection, in order): counted now, none is mistaken for a later one.
+  if (last_.graph) last_.buffer_frees = buffer_frees();
   // A server that stopped mid-step: the relay answered for it, so nothing read below is a result.
   auto device_lost = [&]() -> Status {
     std::string gone = model_.devices().failure();

@@ -43,6 +43,8 @@ private:
   // again; `ctx` (gf's) is then kept as the last graph's.
   bool allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx);
   ggml_status compute(ggml_cgraph *gf);
+  // Device buffers freed so far, as the stores and the relays count them (LastGraph).
+  int64_t buffer_frees() const;
 
   const Model &model_;
   kv::KvStore &store_;
@@ -61,6 +63,7 @@ private:
     ggml_cgraph *graph = nullptr;
     std::vector<ggml_tensor *> tensors; // graph_tensors
     std::vector<uint64_t> signature;
+    int64_t buffer_frees = 0; // Devices::buffer_frees when it was allocated or last computed
   } last_;
   int64_t graphs_reused_ = 0, graphs_built_ = 0;
 

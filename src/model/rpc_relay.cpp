@@ -251,6 +251,7 @@ void RpcRelay::serve(int client) {
       }
     }
     if (!read_full(client, &cmd, 1) || !read_full(client, &size, 8)) break;
+    if (cmd == kFreeBuffer) ++buffer_frees_; // counted before forwarding: reuse checks it
     if (server >= 0 && (!write_full(server, &cmd, 1) || !write_full(server, &size, 8)))
       lost(cmd, "closed the connection");
     if (server >= 0) to_server_ += 9;

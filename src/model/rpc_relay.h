@@ -47,6 +47,9 @@ public:
   // Bytes that went over the server's connection (not those answered for it once gone).
   int64_t bytes_to_server() const { return to_server_.load(); }
   int64_t bytes_from_server() const { return from_server_.load(); }
+  // FREE_BUFFER requests seen: the server drops its stored graphs on each (ggml-rpc.cpp,
+  // free_buffer), so a graph computed before one cannot be recomputed after it.
+  int64_t buffer_frees() const { return buffer_frees_.load(); }
 
 private:
   RpcRelay() = default;
@@ -61,7 +64,7 @@ private:
   std::atomic<int> server_fd_{-1}; // the server connection in use, for the destructor to cut
   std::thread thread_;
   std::atomic<bool> stopping_{false}, failed_{false};
-  std::atomic<int64_t> to_server_{0}, from_server_{0};
+  std::atomic<int64_t> to_server_{0}, from_server_{0}, buffer_frees_{0};
   mutable std::mutex mutex_;
   std::string failure_;
 };

@@ -100,7 +100,7 @@ Status bind_weights(const GgufFile &f, TensorBinder &b, VisionConfig &c, VisionW
   ggml_tensor *pos = f.tensor("v.position_embd.weight");
   if (!pos) return Status::error(f.path() + ": tensor 'v.position_embd.weight' is missing");
   c.pos_side = int32_t(std::lround(std::sqrt(double(pos->ne[1]))));
-  if (int64_t(c.pos_side) * c.pos_side != pos->ne[1])
+  if (pos->ne[1] < 1 || int64_t(c.pos_side) * c.pos_side != pos->ne[1])
     return Status::error(f.path() + ": tensor 'v.position_embd.weight' has " +
                          std::to_string(pos->ne[1]) +
                          " positions, which is not a square table (side x side)");

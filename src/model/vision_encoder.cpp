@@ -98,6 +98,12 @@ Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<fl
   if (planar.size() != size_t(width) * size_t(height) * 3)
     return Status::error("vision: " + std::to_string(planar.size()) + " values for a " +
                          std::to_string(width) + "x" + std::to_string(height) + " RGB image");
+  // The token cap bounds the graph (global layers attend over every patch).
+  const int64_t merged = (int64_t(width) / cell) * (int64_t(height) / cell);
+  if (merged > c.max_tokens)
+    return Status::error("vision: a " + std::to_string(width) + "x" + std::to_string(height) +
+                         " image is " + std::to_string(merged) + " tokens, over the cap of " +
+                         std::to_string(c.max_tokens) + " (image::choose_grid keeps under it)");
   const int32_t gw = width / c.patch, gh = height / c.patch;
   const Layout l = plan_layout(gw, gh, c.pos_side, c.merge);
   const int64_t D = c.n_embd, hd = c.head_dim, H = c.n_head;

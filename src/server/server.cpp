@@ -570,8 +570,9 @@ namespace {
 // level) fails as on a lost device and the shutdown can go on. Nothing on the CPU alone.
 class DeviceStopWatchdog {
 public:
+  // grace_seconds <= 0: never give up.
   DeviceStopWatchdog(const model::Model *model, int grace_seconds) {
-    if (!model || model->devices().size() <= 1) return;
+    if (!model || model->devices().size() <= 1 || grace_seconds <= 0) return;
     const model::Devices &devices = model->devices();
     thread_ = std::thread([this, &devices, grace_seconds] {
       std::unique_lock lock(mutex_);
@@ -603,13 +604,16 @@ void Server::stop() {
   // New requests get 503; waiting handlers cancel theirs, which the still-running engine loop
   // finishes, so that the HTTP threads can end; then the loop ends.
   if (stopping_.exchange(true)) return;
-  DeviceStopWatchdog watchdog(model_, options_.device_stop_grace_seconds);
-  wake_engine();
-  if (http_) http_->stop();
-  if (http_thread_.joinable()) http_thread_.join();
-  engine_done_ = true;
-  wake_engine();
-  if (engine_thread_.joinable()) engine_thread_.join();
+  {
+    // Only while a step may still be waiting: once the engine's thread ended, nothing waits.
+    DeviceStopWatchdog watchdog(model_, options_.device_stop_grace_seconds);
+    wake_engine();
+    if (http_) http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+    engine_done_ = true;
+    wake_engine();
+    if (engine_thread_.joinable()) engine_thread_.join();
+  }
   if (warm_thread_.joinable()) warm_thread_.join();
 }
 

@@ -37,6 +37,7 @@ struct ServerOptions {
   std::vector<std::string> model_aliases; // more ids requests may name (the file name, ...)
   // On stop, how long a step may go on waiting for a device server before every server is given
   // up on (model::Devices::interrupt): one that froze would otherwise hold the shutdown for good.
+  // 0 or less: never give up.
   int device_stop_grace_seconds = 10;
 };
 

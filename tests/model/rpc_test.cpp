@@ -174,6 +174,41 @@ TEST(Rpc, SplitLayersGiveTheCpuLogits) {
   EXPECT_TRUE(servers().alive(1));
 }
 
+// A server forgets its stored graphs when any of its buffers is freed: a sequence removed between
+// two decode steps of another (its rings freed on the devices) must make the next step send its
+// graph again, not recompute one the server no longer has (which would lose the device).
+TEST(Rpc, ABufferFreedBetweenStepsMakesTheNextStepSendItsGraph) {
+  ASSERT_TRUE(servers().ok());
+  const std::string path = make_model("muse-glimmer", 7);
+  Session cpu(path, nullptr);
+  Session split(path, open_devices({1, 1}));
+  ASSERT_TRUE(cpu.model && split.model);
+  const int32_t V = cpu.model->config().n_vocab;
+  kv::SeqId a[2], b[2];
+  for (int s = 0; s < 2; ++s) {
+    Session &x = s ? split : cpu;
+    a[s] = *x.store->create_sequence();
+    b[s] = *x.store->create_sequence();
+    x.step(a[s], {1, 2, 3, 4}); // decode below at positions 4..7: one page of 4 rows
+    x.step(b[s], {7, 8, 9});
+  }
+  auto decode = [&](int s, int32_t t) { return (s ? split : cpu).step(a[s], {t}); };
+  for (int32_t t : {11, 12}) decode(0, t), decode(1, t);
+  const int64_t reused = split.fwd->graphs_reused(), built = split.fwd->graphs_built();
+  ASSERT_GE(reused, 1) << "the second decode step should have reused the first's graph";
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE((s ? split : cpu).store->remove_sequence(b[s]).ok());
+  const auto c = decode(0, 13), d = decode(1, 13);
+  ASSERT_EQ(c.size(), d.size());
+  EXPECT_LE(rel_error(d.data(), c.data(), size_t(V)), 1e-4);
+  EXPECT_EQ(split.fwd->graphs_built(), built + 1) << "the step after the free must send its graph";
+  EXPECT_EQ(split.model->devices().failure(), "");
+  // And reuse resumes after it.
+  const auto e = decode(0, 14), f = decode(1, 14);
+  EXPECT_LE(rel_error(f.data(), e.data(), size_t(V)), 1e-4);
+  EXPECT_EQ(split.fwd->graphs_reused(), reused + 1);
+  EXPECT_TRUE(servers().alive(0) && servers().alive(1));
+}
+
 TEST(Rpc, TheSplitPlacesLayersAndKvOnTheirDevices) {
   ASSERT_TRUE(servers().ok());
   Session s(make_model("muse-glimmer", 8), open_devices({1, 2, 1}));

@@ -3,6 +3,7 @@
 // honoured, neutral or refused by name, shapes checked, the output width checked against the
 // text model's, another projector or a text model refused.
 #include "model/vision.h"
+#include "model/vision_encoder.h"
 #include "model_test_util.h"
 #include "synth/mmproj.h"
 
@@ -11,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 namespace offgraph::model {
@@ -164,6 +166,31 @@ TEST(VisionLoad, EachBrokenRuleIsRefusedByName) {
                                         gguf_set_val_str(g, "general.architecture", "muse-glimmer");
                                       }}),
                  "expected 'clip'");
+}
+
+// The encoder refuses what its graph must not be built for: over the token cap (the global
+// layers attend over every patch), sizes off the 28-px grid, planar data of the wrong size.
+TEST(VisionLoad, TheEncoderRefusesImagesOffTheGridOrOverTheCap) {
+  auto m = VisionModel::load(good_file(), 64);
+  ASSERT_TRUE(m.ok()) << m.message();
+  const int32_t side = 28 * 65; // 65 x 65 = 4,225 tokens > 4,096
+  auto over = encode_image(**m, std::vector<float>(size_t(side) * side * 3, 0.1f), side, side, 2);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.message().find("over the cap of 4096"), std::string::npos) << over.message();
+  auto off = encode_image(**m, std::vector<float>(size_t(30) * 28 * 3, 0.1f), 30, 28, 2);
+  ASSERT_FALSE(off.ok());
+  EXPECT_NE(off.message().find("multiples of 28"), std::string::npos) << off.message();
+  auto short_data = encode_image(**m, std::vector<float>(10, 0.1f), 28, 28, 2);
+  ASSERT_FALSE(short_data.ok());
+  EXPECT_NE(short_data.message().find("10 values"), std::string::npos) << short_data.message();
+  // And one that fits encodes to one row per merged token, finite.
+  std::vector<float> px(size_t(56) * 84 * 3);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = float(std::sin(0.01 * double(i)));
+  auto ok = encode_image(**m, px, 84, 56, 2);
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  EXPECT_EQ(ok->n_rows, 6);
+  EXPECT_EQ(ok->width, 64);
+  for (float v : ok->rows) ASSERT_TRUE(std::isfinite(v));
 }
 
 } // namespace
