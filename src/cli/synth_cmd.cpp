@@ -10,10 +10,12 @@
 namespace offgraph::cli {
 namespace {
 
-// A weight type by ggml's name, or GGML_TYPE_COUNT.
+// A weight type by ggml's name that ggml can still write (removed types keep their names with
+// a block size of 0), or GGML_TYPE_COUNT.
 ggml_type type_named(const std::string &name) {
   for (int i = 0; i < GGML_TYPE_COUNT; ++i)
-    if (ggml_get_type_traits(ggml_type(i))->type_name && name == ggml_type_name(ggml_type(i)))
+    if (ggml_get_type_traits(ggml_type(i))->type_name && name == ggml_type_name(ggml_type(i)) &&
+        ggml_blck_size(ggml_type(i)) > 0)
       return ggml_type(i);
   return GGML_TYPE_COUNT;
 }

@@ -35,7 +35,11 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
   gguf_get_meta_data(keys, head.data());
   if (std::fwrite(head.data(), 1, head.size(), fp) != head.size())
     return Status::error("synth: write failed");
-  if (metadata_only) return ok_status();
+  if (metadata_only) {
+    if (std::fclose(closer.release()) != 0)
+      return Status::error("synth: writing '" + path + "' failed");
+    return ok_status();
+  }
   std::mt19937_64 rng(seed);
   uint64_t written = 0;
   std::vector<float> values;
@@ -68,6 +72,12 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
     if (progress) progress(written, total);
   }
   for (long pos = std::ftell(fp); pos % long(GGUF_DEFAULT_ALIGNMENT) != 0; ++pos) std::fputc(0, fp);
+  // A full disk shows here (padding and buffered data): an error, not a short file.
+  const bool failed = std::ferror(fp) != 0;
+  if (std::fclose(closer.release()) != 0 || failed) {
+    std::remove(path.c_str());
+    return Status::error("synth: writing '" + path + "' failed");
+  }
   return ok_status();
 }
 
