@@ -9,6 +9,7 @@
 
 #include <csetjmp>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -69,36 +70,48 @@ uint32_t big_endian_u32(const uint8_t *p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
 }
 
-// Everything with a destructor is declared by the caller, before setjmp: a longjmp must not skip
-// a destructor (C++ makes that undefined).
-Status decode_png(std::span<const uint8_t> bytes, const DecodeLimits &limits, Image &out) {
-  PngSource src{bytes};
+bool dimensions_fit(int64_t w, int64_t h, const DecodeLimits &limits) {
+  return w > 0 && h > 0 && w <= limits.max_side && h <= limits.max_side &&
+         w * h <= limits.max_pixels;
+}
+
+// What a decode run ended with; the messages are built by the caller, outside the frame that
+// called setjmp.
+enum class Outcome { Ok, LibraryError, Dimensions, Cmyk, Components, Truncated };
+
+// One PNG decode. Its frame calls setjmp, so it holds no object with a destructor and builds no
+// C++ string (a longjmp must not skip a destructor, and GCC warns of locals it may clobber):
+// the state lives in `r`, the caller's.
+struct PngRun {
+  PngSource src;
   PngState state;
-  std::vector<png_bytep> rows;
-  Status checked = ok_status();
+  const DecodeLimits *limits;
+  Image *out;
+  std::vector<png_bytep> *rows;
+  int64_t w = 0, h = 0;
+};
+
+[[gnu::noinline]] Outcome run_png(PngRun *r) {
   png_structp png =
-      png_create_read_struct(PNG_LIBPNG_VER_STRING, &state, png_on_error, png_on_warning);
-  if (!png) return Status::error("PNG: out of memory", StatusCode::kInternal);
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &r->state, png_on_error, png_on_warning);
+  if (!png) return Outcome::LibraryError;
   png_infop info = png_create_info_struct(png);
   if (!info) {
     png_destroy_read_struct(&png, nullptr, nullptr);
-    return Status::error("PNG: out of memory", StatusCode::kInternal);
+    return Outcome::LibraryError;
   }
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, nullptr);
-    out = {};
-    return Status::error(std::string("invalid PNG: ") + state.error +
-                         (state.warning[0] ? std::string(" (") + state.warning + ")" : ""));
+    return Outcome::LibraryError;
   }
-  png_set_read_fn(png, &src, png_read_from_span);
-  png_set_user_limits(png, png_uint_32(limits.max_side), png_uint_32(limits.max_side));
+  png_set_read_fn(png, &r->src, png_read_from_span);
+  png_set_user_limits(png, png_uint_32(r->limits->max_side), png_uint_32(r->limits->max_side));
   png_set_chunk_malloc_max(png, kPngChunkMax);
   png_read_info(png, info);
-  const int64_t w = png_get_image_width(png, info), h = png_get_image_height(png, info);
-  checked = check_dimensions("PNG", w, h, limits);
-  if (!checked.ok()) {
+  r->w = png_get_image_width(png, info), r->h = png_get_image_height(png, info);
+  if (!dimensions_fit(r->w, r->h, *r->limits)) {
     png_destroy_read_struct(&png, &info, nullptr);
-    return checked;
+    return Outcome::Dimensions;
   }
   // To 8-bit RGB as stb_image does: palettes and low bit depths expanded, 16-bit to its high
   // byte, grey replicated, alpha (and a tRNS colour key) dropped.
@@ -112,16 +125,34 @@ Status decode_png(std::span<const uint8_t> bytes, const DecodeLimits &limits, Im
     png_set_strip_alpha(png); // a palette's tRNS becomes alpha on expansion
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  if (png_get_rowbytes(png, info) != size_t(w) * 3)
+  if (png_get_rowbytes(png, info) != size_t(r->w) * 3)
     png_error(png, "unexpected row layout after conversion to RGB");
-  out.width = int32_t(w), out.height = int32_t(h);
-  out.rgb.resize(size_t(w) * size_t(h) * 3);
-  rows.resize(size_t(h));
-  for (int64_t y = 0; y < h; ++y) rows[size_t(y)] = out.rgb.data() + size_t(y) * size_t(w) * 3;
-  png_read_image(png, rows.data());
+  r->out->width = int32_t(r->w), r->out->height = int32_t(r->h);
+  r->out->rgb.resize(size_t(r->w) * size_t(r->h) * 3);
+  r->rows->resize(size_t(r->h));
+  for (int64_t y = 0; y < r->h; ++y)
+    (*r->rows)[size_t(y)] = r->out->rgb.data() + size_t(y) * size_t(r->w) * 3;
+  png_read_image(png, r->rows->data());
   png_read_end(png, nullptr); // reads (and checks) the rest: a truncated IDAT stream fails here
   png_destroy_read_struct(&png, &info, nullptr);
-  return ok_status();
+  return Outcome::Ok;
+}
+
+Status decode_png(std::span<const uint8_t> bytes, const DecodeLimits &limits, Image &out) {
+  std::vector<png_bytep> rows;
+  PngRun r{{bytes}, {}, &limits, &out, &rows};
+  switch (run_png(&r)) {
+  case Outcome::Ok:
+    return ok_status();
+  case Outcome::Dimensions:
+    out = {};
+    return check_dimensions("PNG", r.w, r.h, limits);
+  default:
+    out = {};
+    if (!r.state.error[0]) return Status::error("PNG: out of memory", StatusCode::kInternal);
+    return Status::error(std::string("invalid PNG: ") + r.state.error +
+                         (r.state.warning[0] ? std::string(" (") + r.state.warning + ")" : ""));
+  }
 }
 
 // ---- JPEG (libjpeg-turbo; errors longjmp back to decode_jpeg) ----
@@ -155,59 +186,83 @@ void jpeg_on_progress(j_common_ptr cinfo) {
   }
 }
 
-Status decode_jpeg(std::span<const uint8_t> bytes, const DecodeLimits &limits, Image &out) {
+// One JPEG decode; as run_png, nothing with a destructor in the frame that calls setjmp.
+struct JpegRun {
+  std::span<const uint8_t> bytes;
+  const DecodeLimits *limits;
+  Image *out;
   jpeg_decompress_struct cinfo{};
   JpegError err{};
-  jpeg_progress_mgr progress;
-  Status checked = ok_status();
-  cinfo.err = jpeg_std_error(&err.mgr);
-  err.mgr.error_exit = jpeg_on_error;
-  err.mgr.emit_message = jpeg_on_message;
-  if (setjmp(err.jump)) {
-    jpeg_destroy_decompress(&cinfo);
-    out = {};
-    // libjpeg pads data that ends early with an end marker, then trips over it.
-    return Status::error(std::string("invalid JPEG: ") + err.message +
-                         (err.truncated ? " (the data ends early: truncated JPEG)" : ""));
+  jpeg_progress_mgr progress{};
+  int components = 0;
+};
+
+[[gnu::noinline]] Outcome run_jpeg(JpegRun *r) {
+  jpeg_decompress_struct *cinfo = &r->cinfo;
+  cinfo->err = jpeg_std_error(&r->err.mgr);
+  r->err.mgr.error_exit = jpeg_on_error;
+  r->err.mgr.emit_message = jpeg_on_message;
+  if (setjmp(r->err.jump)) {
+    jpeg_destroy_decompress(cinfo);
+    return Outcome::LibraryError;
   }
-  jpeg_create_decompress(&cinfo);
-  progress.progress_monitor = jpeg_on_progress;
-  cinfo.progress = &progress;
-  jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
-  jpeg_read_header(&cinfo, TRUE);
-  checked = check_dimensions("JPEG", cinfo.image_width, cinfo.image_height, limits);
-  if (!checked.ok()) {
-    jpeg_destroy_decompress(&cinfo);
-    return checked;
+  jpeg_create_decompress(cinfo);
+  r->progress.progress_monitor = jpeg_on_progress;
+  cinfo->progress = &r->progress;
+  jpeg_mem_src(cinfo, r->bytes.data(), static_cast<unsigned long>(r->bytes.size()));
+  jpeg_read_header(cinfo, TRUE);
+  if (!dimensions_fit(cinfo->image_width, cinfo->image_height, *r->limits)) {
+    jpeg_destroy_decompress(cinfo);
+    return Outcome::Dimensions;
   }
-  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    jpeg_destroy_decompress(&cinfo);
-    return Status::error("JPEG: CMYK images are not supported (convert to RGB)");
+  if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK) {
+    jpeg_destroy_decompress(cinfo);
+    return Outcome::Cmyk;
   }
-  cinfo.out_color_space = JCS_RGB;
+  cinfo->out_color_space = JCS_RGB;
   // What the coefficient buffers of a progressive image may take (they are full-image).
-  cinfo.mem->max_memory_to_use = long(limits.max_pixels) * 3 * 4;
-  jpeg_start_decompress(&cinfo);
-  const int64_t w = cinfo.output_width, h = cinfo.output_height;
-  if (cinfo.output_components != 3) {
-    jpeg_destroy_decompress(&cinfo);
-    return Status::error("JPEG: unexpected " + std::to_string(cinfo.output_components) +
+  cinfo->mem->max_memory_to_use = long(r->limits->max_pixels) * 3 * 4;
+  jpeg_start_decompress(cinfo);
+  if (cinfo->output_components != 3) {
+    r->components = cinfo->output_components;
+    jpeg_destroy_decompress(cinfo);
+    return Outcome::Components;
+  }
+  const size_t w = cinfo->output_width, h = cinfo->output_height;
+  r->out->width = int32_t(w), r->out->height = int32_t(h);
+  r->out->rgb.resize(w * h * 3);
+  while (cinfo->output_scanline < cinfo->output_height && !r->err.truncated) {
+    JSAMPROW row = r->out->rgb.data() + size_t(cinfo->output_scanline) * w * 3;
+    jpeg_read_scanlines(cinfo, &row, 1);
+  }
+  if (!r->err.truncated) jpeg_finish_decompress(cinfo);
+  jpeg_destroy_decompress(cinfo);
+  return r->err.truncated ? Outcome::Truncated : Outcome::Ok;
+}
+
+Status decode_jpeg(std::span<const uint8_t> bytes, const DecodeLimits &limits, Image &out) {
+  auto r = std::make_unique<JpegRun>();
+  r->bytes = bytes, r->limits = &limits, r->out = &out;
+  const Outcome outcome = run_jpeg(r.get());
+  if (outcome != Outcome::Ok) out = {};
+  switch (outcome) {
+  case Outcome::Ok:
+    return ok_status();
+  case Outcome::Dimensions:
+    return check_dimensions("JPEG", r->cinfo.image_width, r->cinfo.image_height, limits);
+  case Outcome::Cmyk:
+    return Status::error("JPEG: CMYK images are not supported (convert to RGB)");
+  case Outcome::Components:
+    return Status::error("JPEG: unexpected " + std::to_string(r->components) +
                          " components after conversion to RGB");
-  }
-  out.width = int32_t(w), out.height = int32_t(h);
-  out.rgb.resize(size_t(w) * size_t(h) * 3);
-  while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out.rgb.data() + size_t(cinfo.output_scanline) * size_t(w) * 3;
-    jpeg_read_scanlines(&cinfo, &row, 1);
-    if (err.truncated) break;
-  }
-  if (!err.truncated) jpeg_finish_decompress(&cinfo);
-  jpeg_destroy_decompress(&cinfo);
-  if (err.truncated) {
-    out = {};
+  case Outcome::Truncated:
     return Status::error("invalid JPEG: the data ends early (truncated JPEG)");
+  case Outcome::LibraryError:
+    break;
   }
-  return ok_status();
+  // libjpeg pads data that ends early with an end marker, then trips over it.
+  return Status::error(std::string("invalid JPEG: ") + r->err.message +
+                       (r->err.truncated ? " (the data ends early: truncated JPEG)" : ""));
 }
 
 } // namespace
