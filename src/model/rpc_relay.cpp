@@ -184,13 +184,25 @@ std::unique_ptr<RpcRelay> RpcRelay::start(const sockaddr_in &address, std::strin
 
 void RpcRelay::interrupt(const std::string &why) {
   fail(why);
+  cut_server();
+}
+
+void RpcRelay::cut_server() {
+  std::lock_guard lock(fd_mutex_);
   if (const int fd = server_fd_.load(); fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+void RpcRelay::close_server(int &server) {
+  std::lock_guard lock(fd_mutex_);
+  server_fd_ = -1;
+  if (server >= 0) close(server);
+  server = -1;
 }
 
 RpcRelay::~RpcRelay() {
   stopping_ = true;
   if (listener_ >= 0) shutdown(listener_, SHUT_RDWR);
-  if (const int fd = server_fd_.load(); fd >= 0) shutdown(fd, SHUT_RDWR); // one that froze
+  cut_server(); // one that froze
   if (thread_.joinable()) thread_.join();
   if (listener_ >= 0) close(listener_);
 }
@@ -225,9 +237,7 @@ void RpcRelay::serve(int client) {
   server_fd_ = server;
   auto lost = [&](uint8_t cmd, const std::string &how) {
     fail("the server " + how + " during " + cmd_name(cmd));
-    server_fd_ = -1;
-    if (server >= 0) close(server);
-    server = -1;
+    close_server(server);
   };
   std::vector<uint8_t> chunk(1 << 20);
   for (;;) {
@@ -245,8 +255,7 @@ void RpcRelay::serve(int client) {
         if (server >= 0 && p[1].revents) lost(kCmdCount, "closed the connection");
       }
       if (stopping_) {
-        server_fd_ = -1;
-        if (server >= 0) close(server);
+        close_server(server);
         return;
       }
     }
@@ -324,8 +333,7 @@ void RpcRelay::serve(int client) {
     if (left > 0) break; // the client went away
     if (server >= 0 && cmd == kHello) receive_timeout(server, 0);
   }
-  server_fd_ = -1;
-  if (server >= 0) close(server);
+  close_server(server);
 }
 
 } // namespace offgraph::model

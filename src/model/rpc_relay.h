@@ -61,7 +61,13 @@ private:
   sockaddr_in server_{};
   std::string endpoint_;
   int listener_ = -1;
-  std::atomic<int> server_fd_{-1}; // the server connection in use, for the destructor to cut
+  // The server connection in use, for interrupt() and the destructor to cut. Under fd_mutex_
+  // whenever it is cut or closed: another thread's shutdown() must never reach a descriptor
+  // number closed and reused meanwhile (an HTTP client's socket).
+  std::atomic<int> server_fd_{-1};
+  std::mutex fd_mutex_;
+  void close_server(int &server);
+  void cut_server();
   std::thread thread_;
   std::atomic<bool> stopping_{false}, failed_{false};
   std::atomic<int64_t> to_server_{0}, from_server_{0}, buffer_frees_{0};
