@@ -135,7 +135,8 @@ TEST_P(EmbeddingRows, TakeTheTokensPlaceExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, EmbeddingRows, ::testing::Values("muse-glimmer", "llama"),
                          [](const auto &param_info) {
-                           return std::string(param_info.param) == "llama" ? "Llama" : "MuseGlimmer";
+                           return std::string(param_info.param) == "llama" ? "Llama"
+                                                                           : "MuseGlimmer";
                          });
 
 } // namespace
