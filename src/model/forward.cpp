@@ -175,8 +175,13 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
                          " rows of width " + std::to_string(c.n_embd));
   // Token ids are looked up where the input is not an embedding row; elsewhere they only name
   // the row (for prefix reuse) and id 0 is looked up (then replaced).
-  std::vector<int32_t> lookup = batch.tokens;
-  for (int32_t at : batch.embedding_at) lookup[size_t(at)] = 0;
+  // (A copy only for batches with embedding rows: decode steps upload the tokens as they are.)
+  std::vector<int32_t> replaced;
+  if (!batch.embedding_at.empty()) {
+    replaced = batch.tokens;
+    for (int32_t at : batch.embedding_at) replaced[size_t(at)] = 0;
+  }
+  const std::vector<int32_t> &lookup = batch.embedding_at.empty() ? batch.tokens : replaced;
   for (int32_t t : lookup)
     if (t < 0 || t >= c.n_vocab)
       return Status::error("forward: token id " + std::to_string(t) +

@@ -62,10 +62,10 @@ Status read_config(const GgufFile &f, ConfigReader &keys, VisionConfig &c) {
   if (c.head_dim % 4 != 0)
     return Status::error(path + ": head dim " + std::to_string(c.head_dim) +
                          " is not a multiple of 4 (the 2-D RoPE rotates pairs in two halves)");
-  // Read by mtmd and then without effect for this projector: the nominal size (the position
-  // table decides) and the projection width (mm.2 decides; checked against it below).
-  int32_t nominal = 0, projection = 0;
-  OFFGRAPH_TRY(keys.u32("vision.image_size", nominal, 1, 1 << 20, true));
+  // Without effect in mtmd for this projector, so checked instead: the nominal size (the position
+  // table decides; checked once it is bound) and the projection width (mm.2's shape).
+  int32_t projection = 0;
+  OFFGRAPH_TRY(keys.u32("vision.image_size", c.image_size, 1, 1 << 20, true));
   OFFGRAPH_TRY(keys.u32("vision.projection_dim", projection, 1, 1 << 20, true));
   c.n_embd_out = projection;
   for (auto [key, out] :
@@ -89,7 +89,7 @@ Status read_config(const GgufFile &f, ConfigReader &keys, VisionConfig &c) {
   if (silu->value_or(false))
     return Status::error(path + ": clip.use_silu = true, but Muse Glimmer's encoder uses GELU");
   keys.mark_read("use_silu");
-  keys.set_neutral("clip.use_gelu", {0.0, 1.0});
+  keys.set_neutral("clip.use_gelu", {1.0}); // true agrees; false asks for another activation
   return ok_status();
 }
 
@@ -105,6 +105,12 @@ Status bind_weights(const GgufFile &f, TensorBinder &b, VisionConfig &c, VisionW
                          std::to_string(pos->ne[1]) +
                          " positions, which is not a square table (side x side)");
   OFFGRAPH_TRY(b.bind(w.pos_embd, "v.position_embd.weight", {D, pos->ne[1]}, Role::Vector));
+  if (c.image_size != c.pos_side * c.patch * c.merge)
+    return Status::error(f.path() + ": clip.vision.image_size = " + std::to_string(c.image_size) +
+                         ", but the position table (" + std::to_string(c.pos_side) + " x " +
+                         std::to_string(c.pos_side) + " patches of " + std::to_string(c.patch) +
+                         " px, merge " + std::to_string(c.merge) + ") makes " +
+                         std::to_string(c.pos_side * c.patch * c.merge));
   OFFGRAPH_TRY(b.bind(w.pre_ln_w, "v.pre_ln.weight", {D}, Role::Vector));
   OFFGRAPH_TRY(b.bind(w.pre_ln_b, "v.pre_ln.bias", {D}, Role::Vector));
   OFFGRAPH_TRY(b.bind(w.post_ln_w, "v.post_ln.weight", {D}, Role::Vector));
@@ -117,18 +123,18 @@ Status bind_weights(const GgufFile &f, TensorBinder &b, VisionConfig &c, VisionW
     OFFGRAPH_TRY(b.bind(l.ln1_b, p + "ln1.bias", {D}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ln2_w, p + "ln2.weight", {D}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ln2_b, p + "ln2.bias", {D}, Role::Vector));
-    struct Pair {
-      ggml_tensor **w, **b;
+    struct Matrix {
+      Linear *out;
       const char *name;
-      int64_t in, out;
+      int64_t in, n_out;
     };
-    for (const Pair &m :
-         {Pair{&l.q_w, &l.q_b, "attn_q", D, D}, Pair{&l.k_w, &l.k_b, "attn_k", D, D},
-          Pair{&l.v_w, &l.v_b, "attn_v", D, D}, Pair{&l.o_w, &l.o_b, "attn_out", D, D},
-          Pair{&l.up_w, &l.up_b, "ffn_up", D, c.n_ff},
-          Pair{&l.down_w, &l.down_b, "ffn_down", c.n_ff, D}}) {
-      OFFGRAPH_TRY(b.bind(*m.w, p + m.name + ".weight", {m.in, m.out}, Role::Matrix));
-      OFFGRAPH_TRY(b.bind(*m.b, p + m.name + ".bias", {m.out}, Role::Vector));
+    for (const Matrix &m :
+         {Matrix{&l.q, "attn_q", D, D}, Matrix{&l.k, "attn_k", D, D}, Matrix{&l.v, "attn_v", D, D},
+          Matrix{&l.o, "attn_out", D, D}, Matrix{&l.up, "ffn_up", D, c.n_ff},
+          Matrix{&l.down, "ffn_down", c.n_ff, D}}) {
+      // Weight and bias both required (the converter writes both; this encoder has no scales).
+      OFFGRAPH_TRY(b.bind(m.out->w, p + m.name + ".weight", {m.in, m.n_out}, Role::Matrix));
+      OFFGRAPH_TRY(b.bind(m.out->b, p + m.name + ".bias", {m.n_out}, Role::Vector));
     }
   }
   const int64_t merged = D * c.merge * c.merge;

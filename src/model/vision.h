@@ -8,6 +8,7 @@
 
 #include "base/status.h"
 #include "model/gguf_file.h"
+#include "model/weights.h"
 
 #include <array>
 #include <memory>
@@ -22,6 +23,7 @@ struct VisionConfig {
   int32_t pos_side = 0;   // the learned position table is pos_side x pos_side patches; also the
                           // window side (windows of pos_side x pos_side patches)
   int32_t adapter = 0;    // mm.0's and mm.1's output width
+  int32_t image_size = 0; // the nominal size the converter writes: pos_side x patch x merge
   int32_t n_embd_out = 0; // mm.2's output: the text model's width
   float eps = 0;          // every LayerNorm
   std::array<float, 3> mean{}, std_dev{};
@@ -36,9 +38,7 @@ struct VisionConfig {
 
 struct VisionBlock {
   ggml_tensor *ln1_w = nullptr, *ln1_b = nullptr, *ln2_w = nullptr, *ln2_b = nullptr;
-  ggml_tensor *q_w = nullptr, *q_b = nullptr, *k_w = nullptr, *k_b = nullptr;
-  ggml_tensor *v_w = nullptr, *v_b = nullptr, *o_w = nullptr, *o_b = nullptr;
-  ggml_tensor *up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
+  Linear q, k, v, o, up, down; // each with its bias
 };
 
 struct VisionWeights {

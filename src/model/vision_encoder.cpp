@@ -57,11 +57,6 @@ ggml_tensor *layer_norm(ggml_context *ctx, ggml_tensor *x, ggml_tensor *w, ggml_
   return ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, x, eps), w), b);
 }
 
-ggml_tensor *linear(ggml_context *ctx, ggml_tensor *x, ggml_tensor *w, ggml_tensor *b) {
-  ggml_tensor *y = ggml_mul_mat(ctx, w, x);
-  return b ? ggml_add(ctx, y, b) : y;
-}
-
 // Attention over batches of equal windows (or, global, over all patches as one window).
 // q, k, v: [hd, heads, n_tok] in window order. Returns [hd * heads, n_tok].
 ggml_tensor *attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
@@ -155,13 +150,13 @@ Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<fl
                         0.0f, 0.0f);
       return ggml_rope_set_offset(t, int(hd / 2));
     };
-    ggml_tensor *q = rope2d(linear(ctx, h, b.q_w, b.q_b));
-    ggml_tensor *k = rope2d(linear(ctx, h, b.k_w, b.k_b));
-    ggml_tensor *v = ggml_reshape_3d(ctx, linear(ctx, h, b.v_w, b.v_b), hd, H, l.n_tok);
+    ggml_tensor *q = rope2d(b.q.apply(ctx, h));
+    ggml_tensor *k = rope2d(b.k.apply(ctx, h));
+    ggml_tensor *v = ggml_reshape_3d(ctx, b.v.apply(ctx, h), hd, H, l.n_tok);
     ggml_tensor *a = attend(ctx, q, k, v, c.is_global(i) ? global : l.runs, scale);
-    x = ggml_add(ctx, x, linear(ctx, a, b.o_w, b.o_b));
+    x = ggml_add(ctx, x, b.o.apply(ctx, a));
     h = layer_norm(ctx, x, b.ln2_w, b.ln2_b, c.eps);
-    h = linear(ctx, ggml_gelu_erf(ctx, linear(ctx, h, b.up_w, b.up_b)), b.down_w, b.down_b);
+    h = b.down.apply(ctx, ggml_gelu_erf(ctx, b.up.apply(ctx, h)));
     x = ggml_add(ctx, x, h);
   }
   x = layer_norm(ctx, x, w.post_ln_w, w.post_ln_b, c.eps);

@@ -97,7 +97,7 @@ TEST(VisionLoad, ASyntheticMmprojLoadsWithItsConfiguration) {
   EXPECT_TRUE(c.is_global(3));
   const VisionWeights &w = (*m)->weights();
   ASSERT_EQ(w.blocks.size(), 4u);
-  EXPECT_NE(w.blocks[3].down_b, nullptr);
+  EXPECT_NE(w.blocks[3].down.b, nullptr);
   EXPECT_EQ(w.patch_bias, nullptr);
   ASSERT_NE(w.pos_embd, nullptr);
   // The weights are mapped: the position table holds the file's values, not zeros.
@@ -160,6 +160,15 @@ TEST(VisionLoad, EachBrokenRuleIsRefusedByName) {
                                                t->ne[1] = 1000;
                                            }}),
                  "not a square table");
+  expect_refused(
+      variant(
+          "image_size",
+          {.keys = [](gguf_context *g) { gguf_set_val_u32(g, "clip.vision.image_size", 448); }}),
+      "clip.vision.image_size = 448");
+  expect_refused(
+      variant("no_gelu",
+              {.keys = [](gguf_context *g) { gguf_set_val_bool(g, "clip.use_gelu", false); }}),
+      "clip.use_gelu");
   // A text model where the encoder belongs.
   expect_refused(variant("arch", {.keys =
                                       [](gguf_context *g) {
