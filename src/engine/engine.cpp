@@ -14,7 +14,70 @@ namespace {
 // read: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
 constexpr size_t kScoredChunk = 64;
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The rows of `r`'s embeddings among prompt positions [from, from + n), appended to `batch`
+// (whose index of position `from` is `first`).
+void append_embedding_rows(const Request &r, size_t from, size_t n, int32_t first,
+                           model::Batch &batch) {
+  for (const Request::Embeddings &e : r.embeddings) {
+    const size_t at = size_t(e.at), width = size_t(e.rows->width);
+    const size_t lo = std::max(from, at), hi = std::min(from + n, at + size_t(e.rows->n_rows));
+    for (size_t p = lo; p < hi; ++p) {
+      batch.embedding_at.push_back(first + int32_t(p - from));
+      const float *row = e.rows->rows.data() + (p - at) * width;
+      batch.embeddings.insert(batch.embeddings.end(), row, row + width);
+    }
+  }
+}
+
+// The request's embeddings well-formed (ascending, disjoint, inside the prompt, of the model's
+// width) and its other ids tokens of the vocabulary.
+Status check_prompt_inputs(const Request &r, const model::ModelConfig &c) {
+  size_t end = 0, next = 0; // the last span's end; the next id to check
+  auto check_tokens = [&](size_t to) -> Status {
+    for (; next < to; ++next)
+      if (r.prompt[next] < 0 || r.prompt[next] >= c.n_vocab)
+        return Status::error("prompt token " + std::to_string(next) + " is " +
+                             std::to_string(r.prompt[next]) + ", outside the vocabulary of " +
+                             std::to_string(c.n_vocab));
+    return Status();
+  };
+  for (const Request::Embeddings &e : r.embeddings) {
+    if (!e.rows || e.rows->n_rows < 1 || e.rows->width != c.n_embd ||
+        e.rows->rows.size() != size_t(e.rows->n_rows) * size_t(e.rows->width))
+      return Status::error("prompt embeddings must hold rows of the model's width (" +
+                           std::to_string(c.n_embd) + ")");
+    if (e.at < 0 || size_t(e.at) < end || size_t(e.at) + size_t(e.rows->n_rows) > r.prompt.size())
+      return Status::error("prompt embeddings must be ascending, disjoint and inside the prompt");
+    if (Status s = check_tokens(size_t(e.at)); !s.ok()) return s;
+    end = next = size_t(e.at) + size_t(e.rows->n_rows);
+  }
+  if (Status s = check_tokens(r.prompt.size()); !s.ok()) return s;
+  if (r.embeddings.empty()) return Status();
+  if (r.prompt_logprobs)
+    return Status::error("prompt_logprobs: an image's rows are not tokens and have no "
+                         "log-probability; a prompt with images cannot be scored");
+  if (r.speculation && r.speculation->source == DraftSource::Draft)
+    return Status::error("speculative decoding with a draft model cannot take a prompt with "
+                         "images (the draft model has no image rows)");
+  return Status();
+}
+
 } // namespace
+
+std::vector<int32_t> image_row_ids(uint64_t hash, int32_t n_rows, int32_t n_vocab) {
+  const uint64_t range = uint64_t(std::numeric_limits<int32_t>::max()) - uint64_t(n_vocab) + 1;
+  std::vector<int32_t> ids(size_t(std::max(0, n_rows)));
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = n_vocab + int32_t(splitmix64(hash ^ splitmix64(i)) % range);
+  return ids;
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
@@ -74,6 +137,7 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
         size_t(request.message_starts[i]) >= request.prompt.size() ||
         (i > 0 && request.message_starts[i] <= request.message_starts[i - 1]))
       return Status::error("message starts must ascend inside the prompt");
+  if (Status s = check_prompt_inputs(request, model_.config()); !s.ok()) return s;
   const int64_t need = int64_t(request.prompt.size()) + request.max_tokens;
   if (need > options_.context)
     return Status::error("the prompt has " + std::to_string(request.prompt.size()) +
@@ -388,6 +452,11 @@ std::vector<Engine::Part> Engine::plan_batch() {
           }
         } else if (limit > 0) {
           decode.draft = a->speculator->draft(limit, draft_cost);
+          // An n-gram draft may continue into an image's row ids: it stops before them.
+          const int32_t n_vocab = model_.config().n_vocab;
+          auto bad = std::find_if(decode.draft.begin(), decode.draft.end(),
+                                  [&](int32_t t) { return t < 0 || t >= n_vocab; });
+          decode.draft.erase(bad, decode.draft.end());
           decode.n += int32_t(decode.draft.size());
         }
       }
@@ -433,6 +502,8 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     batch.tokens.insert(batch.tokens.end(), p.g->tokens.begin() + long(p.g->computed),
                         p.g->tokens.begin() + long(p.g->computed) + own);
     batch.tokens.insert(batch.tokens.end(), p.draft.begin(), p.draft.end());
+    if (p.g->computed < p.g->request.prompt.size() && !p.g->request.embeddings.empty())
+      append_embedding_rows(p.g->request, p.g->computed, size_t(own), first, batch);
     batch.spans.push_back({p.g->seq, int32_t(p.g->computed), p.n});
     first_row[i] = batch.logit_rows.size();
     if (p.all_rows || !p.draft.empty())

@@ -17,6 +17,7 @@
 #include "engine/speculation.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
+#include "model/vision_encoder.h"
 #include "sample/grammar_matcher.h"
 #include "sample/logprobs.h"
 #include "sample/sampler.h"
@@ -101,7 +102,22 @@ struct Request {
   // drafts from them as from the context (they never enter the context). A request with a
   // prediction speculates with n-gram drafts even where its options say none.
   std::vector<int32_t> prediction;
+  // Embedding rows in the prompt (images, placed by engine/images.h): prompt[at, at + n_rows)
+  // take these rows in place of token embeddings, ascending and disjoint. The prompt's ids there
+  // are not looked up: they key the rows for prefix reuse (image_row_ids), so two different
+  // images must not share them. Reuse ends at an image's first row unless all its rows match.
+  // Such a request neither scores its prompt (prompt_logprobs) nor drafts with a draft model
+  // (neither can take an image row); n-gram drafts stop before any id outside the vocabulary.
+  struct Embeddings {
+    int32_t at = 0;
+    std::shared_ptr<const model::EncodedImage> rows;
+  };
+  std::vector<Embeddings> embeddings;
 };
+
+// The ids of an image's n_rows embedding rows in a prompt: drawn from `hash` (of the image) into
+// [n_vocab, INT32_MAX] (each row its own draw), so that the prefix tree tells images apart by them.
+std::vector<int32_t> image_row_ids(uint64_t hash, int32_t n_rows, int32_t n_vocab);
 
 struct Event {
   uint64_t request = 0;
@@ -337,6 +353,10 @@ private:
   // Rewinds a's sequence to a.computed when a verify span left rows past it (the rejected
   // drafts); an error, changing nothing, where the rings no longer hold the window there.
   Status drop_rejected(Generation &a);
+  // How much of a's prompt a prefix of `shared` matching tokens lets it reuse: a match ending
+  // inside an image's rows stops at the image's first row (row ids are 31-bit draws, so only an
+  // image's rows matching whole identify it).
+  static int32_t reusable_depth(const Generation &a, int32_t shared);
   // Starts a's drafter over its tokens when its request speculates.
   void start_speculation(Generation &a);
   // The draft model's greedy continuations: `want[i].second` tokens after each generation's

@@ -110,6 +110,12 @@ Result<bool> Engine::memory_allows(const Generation &a) {
   return reserved + need <= options_.kv_budget;
 }
 
+int32_t Engine::reusable_depth(const Generation &a, int32_t shared) {
+  for (const Request::Embeddings &e : a.request.embeddings)
+    if (e.at < shared && shared < e.at + e.rows->n_rows) return e.at;
+  return shared;
+}
+
 bool Engine::attach(Generation &a) {
   const std::vector<int32_t> &prompt = a.request.prompt;
   // A scored prompt needs every position's logits: nothing of it is reused.
@@ -119,16 +125,18 @@ bool Engine::attach(Generation &a) {
   const int32_t whole = int32_t(prompt.size()), target = whole - 1;
   PrefixTree::Match m = tree_.match(prompt, whole);
   if (m.sequences.empty()) return false;
-  const bool whole_prompt = m.snapshot && m.snapshot_depth == whole && m.restore_depth == whole &&
-                            !saved_.at(*m.snapshot).logits.empty();
-  if (!whole_prompt) m = tree_.match(prompt, target); // the deepest snapshot short of the end
+  const int32_t trusted = reusable_depth(a, m.depth);
+  const bool whole_prompt = trusted == whole && m.snapshot && m.snapshot_depth == whole &&
+                            m.restore_depth == whole && !saved_.at(*m.snapshot).logits.empty();
+  if (!whole_prompt) // the deepest snapshot short of the end
+    m = tree_.match(prompt, std::min(target, trusted));
   // The deepest point a cached sequence's rings still hold (every position for a model without
   // sliding layers): forking there costs no snapshot.
   kv::SeqId fork_from = -1;
   int32_t fork_at = 0;
   for (const auto &[s, c] : cached_) {
     const int32_t at =
-        int32_t(std::min(shared_prefix(*tree_.tokens_of(s), prompt), size_t(target)));
+        std::min(reusable_depth(a, int32_t(shared_prefix(*tree_.tokens_of(s), prompt))), target);
     if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
   }
   int32_t reuse = 0;
@@ -162,12 +170,14 @@ bool Engine::park(std::unique_ptr<Generation> &a) {
     return false;
   const std::vector<int32_t> &prompt = a->request.prompt;
   // Worth waiting for: a prefix at least a page longer than what the tree gives now.
-  const int32_t tree_depth = std::min(tree_.match(prompt, 0).depth, int32_t(prompt.size()) - 1);
+  const int32_t tree_depth =
+      std::min(reusable_depth(*a, tree_.match(prompt, 0).depth), int32_t(prompt.size()) - 1);
   Generation *best = nullptr;
   int32_t best_depth = tree_depth + store_->page_rows() - 1;
   for (const auto &g : active_) {
     const int32_t shared =
-        int32_t(std::min(shared_prefix(g->request.prompt, prompt), prompt.size() - 1));
+        std::min(reusable_depth(*a, int32_t(shared_prefix(g->request.prompt, prompt))),
+                 int32_t(prompt.size()) - 1);
     // Only a prefix it has yet to compute: one it holds is served by forking it when it is cached
     // (or by its snapshots).
     if (shared > best_depth && size_t(shared) > g->computed) best = g.get(), best_depth = shared;

@@ -11,6 +11,8 @@ void Engine::start_speculation(Generation &a) {
   SpeculationOptions o = a.request.speculation.value_or(options_.speculation);
   // A prediction is drafted from by n-gram drafts (submit() refused one with another source).
   if (!a.request.prediction.empty()) o.source = DraftSource::Ngram;
+  // A draft model has no image rows (submit() refused a request that asks for one).
+  if (o.source == DraftSource::Draft && !a.request.embeddings.empty()) return;
   if (o.source != DraftSource::None && a.request.max_tokens > 1)
     a.speculator.emplace(o, a.request.prediction, a.tokens,
                          recent_acceptance_[size_t(o.source)].rate());

@@ -159,6 +159,11 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
   for (size_t i = 0; i < ids.size();) {
     size_t j = i;
     while (j < ids.size() && ids[j] == ids[i]) ++j;
+    // Ids outside the vocabulary name image rows (engine::image_row_ids): not tokens, no penalty.
+    if (static_cast<size_t>(ids[i]) >= logits.size()) {
+      i = j;
+      continue;
+    }
     const float count = static_cast<float>(j - i);
     float &l = logits[static_cast<size_t>(ids[i])];
     // Dividing a negative logit would raise it; multiplying pushes it further down instead.
@@ -367,9 +372,9 @@ Result<int32_t> Sampler::filter(std::span<const float> logits, std::span<const i
   }
   if (penalties_enabled(params_)) {
     for (int32_t id : penalty_window(history, params_.penalty_last_n)) {
-      if (id < 0 || id >= vocab_size_) {
-        return Status::error("sampling: history token id " + std::to_string(id) +
-                             " is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
+      // Ids at or past the vocabulary name image rows (engine::image_row_ids): skipped.
+      if (id < 0) {
+        return Status::error("sampling: history token id " + std::to_string(id) + " is negative");
       }
     }
   }

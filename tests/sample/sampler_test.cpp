@@ -281,10 +281,17 @@ TEST(Sampler, BadInputsAreErrors) {
   auto l = random_logits(10, 3);
   EXPECT_FALSE(s.sample_checked(std::span<const float>(l).first(9), {}).ok());
   EXPECT_EQ(s.sample(std::span<const float>(l).first(9), {}), Sampler::kNoToken);
-  const std::vector<int32_t> bad_history = {3, 10};
+  const std::vector<int32_t> bad_history = {3, -1};
   auto r = s.sample_checked(l, bad_history);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("history"), std::string::npos);
+  // Ids past the vocabulary name image rows: no penalty, nothing touched past the logits.
+  std::vector<float> penalised = l, with_rows = l;
+  apply_penalties(penalised, std::vector<int32_t>{3, 7}, p);
+  apply_penalties(with_rows, std::vector<int32_t>{3, 10, 7, 2000000000}, p);
+  EXPECT_EQ(penalised, with_rows);
+  EXPECT_NE(penalised, l);
+  EXPECT_TRUE(s.sample_checked(l, std::vector<int32_t>{3, 10, 2000000000}).ok());
   auto nan_l = l;
   nan_l[4] = std::numeric_limits<float>::quiet_NaN();
   r = s.sample_checked(nan_l, {});
