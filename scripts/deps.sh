@@ -25,7 +25,7 @@ readonly BUNDLE_PATH="package/llama/gitRelease.bundle"
 # init system runs, Debian's package also starts a system nginx on port 80 (deploy/ runs its own).
 readonly APT_PACKAGES=(cmake g++ make git ninja-build ccache pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   python3 python3-jsonschema ca-certificates clang libclang-rt-14-dev libomp-dev nginx libnginx-mod-http-js
-  libpng-dev libjpeg62-turbo-dev libstb-dev python3-pil python3-numpy)
+  libpng-dev libjpeg62-turbo-dev libstb-dev python3-pil python3-numpy libssl-dev)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

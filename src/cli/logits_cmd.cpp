@@ -1,5 +1,6 @@
 #include "commands.h"
 #include "device_flags.h"
+#include "image_flags.h"
 
 #include "kv/storage_types.h"
 #include "model/forward.h"
@@ -23,11 +24,16 @@ std::function<int()> add_logits(CLI::App &app) {
     int32_t random = 0, chunk = 32, greedy = 0, threads = 2;
     uint64_t seed = 1;
     DeviceFlags devices;
+    ImageFlags images;
+    std::vector<std::string> image_files;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd =
       app.add_subcommand("logits", "compute logits for a token list, then decode greedily");
   add_device_flags(*cmd, o->devices);
+  add_image_flags(*cmd, o->images);
+  cmd->add_option("--image", o->image_files,
+                  "an image for the prompt's next <__media__> marker (with --mmproj; repeatable)");
   cmd->add_option("-m,--model", o->model, "the GGUF model")->required();
   cmd->add_option("--tokens", o->tokens, "prompt token ids, comma-separated");
   cmd->add_option("--random", o->random, "or a prompt of this many random token ids");
@@ -61,7 +67,25 @@ std::function<int()> add_logits(CLI::App &app) {
     report_placement(**m);
     const model::ModelConfig &c = (*m)->config();
     std::vector<int32_t> prompt;
-    if (!o->tokens.empty()) {
+    // Images: each fills its marker with its rows (image positions have no logits row, and their
+    // ids are written as 0xFFFFFFFF: the peer's convention, tools/peer/peer_mtmd_logits.cpp).
+    std::vector<engine::Request::Embeddings> placed;
+    if (!o->image_files.empty()) {
+      if (o->images.mmproj.empty()) return fail("--image needs --mmproj");
+      if (o->prompt.empty()) return fail("--image needs a text prompt (-p) with <__media__>");
+      auto tok = text::Tokenizer::from_gguf(o->model);
+      if (!tok.ok()) return fail(tok.message());
+      auto in = load_image_input(o->images, **m, **tok, o->threads);
+      if (!in.ok()) return fail(in.message());
+      auto images = encode_image_files(*in->encoder, o->image_files);
+      if (!images.ok()) return fail(images.message());
+      prompt = tokenize_with_media(**tok, o->prompt, in->markers.marker, images->size(),
+                                   (*tok)->add_bos_default());
+      std::vector<int32_t> no_starts;
+      auto p = engine::place_images(prompt, no_starts, in->markers, *images, c.n_vocab);
+      if (!p.ok()) return fail(p.message());
+      placed = std::move(p).value();
+    } else if (!o->tokens.empty()) {
       std::stringstream ss(o->tokens);
       for (std::string item; std::getline(ss, item, ',');) {
         try {
@@ -102,17 +126,31 @@ std::function<int()> add_logits(CLI::App &app) {
     peer::LogitsFile file;
     file.n_vocab = uint32_t(c.n_vocab);
     file.n_prompt = uint32_t(prompt.size());
-    for (int32_t t : prompt) file.tokens.push_back(uint32_t(t));
-    // Prefill in chunks, keeping every row's logits.
+    std::vector<const float *> image_row(prompt.size(), nullptr); // each position's, if an image's
+    for (const auto &e : placed)
+      for (int32_t i = 0; i < e.rows->n_rows; ++i)
+        image_row[size_t(e.at + i)] = e.rows->rows.data() + size_t(i) * size_t(c.n_embd);
+    for (size_t i = 0; i < prompt.size(); ++i)
+      file.tokens.push_back(image_row[i] ? 0xFFFFFFFFu : uint32_t(prompt[i]));
+    // Prefill in chunks, keeping every text row's logits.
     for (size_t at = 0; at < prompt.size();) {
       const int32_t n = int32_t(std::min<size_t>(size_t(o->chunk), prompt.size() - at));
       model::Batch b;
       b.tokens.assign(prompt.begin() + long(at), prompt.begin() + long(at) + n);
       b.spans.push_back({seq, int32_t(at), n});
-      for (int32_t i = 0; i < n; ++i) b.logit_rows.push_back(i);
+      for (int32_t i = 0; i < n; ++i) {
+        if (const float *row = image_row[at + size_t(i)]) {
+          b.embedding_at.push_back(i);
+          b.embeddings.insert(b.embeddings.end(), row, row + c.n_embd);
+        } else {
+          b.logit_rows.push_back(i);
+        }
+      }
+      const bool none = b.logit_rows.empty(); // the graph needs an output row: one, unused
+      if (none) b.logit_rows.push_back(n - 1);
       auto logits = fwd.run(b);
       if (!logits.ok()) return fail(logits.message());
-      file.logits.insert(file.logits.end(), logits->begin(), logits->end());
+      if (!none) file.logits.insert(file.logits.end(), logits->begin(), logits->end());
       at += size_t(n);
     }
     auto argmax = [&]() {

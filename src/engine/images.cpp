@@ -1,0 +1,131 @@
+#include "engine/images.h"
+
+#include "image/preprocess.h"
+#include "model/vision_encoder.h"
+
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace offgraph::engine {
+
+ImageDigest image_digest(std::span<const uint8_t> bytes) {
+  ImageDigest d{};
+  unsigned int n = 0;
+  // One-shot EVP digest: fails only on allocation failure, where a zero digest would alias every
+  // image; abort instead of keying rows by it.
+  if (EVP_Digest(bytes.data(), bytes.size(), d.data(), &n, EVP_sha256(), nullptr) != 1 ||
+      n != d.size())
+    std::abort();
+  return d;
+}
+
+uint64_t PreparedImage::hash() const {
+  uint64_t h = 0;
+  std::memcpy(&h, digest.data(), sizeof h);
+  return h;
+}
+
+ImageEncoder::ImageEncoder(const model::VisionModel &vision, ImageOptions options)
+    : vision_(vision), options_(options) {}
+
+ImageEncoder::Stats ImageEncoder::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return Status::error("the image is empty (0 bytes)");
+  if (int64_t(bytes.size()) > options_.max_bytes)
+    return Status::error("the image has " + std::to_string(bytes.size()) + " bytes; at most " +
+                         std::to_string(options_.max_bytes) + " are accepted");
+  const ImageDigest digest = image_digest(bytes);
+  const std::string key(digest.begin(), digest.end());
+  auto lookup = [&]() -> std::optional<PreparedImage> {
+    std::lock_guard lock(mutex_);
+    auto it = by_digest_.find(key);
+    if (it == by_digest_.end()) return std::nullopt;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    ++stats_.cache_hits;
+    PreparedImage p = it->second->second;
+    p.from_cache = true;
+    return p;
+  };
+  if (auto hit = lookup()) return *hit;
+  std::lock_guard encoding(encode_mutex_);
+  if (auto hit = lookup()) return *hit; // encoded by another caller meanwhile
+  const auto t0 = std::chrono::steady_clock::now();
+  auto decoded = image::decode_image(bytes, options_.decode);
+  if (!decoded.ok()) return decoded.status();
+  const model::VisionConfig &c = vision_.config();
+  PreparedImage p;
+  p.digest = digest;
+  p.width = decoded->width, p.height = decoded->height;
+  const image::GridSize g =
+      image::choose_grid(decoded->width, decoded->height, c.patch * c.merge, c.max_tokens);
+  p.grid_width = g.width, p.grid_height = g.height;
+  const image::Image resized = image::resize_lanczos(*decoded, g.width, g.height);
+  decoded->rgb = {}; // the full-size pixels are not needed past here
+  auto rows = model::encode_image(vision_, image::normalize_planar(resized, c.mean, c.std_dev),
+                                  g.width, g.height, options_.threads);
+  if (!rows.ok()) return rows.status();
+  p.rows = std::make_shared<const model::EncodedImage>(std::move(rows).value());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard lock(mutex_);
+  ++stats_.encoded;
+  stats_.rows += p.rows->n_rows;
+  stats_.seconds += seconds;
+  const int64_t size = int64_t(p.rows->rows.size() * sizeof(float));
+  if (size <= options_.cache_bytes) {
+    lru_.emplace_front(key, p);
+    by_digest_[key] = lru_.begin();
+    stats_.cached_bytes += size;
+    while (stats_.cached_bytes > options_.cache_bytes) {
+      const Entry &last = lru_.back();
+      stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
+      by_digest_.erase(last.first);
+      lru_.pop_back();
+    }
+  }
+  return p;
+}
+
+Result<std::vector<Request::Embeddings>>
+place_images(std::vector<int32_t> &prompt, std::vector<int32_t> &message_starts,
+             const ImageMarkers &markers, std::span<const PreparedImage> images, int32_t n_vocab) {
+  size_t n_markers = 0;
+  for (int32_t t : prompt) n_markers += t == markers.marker;
+  if (n_markers != images.size())
+    return Status::error("the prompt has " + std::to_string(n_markers) +
+                         " image places and the request " + std::to_string(images.size()) +
+                         " images");
+  if (images.empty()) return std::vector<Request::Embeddings>{};
+  std::vector<int32_t> out;
+  std::vector<Request::Embeddings> placed;
+  std::vector<int32_t> moved = message_starts;
+  size_t next = 0, start = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    // Message starts at or after position i move by what has been inserted so far.
+    while (start < message_starts.size() && size_t(message_starts[start]) <= i)
+      moved[start] = message_starts[start] + int32_t(out.size() - i), ++start;
+    if (prompt[i] != markers.marker) {
+      out.push_back(prompt[i]);
+      continue;
+    }
+    const PreparedImage &img = images[next++];
+    out.push_back(markers.begin);
+    placed.push_back({int32_t(out.size()), img.rows});
+    const std::vector<int32_t> ids = image_row_ids(img.hash(), img.rows->n_rows, n_vocab);
+    out.insert(out.end(), ids.begin(), ids.end());
+    out.push_back(markers.end);
+  }
+  for (; start < message_starts.size(); ++start)
+    moved[start] = message_starts[start] + int32_t(out.size() - prompt.size());
+  prompt = std::move(out);
+  message_starts = std::move(moved);
+  return placed;
+}
+
+} // namespace offgraph::engine

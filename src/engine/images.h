@@ -1,0 +1,91 @@
+// Images into prompts: bytes (PNG, JPEG) to the text model's embedding rows through the vision
+// encoder, with the encoded rows kept by content for images sent again; and their place in a
+// prompt. What `serve`, `run`, `chat` and `logits` share.
+//
+// An image part is <|image_start|>, the image's rows, <|image_end|> at consecutive positions
+// (mtmd's layout for this projector; the chat template writes one <|patch|> per part, which is
+// replaced). The rows' ids are image_row_ids of the image's SHA-256: the prefix tree reuses an
+// image's rows only when the same bytes are sent again, and a chosen collision would need a
+// preimage of 64 bits of SHA-256.
+#pragma once
+
+#include "engine/engine.h"
+#include "image/decode.h"
+#include "model/vision.h"
+
+#include <array>
+#include <list>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+namespace offgraph::engine {
+
+struct ImageOptions {
+  int64_t max_bytes = int64_t(20) << 20; // one image's PNG/JPEG bytes
+  image::DecodeLimits decode;            // its decoded size
+  // Encoded rows kept for images sent again, least recently used dropped past this (0: none).
+  int64_t cache_bytes = int64_t(256) << 20;
+  int threads = 2;
+};
+
+using ImageDigest = std::array<uint8_t, 32>; // SHA-256
+
+// SHA-256 of `bytes` (OpenSSL).
+ImageDigest image_digest(std::span<const uint8_t> bytes);
+
+struct PreparedImage {
+  ImageDigest digest{};
+  std::shared_ptr<const model::EncodedImage> rows;
+  int32_t width = 0, height = 0;           // as decoded
+  int32_t grid_width = 0, grid_height = 0; // resized to (pixels)
+  bool from_cache = false;
+  // The 64 bits of the digest that name the rows (image_row_ids).
+  uint64_t hash() const;
+};
+
+class ImageEncoder {
+public:
+  ImageEncoder(const model::VisionModel &vision, ImageOptions options);
+
+  // Bytes to rows: decoded, resized to the grid the reference chooses, normalised as the file
+  // says, encoded. Thread-safe; one image is encoded at a time (it takes every thread). The same
+  // bytes again come from the cache. Errors name the problem (size, format, dimensions).
+  Result<PreparedImage> encode(std::span<const uint8_t> bytes);
+
+  struct Stats {
+    int64_t encoded = 0, cache_hits = 0, rows = 0; // rows: of the images encoded
+    double seconds = 0;                            // encoding them (decode included)
+    int64_t cached_bytes = 0;
+  };
+  Stats stats() const;
+  const ImageOptions &options() const { return options_; }
+  const model::VisionModel &vision() const { return vision_; }
+
+private:
+  const model::VisionModel &vision_;
+  ImageOptions options_;
+  mutable std::mutex mutex_; // the cache and the stats
+  std::mutex encode_mutex_;  // one encoding at a time
+  using Entry = std::pair<std::string, PreparedImage>;
+  std::list<Entry> lru_; // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> by_digest_;
+  Stats stats_;
+};
+
+// The tokens an image part is written with in the model's vocabulary.
+struct ImageMarkers {
+  int32_t marker = -1; // what the chat template writes for an image part (<|patch|>)
+  int32_t begin = -1;  // <|image_start|>
+  int32_t end = -1;    // <|image_end|>
+};
+
+// Each marker id in `prompt`, in order, becomes begin, the image's rows (ids: image_row_ids of
+// its hash), end; `message_starts` after a marker move with it. Returns the embeddings for
+// Request::embeddings; an error when the markers and the images differ in number.
+Result<std::vector<Request::Embeddings>>
+place_images(std::vector<int32_t> &prompt, std::vector<int32_t> &message_starts,
+             const ImageMarkers &markers, std::span<const PreparedImage> images, int32_t n_vocab);
+
+} // namespace offgraph::engine

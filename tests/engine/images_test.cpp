@@ -1,0 +1,166 @@
+// engine/images: bytes to rows equal the pipeline run by hand (decode, grid, Lanczos, normalise,
+// encoder); the same bytes again come from the cache (the same rows, no encoding), least recently
+// used dropped past the budget; oversize, empty and undecodable bytes are refused by name; the
+// digest is SHA-256 (a published vector); place_images puts each image's rows at its marker with
+// image_row_ids of its digest and moves the message starts after it.
+#include "engine/images.h"
+#include "image/preprocess.h"
+#include "model/vision_encoder.h"
+#include "synth/mmproj.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <unistd.h>
+
+namespace offgraph::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<uint8_t>;
+
+struct Vision {
+  std::string path;
+  std::unique_ptr<model::VisionModel> model;
+  Vision() {
+    path = (fs::temp_directory_path() / ("offgraph-images-" + std::to_string(getpid()) + ".gguf"))
+               .string();
+    synth::MmprojSpec s;
+    s.n_layer = 2, s.seed = 5;
+    EXPECT_TRUE(synth::write_mmproj(s, path).ok());
+    model = std::move(model::VisionModel::load(path, 64)).value();
+  }
+  ~Vision() { fs::remove(path); }
+};
+Vision &vision() {
+  static Vision v;
+  return v;
+}
+
+Bytes png(int w, int h, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bytes px(size_t(w) * size_t(h) * 3);
+  for (auto &p : px) p = uint8_t(rng());
+  Bytes out;
+  EXPECT_TRUE(stbi_write_png_to_func(
+      [](void *c, void *d, int n) {
+        auto *o = static_cast<Bytes *>(c);
+        o->insert(o->end(), static_cast<uint8_t *>(d), static_cast<uint8_t *>(d) + n);
+      },
+      &out, w, h, 3, px.data(), w * 3));
+  return out;
+}
+
+TEST(Images, DigestIsSha256) {
+  const std::string abc = "abc";
+  const ImageDigest d = image_digest({reinterpret_cast<const uint8_t *>(abc.data()), abc.size()});
+  const uint8_t want[4] = {0xba, 0x78, 0x16, 0xbf}; // FIPS 180-2's "abc": ba7816bf 8f01cfea ...
+  EXPECT_TRUE(std::equal(want, want + 4, d.begin()));
+  EXPECT_EQ(d[31], 0xad);
+}
+
+TEST(Images, EncodeEqualsThePipelineByHandAndCaches) {
+  const model::VisionModel &vm = *vision().model;
+  ImageEncoder enc(vm, {});
+  const Bytes a = png(100, 70, 1);
+  auto p = enc.encode(a);
+  ASSERT_TRUE(p.ok()) << p.message();
+  auto img = image::decode_image(a);
+  ASSERT_TRUE(img.ok());
+  const model::VisionConfig &c = vm.config();
+  const image::GridSize g = image::choose_grid(100, 70, 28, c.max_tokens);
+  auto want = model::encode_image(
+      vm,
+      image::normalize_planar(image::resize_lanczos(*img, g.width, g.height), c.mean, c.std_dev),
+      g.width, g.height, 2);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(p->rows->rows, want->rows);
+  EXPECT_EQ(p->rows->n_rows, (g.width / 28) * (g.height / 28));
+  EXPECT_EQ(p->width, 100);
+  EXPECT_FALSE(p->from_cache);
+  auto again = enc.encode(a);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->from_cache);
+  EXPECT_EQ(again->rows.get(), p->rows.get());
+  EXPECT_EQ(enc.stats().encoded, 1);
+  EXPECT_EQ(enc.stats().cache_hits, 1);
+  // Other bytes, other digest and rows.
+  auto b = enc.encode(png(100, 70, 2));
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(b->hash(), p->hash());
+  EXPECT_NE(b->rows->rows, p->rows->rows);
+}
+
+TEST(Images, CacheDropsTheLeastRecentlyUsedPastItsBudget) {
+  // Room for two images of 6 rows x 64 floats.
+  ImageOptions two;
+  two.cache_bytes = 2 * 6 * 64 * 4;
+  ImageEncoder enc(*vision().model, two);
+  const Bytes a = png(100, 70, 3), b = png(100, 70, 4), c = png(100, 70, 5);
+  for (const Bytes *x : {&a, &b, &a, &c}) ASSERT_TRUE(enc.encode(*x).ok()); // b is oldest at c
+  EXPECT_TRUE(enc.encode(a)->from_cache);
+  EXPECT_TRUE(enc.encode(c)->from_cache);
+  EXPECT_FALSE(enc.encode(b)->from_cache);
+  EXPECT_EQ(enc.stats().cached_bytes, 2 * 6 * 64 * 4);
+  ImageOptions zero;
+  zero.cache_bytes = 0;
+  ImageEncoder none(*vision().model, zero);
+  ASSERT_TRUE(none.encode(a).ok());
+  EXPECT_FALSE(none.encode(a)->from_cache);
+}
+
+TEST(Images, BadBytesAreRefusedByName) {
+  ImageOptions tight;
+  tight.max_bytes = 1000;
+  ImageEncoder enc(*vision().model, tight);
+  const Bytes big = png(100, 70, 6);
+  ASSERT_GT(big.size(), 1000u);
+  auto r = enc.encode(big);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("at most 1000"), std::string::npos) << r.message();
+  EXPECT_NE(enc.encode(Bytes{}).message().find("empty"), std::string::npos);
+  const Bytes text = {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
+  EXPECT_FALSE(enc.encode(text).ok());
+  ImageOptions few;
+  few.decode.max_pixels = 1000;
+  ImageEncoder small(*vision().model, few);
+  auto huge = small.encode(big);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.message().find("100x70"), std::string::npos) << huge.message();
+}
+
+TEST(Images, PlaceImagesAtTheirMarkers) {
+  auto rows = [](int32_t n) {
+    auto e = std::make_shared<model::EncodedImage>();
+    e->n_rows = n, e->width = 4, e->rows.assign(size_t(n) * 4, 0.5f);
+    return e;
+  };
+  PreparedImage a, b;
+  a.digest[0] = 1, a.rows = rows(3);
+  b.digest[0] = 2, b.rows = rows(2);
+  const ImageMarkers m{9, 7, 8};
+  std::vector<int32_t> prompt = {1, 9, 2, 3, 9, 4}, starts = {0, 2, 5};
+  const PreparedImage both[] = {a, b};
+  auto placed = place_images(prompt, starts, m, both, 100);
+  ASSERT_TRUE(placed.ok()) << placed.message();
+  const auto ia = image_row_ids(a.hash(), 3, 100), ib = image_row_ids(b.hash(), 2, 100);
+  const std::vector<int32_t> want = {1, 7, ia[0], ia[1], ia[2], 8, 2, 3, 7, ib[0], ib[1], 8, 4};
+  EXPECT_EQ(prompt, want);
+  EXPECT_EQ(starts, (std::vector<int32_t>{0, 6, 12}));
+  ASSERT_EQ(placed->size(), 2u);
+  EXPECT_EQ((*placed)[0].at, 2);
+  EXPECT_EQ((*placed)[1].at, 9);
+  for (int32_t id : ia) EXPECT_GE(id, 100);
+  EXPECT_NE(ia, image_row_ids(b.hash(), 3, 100));
+  std::vector<int32_t> one = {9, 1}, none;
+  auto r = place_images(one, none, m, both, 100);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("1 image places and the request 2 images"), std::string::npos);
+}
+
+} // namespace
+} // namespace offgraph::engine
