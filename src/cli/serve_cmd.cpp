@@ -1,5 +1,6 @@
 #include "commands.h"
 #include "device_flags.h"
+#include "image_flags.h"
 #include "speculation_flags.h"
 
 #include "kv/storage_types.h"
@@ -29,7 +30,9 @@ std::function<int()> add_serve(CLI::App &app) {
     int snapshot_every = 0, kv_page = 64;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
-    double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 8;
+    double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 0;
+    int max_images = 8;
+    ImageFlags images;
     bool no_prefix_reuse = false;
     SpeculationFlags spec;
     DeviceFlags devices;
@@ -53,7 +56,12 @@ std::function<int()> add_serve(CLI::App &app) {
   cmd->add_option("--max-tokens", o->max_tokens,
                   "the most tokens one request may generate (0: the context)")
       ->capture_default_str();
-  cmd->add_option("--max-body-mib", o->max_body_mib, "largest request body")->capture_default_str();
+  cmd->add_option("--max-body-mib", o->max_body_mib,
+                  "largest request body (default: 8, or 64 with --mmproj: images come base64 "
+                  "in the body)");
+  add_image_flags(*cmd, o->images);
+  cmd->add_option("--max-images", o->max_images, "image parts one request may hold")
+      ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "seconds to write a response")->capture_default_str();
   cmd->add_option("--read-timeout", o->read_timeout, "seconds to read a request")
       ->capture_default_str();
@@ -104,10 +112,12 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     auto spec = speculation_options(o->spec);
     if (!spec.ok()) return fail(spec.message());
-    if (o->max_body_mib <= 0 || o->queue < 0 || o->timeout < 1 || o->read_timeout < 1 ||
-        o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
+    if (o->max_body_mib == 0) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
+    if (o->max_body_mib <= 0 || o->max_images < 1 || o->queue < 0 || o->timeout < 1 ||
+        o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
         o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1)
-      return fail("--max-body-mib, --kv-page and the timeouts must be positive; --queue, "
+      return fail("--max-body-mib, --max-images, --kv-page and the timeouts must be positive; "
+                  "--queue, "
                   "--max-tokens, --kv-mib, --cache-mib and --snapshot-every not negative");
     server::ServerOptions so;
     so.host = o->host;
@@ -121,6 +131,7 @@ std::function<int()> add_serve(CLI::App &app) {
     so.http_threads = o->http_threads;
     so.max_tokens_cap = o->max_tokens;
     so.max_body_bytes = size_t(o->max_body_mib * 1024 * 1024);
+    so.max_images = o->max_images;
     auto s = server::Server::create_loading(so);
     if (!s.ok()) return fail(s.message());
     // Listening first: /health says 503 while the model loads.
@@ -134,6 +145,15 @@ std::function<int()> add_serve(CLI::App &app) {
     report_placement(**m);
     auto draft = load_draft_model(o->spec, o->model);
     if (!draft.ok()) return (*s)->stop(), fail(draft.message());
+    // Declared before the server's guard below: the encoder outlives the server.
+    ImageInput images;
+    if (!o->images.mmproj.empty()) {
+      auto tok = text::Tokenizer::from_gguf(o->model);
+      if (!tok.ok()) return (*s)->stop(), fail(tok.message());
+      auto in = load_image_input(o->images, **m, **tok, o->threads);
+      if (!in.ok()) return (*s)->stop(), fail(in.message());
+      images = std::move(in).value();
+    }
     // The server (its engine's buffers, on the models' devices) goes before the models: a
     // device's relay must still carry the buffers' frees (model/rpc_relay.h).
     struct ServerFirst {
@@ -156,7 +176,8 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.threads = o->threads;
     eo.speculation = *spec;
     eo.draft_model = draft->get();
-    if (Status st = (*s)->attach(**m, eo); !st.ok()) return (*s)->stop(), fail(st.message());
+    if (Status st = (*s)->attach(**m, eo, {images.encoder.get(), images.markers}); !st.ok())
+      return (*s)->stop(), fail(st.message());
     const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),
                  url.c_str());

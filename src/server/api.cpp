@@ -1,6 +1,7 @@
 #include "server/api.h"
 
 #include "sample/sampler.h"
+#include "server/image_parts.h"
 #include "text/chat/chat_prompt.h"
 #include "text/tokenizer/unicode.h"
 
@@ -306,9 +307,10 @@ std::optional<ApiError> check_model(const json &body, const ModelFacts &facts) {
 }
 
 // messages, tools and reasoning effort into the template's context.
+// Image parts' bytes go to `job` (null: only checked, as /apply-template renders them).
 std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, json &ctx,
                                      json &tools_out, std::string &tool_choice,
-                                     std::string &named_tool) {
+                                     std::string &named_tool, Job *job) {
   if (!facts.chat_template)
     return bad("messages", "the model has no chat template; use /v1/completions", "no_template");
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
@@ -327,11 +329,28 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
       return bad(where + ".role", where + " has role '" + role +
                                       "'; expected system, developer, user, assistant or tool");
     if (msg.contains("content") && !msg["content"].is_null()) {
-      const json &c = msg["content"];
+      json &c = msg["content"];
       if (c.is_array()) {
-        for (const auto &part : c)
+        size_t j = 0;
+        for (auto &part : c) {
+          const std::string at = where + ".content[" + std::to_string(j++) + "]";
           if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
             return bad(where + ".content", where + ".content parts need a 'type'");
+          const std::string type = part["type"];
+          if (type == "text") {
+            if (!part.contains("text") || !part["text"].is_string())
+              return bad(at, at + " is a text part without a 'text' string", "invalid_type");
+          } else if (type == "image_url") {
+            if (role != "user")
+              return bad(at, at + ": images are taken in user messages only", "unsupported");
+            if (auto e = take_image_part(part, at, facts, job ? &job->images : nullptr)) return e;
+            if (job) job->image_params.push_back(at + ".image_url");
+          } else {
+            return bad(at,
+                       at + " has type '" + type + "'; content parts are 'text' and 'image_url'",
+                       "unsupported");
+          }
+        }
       } else if (!c.is_string()) {
         return bad(where + ".content", where + ".content must be a string or a list of parts",
                    "invalid_type");
@@ -484,7 +503,7 @@ std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &f
   if (!body.is_object()) return bad("", "the request body is not a JSON object");
   json ctx, tools;
   std::string tool_choice, named;
-  if (auto e = chat_context(body, facts, ctx, tools, tool_choice, named)) return e;
+  if (auto e = chat_context(body, facts, ctx, tools, tool_choice, named, nullptr)) return e;
   auto r = facts.chat_template->render(ctx);
   if (!r.ok()) return bad("messages", "the chat template failed: " + r.message(), "template_error");
   prompt = std::move(r).value();
@@ -506,7 +525,7 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
   if (chat) {
     json ctx;
     std::string tool_choice, named;
-    if (auto e = chat_context(body, facts, ctx, job.tools, tool_choice, named)) return e;
+    if (auto e = chat_context(body, facts, ctx, job.tools, tool_choice, named, &job)) return e;
     auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
     if (!tokens.ok())
       return bad("messages", "the chat template failed: " + tokens.message(), "template_error");
@@ -518,13 +537,20 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
     if (auto e = completion_prompt(body, facts, job)) return e;
     if (auto e = parse_structured(body, false, facts, {}, job)) return e;
   }
+  job.max_tokens_asked = max_tokens;
+  // A prompt with images is measured once they are in it (attach_images).
+  return job.images.empty() ? check_prompt_budget(facts, job) : std::nullopt;
+}
+
+std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job) {
+  int32_t max_tokens = job.max_tokens_asked;
   const int64_t prompt = int64_t(job.request.prompt.size());
   // The answer needs room for a token; a prompt scored without one may fill the context.
   if (prompt > facts.context || (prompt == facts.context && max_tokens != 0))
     return ApiError{400,
                     "the prompt has " + std::to_string(prompt) + " tokens; the context holds " +
                         std::to_string(facts.context) + " in all, prompt and answer",
-                    chat ? "messages" : "prompt", "context_length_exceeded"};
+                    job.chat ? "messages" : "prompt", "context_length_exceeded"};
   if (max_tokens < 0)
     max_tokens = int32_t(std::min<int64_t>(facts.max_tokens_cap, facts.context - prompt));
   else if (prompt + max_tokens > facts.context)

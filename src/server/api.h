@@ -4,6 +4,7 @@
 #pragma once
 
 #include "engine/engine.h"
+#include "engine/images.h"
 #include "server/structured.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -48,6 +49,11 @@ struct ModelFacts {
   // The server's speculative decoding, which the request's speculative.* fields adjust.
   engine::SpeculationOptions speculation;
   bool draft_model = false; // one is loaded (speculative.type "draft")
+  // Images in (--mmproj): the encoder (null: image parts are refused), the tokens an image part
+  // is written with, and the most images one request may hold.
+  engine::ImageEncoder *images = nullptr;
+  engine::ImageMarkers image_markers;
+  int32_t max_images = 8;
 };
 
 // One HTTP request turned into engine work and the instructions to assemble its answer.
@@ -62,7 +68,13 @@ struct Job {
   // prompt's log-probabilities when `logprobs` is set: Request::prompt_logprobs).
   bool echo = false;
   std::string echo_text;
-  bool prediction = false; // `prediction` given (usage then reports its counts)
+  bool prediction = false;       // `prediction` given (usage then reports its counts)
+  int32_t max_tokens_asked = -1; // the request's max_tokens (-1: not given)
+  // Image parts' bytes in prompt order, and the field each came from, until attach_images
+  // (image_parts.h) encodes them; then the rows they put in the prompt.
+  std::vector<std::vector<uint8_t>> images;
+  std::vector<std::string> image_params;
+  int32_t image_tokens = 0;
 };
 
 // Parses /v1/chat/completions (chat) or /v1/completions bodies. The chat template is rendered
@@ -74,6 +86,10 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
 // as /apply-template returns it.
 std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &facts,
                                            std::string &prompt);
+
+// The prompt and max_tokens against the context (max_tokens from the context when not asked):
+// parse_request's last check, or attach_images' once the images are in the prompt.
+std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job);
 
 // Parses a request body, refusing (instead of recursing into) nesting deeper than `max_depth`:
 // a body of a million '[' must not exhaust the stack.

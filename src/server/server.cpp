@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include "server/connection.h"
+#include "server/image_parts.h"
 #include "server/metrics.h"
 #include "server/output.h"
 #include "text/atem/atem_grammar.h"
@@ -178,6 +179,8 @@ struct Routes {
     int completion = 0;
     for (const auto &o : call.outs) completion += o->completion_tokens();
     json u = usage_shape(call.job.request.prompt.size(), completion, call.cached);
+    if (call.job.image_tokens > 0) // the prompt's image rows (counted in prompt_tokens)
+      u["prompt_tokens_details"]["image_tokens"] = call.job.image_tokens;
     if (call.job.prediction) // Predicted Outputs' counts: every drafted token's
       u["completion_tokens_details"] = prediction_details(call.accepted, call.drafted);
     return u;
@@ -235,6 +238,7 @@ struct Routes {
       std::lock_guard lock(s.text_mutex_);
       if (auto e = parse_request(*body, chat, s.facts_, call->job)) return fail(res, *e);
     }
+    if (auto e = attach_images(s.facts_, call->job)) return fail(res, *e);
     const int32_t n = call->job.request.n;
     call->channel = std::make_shared<Channel>(n);
     for (int32_t c = 0; c < n; ++c)
@@ -454,14 +458,15 @@ Result<std::unique_ptr<Server>> Server::create_loading(ServerOptions options) {
 
 Result<std::unique_ptr<Server>> Server::create(const model::Model &model,
                                                engine::EngineOptions engine_options,
-                                               ServerOptions options) {
+                                               ServerOptions options, ImageServing images) {
   auto s = create_loading(std::move(options));
   if (!s.ok()) return s.status();
-  if (Status a = (*s)->attach(model, engine_options); !a.ok()) return a;
+  if (Status a = (*s)->attach(model, engine_options, images); !a.ok()) return a;
   return s;
 }
 
-Status Server::attach(const model::Model &model, engine::EngineOptions engine_options) {
+Status Server::attach(const model::Model &model, engine::EngineOptions engine_options,
+                      ImageServing images) {
   if (ready_) return Status::error("server: a model is already attached");
   if (stopping_) return Status::error("server: stopped", StatusCode::kUnavailable);
   auto tok = text::Tokenizer::from_gguf(model.file().path());
@@ -492,6 +497,9 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.context = engine_options.context;
   facts_.speculation = engine_options.speculation;
   facts_.draft_model = engine_options.draft_model != nullptr;
+  facts_.images = images.encoder;
+  facts_.image_markers = images.markers;
+  facts_.max_images = options_.max_images;
   facts_.max_tokens_cap = options_.max_tokens_cap > 0
                               ? std::min(options_.max_tokens_cap, engine_options.context)
                               : engine_options.context;

@@ -39,6 +39,14 @@ struct ServerOptions {
   // up on (model::Devices::interrupt): one that froze would otherwise hold the shutdown for good.
   // 0 or less: never give up.
   int device_stop_grace_seconds = 10;
+  int32_t max_images = 8; // image parts one request may hold
+};
+
+// Images in (--mmproj): the encoder (not owned; it outlives the server) and the tokens an image
+// part is written with. No encoder: image parts are refused.
+struct ImageServing {
+  engine::ImageEncoder *encoder = nullptr;
+  engine::ImageMarkers markers;
 };
 
 // A request's events on their way from the engine thread to its HTTP handler (server.cpp).
@@ -47,11 +55,13 @@ class Channel;
 class Server {
 public:
   // A server for a loaded model.
-  static Result<std::unique_ptr<Server>>
-  create(const model::Model &model, engine::EngineOptions engine_options, ServerOptions options);
+  static Result<std::unique_ptr<Server>> create(const model::Model &model,
+                                                engine::EngineOptions engine_options,
+                                                ServerOptions options, ImageServing images = {});
   // A server that answers /health with 503 (and every other route with 503) until attach().
   static Result<std::unique_ptr<Server>> create_loading(ServerOptions options);
-  Status attach(const model::Model &model, engine::EngineOptions engine_options);
+  Status attach(const model::Model &model, engine::EngineOptions engine_options,
+                ImageServing images = {});
   ~Server();
 
   // Binds and serves in background threads; returns once listening.

@@ -1,0 +1,136 @@
+#include "server/image_parts.h"
+
+#include <array>
+
+namespace offgraph::server {
+namespace {
+
+ApiError bad(const std::string &param, const std::string &message,
+             const std::string &code = "invalid_value") {
+  return ApiError{400, message, param, code};
+}
+
+} // namespace
+
+std::optional<std::vector<uint8_t>> decode_base64(std::string_view text) {
+  static const std::array<int8_t, 256> value = [] {
+    std::array<int8_t, 256> v;
+    v.fill(-1);
+    const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; ++i) v[uint8_t(alphabet[i])] = int8_t(i);
+    return v;
+  }();
+  size_t n = text.size();
+  size_t pad = 0;
+  while (n > 0 && text[n - 1] == '=' && pad < 2) --n, ++pad;
+  if (pad > 0 && (n + pad) % 4 != 0) return std::nullopt;
+  if (n % 4 == 1) return std::nullopt; // no whole byte
+  std::vector<uint8_t> out;
+  out.reserve(n / 4 * 3 + 2);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int8_t d = value[uint8_t(text[i])];
+    if (d < 0) return std::nullopt;
+    acc = (acc << 6) | uint32_t(d);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  if (bits > 0 && (acc & ((1u << bits) - 1)) != 0) return std::nullopt; // non-canonical tail
+  return out;
+}
+
+std::optional<ApiError> take_image_part(json &part, const std::string &where,
+                                        const ModelFacts &facts,
+                                        std::vector<std::vector<uint8_t>> *bytes) {
+  const std::string param = where + ".image_url";
+  if (!facts.images)
+    return bad(param,
+               "image input needs a vision projector: this server was started without --mmproj",
+               "unsupported");
+  for (auto it = part.begin(); it != part.end(); ++it)
+    if (it.key() != "type" && it.key() != "image_url")
+      return bad(where, where + " has '" + it.key() + "'; an image_url part holds only 'image_url'",
+                 "unsupported");
+  if (!part.contains("image_url")) return bad(param, where + " needs 'image_url'");
+  json spec = part["image_url"];
+  if (spec.is_string()) spec = json{{"url", spec}};
+  if (!spec.is_object() || !spec.contains("url") || !spec["url"].is_string())
+    return bad(param, param + " must be {\"url\": \"data:image/...;base64,...\"}", "invalid_type");
+  for (auto it = spec.begin(); it != spec.end(); ++it)
+    if (it.key() != "url" && it.key() != "detail")
+      return bad(param, param + " has '" + it.key() + "', which is not supported", "unsupported");
+  // "detail" chooses OpenAI's resolution tiers; this encoder has one (the model's grid).
+  if (spec.contains("detail") && !spec["detail"].is_null() && spec["detail"] != "auto")
+    return bad(param + ".detail",
+               "'detail' " + spec["detail"].dump() +
+                   " is not supported: images are encoded at the model's own resolution ('auto')",
+               "unsupported");
+  const std::string &url = spec["url"].get_ref<const std::string &>();
+  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
+    return bad(param + ".url",
+               "image URLs are not fetched (the server makes no network requests): send the "
+               "image as a data: URI, data:image/png;base64,...",
+               "unsupported");
+  if (url.rfind("data:", 0) != 0)
+    return bad(param + ".url", "an image url must be a data: URI (data:image/png;base64,...)");
+  const size_t comma = url.find(',');
+  if (comma == std::string::npos)
+    return bad(param + ".url", "the data: URI has no ',' before its data");
+  const std::string head = url.substr(5, comma - 5);
+  const std::string suffix = ";base64";
+  if (head.size() < suffix.size() ||
+      head.compare(head.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return bad(param + ".url", "the data: URI must be base64 (data:image/png;base64,...)");
+  const std::string type = head.substr(0, head.size() - suffix.size());
+  if (!type.empty() && type != "image/png" && type != "image/jpeg" && type != "image/jpg")
+    return bad(param + ".url",
+               "the image type '" + type + "' is not supported; send image/png or image/jpeg",
+               "unsupported");
+  const std::string_view data(url.data() + comma + 1, url.size() - comma - 1);
+  const int64_t limit = facts.images->options().max_bytes;
+  if (int64_t(data.size()) / 4 * 3 > limit + 2) // before decoding it
+    return bad(param + ".url", "the image has about " + std::to_string(data.size() / 4 * 3) +
+                                   " bytes; at most " + std::to_string(limit) + " are accepted");
+  auto decoded = decode_base64(data);
+  if (!decoded) return bad(param + ".url", "the data: URI's data is not valid base64");
+  if (int64_t(decoded->size()) > limit)
+    return bad(param + ".url", "the image has " + std::to_string(decoded->size()) +
+                                   " bytes; at most " + std::to_string(limit) + " are accepted");
+  if (bytes) {
+    if (int32_t(bytes->size()) >= facts.max_images)
+      return bad(param, "the request holds more than " + std::to_string(facts.max_images) +
+                            " images, the most this server takes");
+    bytes->push_back(std::move(*decoded));
+  }
+  part = json{{"type", "image"}};
+  return std::nullopt;
+}
+
+std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
+  if (job.images.empty()) return std::nullopt;
+  std::vector<engine::PreparedImage> prepared;
+  for (size_t i = 0; i < job.images.size(); ++i) {
+    auto p = facts.images->encode(job.images[i]);
+    if (!p.ok()) {
+      ApiError e = api_error(p.status());
+      e.param = job.image_params[i];
+      e.message = job.image_params[i] + ": " + e.message;
+      return e;
+    }
+    job.image_tokens += p->rows->n_rows;
+    prepared.push_back(std::move(p).value());
+  }
+  job.images.clear(); // the rows are what the request keeps
+  auto placed = engine::place_images(job.request.prompt, job.request.message_starts,
+                                     facts.image_markers, prepared, facts.n_vocab);
+  if (!placed.ok()) // a template that wrote another number of image places than parts
+    return ApiError{400, placed.message(), "messages", "template_error"};
+  job.request.embeddings = std::move(placed).value();
+  return check_prompt_budget(facts, job);
+}
+
+} // namespace offgraph::server

@@ -1,0 +1,200 @@
+// Images over HTTP (/v1/chat/completions image_url parts): usage counts image rows; the same
+// image again is reused (cached tokens past it, the same log-probabilities) and another one
+// answers otherwise; hostile and unsupported inputs get a 400 naming the part (http URLs, bad
+// base64, other types, oversize, too many, truncated or non-image bytes, images outside user
+// messages, 'detail', unknown part types), and a server without --mmproj refuses image parts.
+#include "live_server.h"
+
+#include "engine/images.h"
+#include "synth/mmproj.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
+#include <random>
+
+namespace offgraph::server::testing {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+struct Files {
+  std::string text, mmproj;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::VisionModel> vision;
+  Files() {
+    const std::string tag = std::to_string(::getpid());
+    text = (fs::temp_directory_path() / ("offgraph-image-server-" + tag + ".gguf")).string();
+    mmproj = (fs::temp_directory_path() / ("offgraph-image-mmproj-" + tag + ".gguf")).string();
+    synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
+    s.vocab_path = std::string(OFFGRAPH_SOURCE_DIR) + "/models/muse-glimmer-kjv.gguf";
+    s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
+    s.n_embd = 64, s.head_dim = 16, s.window = 16, s.seed = 3, s.weight_type = GGML_TYPE_F32;
+    EXPECT_TRUE(synth::write_model(s, text).ok());
+    synth::MmprojSpec m;
+    m.n_layer = 2, m.n_embd_text = 64, m.seed = 9;
+    EXPECT_TRUE(synth::write_mmproj(m, mmproj).ok());
+    model = std::move(model::Model::load(text)).value();
+    vision = std::move(model::VisionModel::load(mmproj, 64)).value();
+  }
+  ~Files() { fs::remove(text), fs::remove(mmproj); }
+};
+Files &files() {
+  static Files f;
+  return f;
+}
+
+Bytes png(int w, int h, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bytes px(size_t(w) * size_t(h) * 3);
+  for (auto &p : px) p = uint8_t(rng());
+  Bytes out;
+  stbi_write_png_to_func(
+      [](void *c, void *d, int n) {
+        auto *o = static_cast<Bytes *>(c);
+        o->insert(o->end(), static_cast<uint8_t *>(d), static_cast<uint8_t *>(d) + n);
+      },
+      &out, w, h, 3, px.data(), w * 3);
+  return out;
+}
+
+std::string base64(const Bytes &b) {
+  static const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < b.size(); i += 3) {
+    const uint32_t n = uint32_t(b[i]) << 16 | (i + 1 < b.size() ? uint32_t(b[i + 1]) << 8 : 0) |
+                       (i + 2 < b.size() ? b[i + 2] : 0);
+    out += a[n >> 18 & 63], out += a[n >> 12 & 63];
+    out += i + 1 < b.size() ? a[n >> 6 & 63] : '=';
+    out += i + 2 < b.size() ? a[n & 63] : '=';
+  }
+  return out;
+}
+
+json image_part(const std::string &url) {
+  return {{"type", "image_url"}, {"image_url", {{"url", url}}}};
+}
+std::string data_url(const Bytes &b) { return "data:image/png;base64," + base64(b); }
+
+json ask(const std::vector<json> &parts, int max_tokens = 4) {
+  json content = json::array();
+  for (const json &p : parts) content.push_back(p);
+  return {{"messages", {{{"role", "user"}, {"content", content}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"logprobs", true},
+          {"top_logprobs", 3}};
+}
+json text_part(const std::string &t) { return {{"type", "text"}, {"text", t}}; }
+
+struct ImageServer {
+  std::unique_ptr<engine::ImageEncoder> encoder;
+  std::unique_ptr<Running> run;
+  explicit ImageServer(int32_t max_images = 8, int64_t max_bytes = int64_t(1) << 20) {
+    engine::ImageOptions io;
+    io.max_bytes = max_bytes;
+    encoder = std::make_unique<engine::ImageEncoder>(*files().vision, io);
+    auto tok = text::Tokenizer::from_gguf(files().text);
+    EXPECT_TRUE(tok.ok());
+    ImageServing images{encoder.get(),
+                        {*(*tok)->find_token("<|patch|>"), *(*tok)->find_token("<|image_start|>"),
+                         *(*tok)->find_token("<|image_end|>")}};
+    ServerOptions so = opts("image");
+    so.max_images = max_images;
+    server_ = std::move(Server::create(*files().model, small_engine(1024, 32), so, images)).value();
+    EXPECT_TRUE(server_->start().ok());
+    client = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client->set_read_timeout(120, 0);
+  }
+  ~ImageServer() { server_->stop(); }
+  std::pair<int, json> post(const json &body) {
+    auto r = client->Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<httplib::Client> client;
+};
+
+TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
+  ImageServer s;
+  const Bytes a = png(100, 70, 1), b = png(100, 70, 2);
+  auto [st0, plain] = s.post(ask({text_part("What is this?")}));
+  ASSERT_EQ(st0, 200) << plain.dump();
+  auto [st1, first] = s.post(ask({image_part(data_url(a)), text_part("What is this?")}));
+  ASSERT_EQ(st1, 200) << first.dump();
+  const int rows = first["usage"]["prompt_tokens_details"]["image_tokens"];
+  EXPECT_EQ(rows, s.encoder->stats().rows);
+  EXPECT_GT(rows, 0);
+  // The part became <|image_start|>, the rows, <|image_end|> (the template wrote <|patch|>).
+  EXPECT_EQ(first["usage"]["prompt_tokens"].get<int>(),
+            plain["usage"]["prompt_tokens"].get<int>() + rows + 2);
+  EXPECT_FALSE(plain["usage"]["prompt_tokens_details"].contains("image_tokens"));
+  // The same image again: encoded once, the prompt reused through the image.
+  auto [st2, again] = s.post(ask({image_part(data_url(a)), text_part("What is this?")}));
+  ASSERT_EQ(st2, 200);
+  EXPECT_EQ(s.encoder->stats().encoded, 1);
+  EXPECT_EQ(again["choices"][0]["logprobs"], first["choices"][0]["logprobs"]);
+  EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            first["usage"]["prompt_tokens"].get<int>() - 16);
+  // Another image at the same place: its own rows, recomputed from the image on.
+  auto [st3, other] = s.post(ask({image_part(data_url(b)), text_part("What is this?")}));
+  ASSERT_EQ(st3, 200);
+  EXPECT_NE(other["choices"][0]["logprobs"], first["choices"][0]["logprobs"]);
+  // At most what precedes the image: the prompt's head up to the user's message.
+  EXPECT_LT(other["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            plain["usage"]["prompt_tokens"].get<int>());
+  EXPECT_EQ(s.encoder->stats().encoded, 2);
+}
+
+TEST(ImageServer, BadImagePartsAreRefusedByName) {
+  ImageServer s(2, 4000);
+  const Bytes a = png(30, 30, 3);
+  auto refused = [&](const json &body, const std::string &needle, const std::string &param) {
+    auto [st, r] = s.post(body);
+    EXPECT_EQ(st, 400) << r.dump();
+    const std::string m = r["error"]["message"].is_string() ? r["error"]["message"] : "";
+    EXPECT_NE(m.find(needle), std::string::npos) << m;
+    if (!param.empty()) {
+      EXPECT_EQ(r["error"]["param"], param) << r.dump();
+    }
+  };
+  const std::string p0 = "messages[0].content[0].image_url";
+  refused(ask({image_part("https://example.com/cat.png")}), "not fetched", p0 + ".url");
+  refused(ask({image_part("data:image/png;base64,@@@@")}), "not valid base64", p0 + ".url");
+  refused(ask({image_part("data:image/png," + base64(a))}), "must be base64", p0 + ".url");
+  refused(ask({image_part("data:image/webp;base64," + base64(a))}), "image/webp", p0 + ".url");
+  refused(ask({image_part("ftp://x")}), "data: URI", p0 + ".url");
+  refused(ask({image_part(data_url(png(200, 200, 4)))}), "at most 4000", p0 + ".url");
+  refused(ask({image_part(data_url(a)), image_part(data_url(a)), image_part(data_url(a))}),
+          "more than 2 images", "messages[0].content[2].image_url");
+  const std::string hello = "hello, not an image";
+  refused(ask({image_part(data_url(Bytes(hello.begin(), hello.end())))}), "messages[0].content[0]",
+          p0);
+  Bytes cut(a.begin(), a.begin() + long(a.size() / 2));
+  refused(ask({image_part(data_url(cut))}), "messages[0].content[0]", p0);
+  json detail = ask({image_part(data_url(a))});
+  detail["messages"][0]["content"][0]["image_url"]["detail"] = "low";
+  refused(detail, "'detail'", p0 + ".detail");
+  json audio = ask({{{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}}}}});
+  refused(audio, "'input_audio'", "messages[0].content[0]");
+  json system = ask({text_part("hi")});
+  system["messages"] = json::array({{{"role", "system"}, {"content", {image_part(data_url(a))}}},
+                                    {{"role", "user"}, {"content", "hi"}}});
+  refused(system, "user messages only", "messages[0].content[0]");
+  json no_text = ask({{{"type", "text"}}});
+  refused(no_text, "without a 'text'", "messages[0].content[0]");
+  // The server still answers.
+  auto [st, ok] = s.post(ask({image_part(data_url(a)), text_part("and now?")}));
+  EXPECT_EQ(st, 200) << ok.dump();
+}
+
+TEST(ImageServer, WithoutAProjectorImagePartsAreRefused) {
+  Running run(*files().model, small_engine(), opts("plain"));
+  auto [st, r] = run.post("/v1/chat/completions", ask({image_part(data_url(png(30, 30, 5)))}));
+  EXPECT_EQ(st, 400);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("--mmproj"), std::string::npos);
+}
+
+} // namespace
+} // namespace offgraph::server::testing
