@@ -3,6 +3,7 @@
 // keeping what earlier turns computed.
 #include "commands.h"
 #include "device_flags.h"
+#include "image_flags.h"
 #include "speculation_flags.h"
 
 #include "engine/engine.h"
@@ -20,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <unistd.h>
 
@@ -37,6 +39,7 @@ struct CommonOpts {
   CLI::Option *seed_option = nullptr; // unset: a random seed
   SpeculationFlags spec;
   DeviceFlags devices;
+  ImageFlags images;
 };
 
 void add_common(CLI::App *cmd, CommonOpts &o) {
@@ -59,6 +62,7 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
   cmd->add_option("--ctv", o.ctv, "V cache type")->capture_default_str();
   add_speculation_flags(*cmd, o.spec);
   add_device_flags(*cmd, o.devices);
+  add_image_flags(*cmd, o.images);
 }
 
 // Everything a generation needs, loaded once.
@@ -67,6 +71,7 @@ struct Loaded {
   std::unique_ptr<model::Model> draft_model; // --spec-draft-model
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::unique_ptr<engine::Engine> engine;
+  ImageInput images; // --mmproj: the vision model, its encoder, the marker tokens
   sample::SamplingParams sampling;
   std::string chat_template;
   std::optional<text::Template> parsed_template;
@@ -92,6 +97,9 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   auto tok = text::Tokenizer::from_gguf(o.model);
   if (!tok.ok()) return tok.status();
   l.tokenizer = std::move(tok).value();
+  auto images = load_image_input(o.images, *l.model, *l.tokenizer, o.threads);
+  if (!images.ok()) return images.status();
+  l.images = std::move(images).value();
   auto ctk = kv::parse_storage_type(o.ctk), ctv = kv::parse_storage_type(o.ctv);
   if (!ctk.ok() || !ctv.ok()) return (ctk.ok() ? ctv : ctk).status();
   engine::EngineOptions eo;
@@ -147,8 +155,46 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   return l;
 }
 
-Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::ordered_json &messages,
-                                           const std::string &reasoning) {
+// A prompt's tokens with its images placed (engine/images.h: each marker becomes the image's
+// rows between <|image_start|> and <|image_end|>), for Request::embeddings.
+struct Prompt {
+  std::vector<int32_t> tokens;
+  std::vector<engine::Request::Embeddings> embeddings;
+};
+
+// Places `images` (in order) at the markers of `tokens`: as many markers as images, or an error
+// (place_images names both counts).
+Result<Prompt> place(const Loaded &l, std::vector<int32_t> tokens,
+                     std::span<const engine::PreparedImage> images) {
+  Prompt p{std::move(tokens), {}};
+  if (!l.images.encoder) {
+    if (!images.empty()) return Status::error("images need --mmproj");
+    return p; // no vision model: the marker is text like any other
+  }
+  // Message starts matter to periodic snapshots only, which a one-conversation session does not
+  // take (render_prompt drops them too).
+  std::vector<int32_t> no_starts;
+  auto placed = engine::place_images(p.tokens, no_starts, l.images.markers, images,
+                                     l.model->config().n_vocab);
+  if (!placed.ok()) return placed.status();
+  p.embeddings = std::move(placed).value();
+  return p;
+}
+
+// A user message: its images first (one image part each, which the template writes as its
+// marker), then its text; plain text without images.
+nlohmann::ordered_json user_message(const std::string &text, size_t n_images) {
+  if (n_images == 0) return {{"role", "user"}, {"content", text}};
+  nlohmann::ordered_json content = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < n_images; ++i) content.push_back({{"type", "image"}});
+  content.push_back({{"type", "text"}, {"text", text}});
+  return {{"role", "user"}, {"content", content}};
+}
+
+// Renders `messages` and places `images`, those of every message in order.
+Result<Prompt> render_prompt(const Loaded &l, const nlohmann::ordered_json &messages,
+                             const std::string &reasoning,
+                             std::span<const engine::PreparedImage> images) {
   nlohmann::ordered_json ctx;
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
@@ -159,22 +205,23 @@ Result<std::vector<int32_t>> render_prompt(const Loaded &l, const nlohmann::orde
   if (!tokens.ok()) return Status::error("chat template: " + tokens.message());
   // Message starts matter to periodic snapshots only, which a one-conversation session does not
   // take (/undo goes back to prompt ends).
-  return std::move(tokens->tokens);
+  return place(l, std::move(tokens->tokens), images);
 }
 
-// Computes `prompt` (what earlier turns left in the cache is reused) and generates until an
-// end-of-turn token, the limit or a full context; every piece of text goes to `on_text`. Returns
-// the generated ids.
-Result<std::vector<int32_t>> generate(Loaded &l, const std::vector<int32_t> &prompt, int32_t limit,
+// Computes `prompt` (what earlier turns left in the cache is reused, images included) and
+// generates until an end-of-turn token, the limit or a full context; every piece of text goes to
+// `on_text`. Returns the generated ids.
+Result<std::vector<int32_t>> generate(Loaded &l, const Prompt &prompt, int32_t limit,
                                       bool render_control,
                                       const std::function<void(const std::string &)> &on_text) {
-  const int32_t room = l.engine->options().context - int32_t(prompt.size());
+  const int32_t room = l.engine->options().context - int32_t(prompt.tokens.size());
   if (room < 1)
-    return Status::error("the prompt has " + std::to_string(prompt.size()) +
+    return Status::error("the prompt has " + std::to_string(prompt.tokens.size()) +
                          " tokens; the context holds " +
                          std::to_string(l.engine->options().context));
   engine::Request r;
-  r.prompt = prompt;
+  r.prompt = prompt.tokens;
+  r.embeddings = prompt.embeddings;
   r.sampling = l.sampling;
   r.sampling.seed = l.sampling.seed + l.turn++;
   r.max_tokens = std::min(limit, room);
@@ -253,6 +300,7 @@ struct AtemPrinter {
 std::function<int()> add_run(CLI::App &app) {
   struct Opts : CommonOpts {
     std::string prompt, file;
+    std::vector<std::string> image_files;
     bool chat = false;
   };
   auto o = std::make_shared<Opts>();
@@ -262,6 +310,10 @@ std::function<int()> add_run(CLI::App &app) {
   cmd->add_option("-f,--file", o->file, "read the prompt from a file");
   cmd->add_flag("--chat", o->chat,
                 "wrap the prompt as a user message in the model's chat template");
+  cmd->add_option("--image", o->image_files,
+                  "an image (PNG, JPEG; with --mmproj; repeatable): at the prompt's next "
+                  "<__media__> marker (before the text if it has none); with --chat, before the "
+                  "text of the user message");
   return [o]() -> int {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph run: %s\n", m.c_str()), 1;
@@ -274,24 +326,37 @@ std::function<int()> add_run(CLI::App &app) {
       o->prompt = ss.str();
     }
     if (o->prompt.empty()) return fail("no prompt (give -p TEXT or -f FILE)");
+    if (!o->image_files.empty() && o->images.mmproj.empty())
+      return fail("--image needs --mmproj (the vision projector GGUF that encodes images)");
     auto loaded = load(*o, o->chat);
     if (!loaded.ok()) return fail(loaded.message());
     Loaded &l = *loaded;
-    std::vector<int32_t> prompt;
+    std::vector<engine::PreparedImage> images;
+    if (!o->image_files.empty()) {
+      auto encoded = encode_image_files(*l.images.encoder, o->image_files);
+      if (!encoded.ok()) return fail(encoded.message());
+      images = std::move(encoded).value();
+    }
+    Result<Prompt> prompt = Status::error("no prompt");
     if (o->chat) {
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
       if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
-      messages.push_back({{"role", "user"}, {"content", o->prompt}});
-      auto p = render_prompt(l, messages, o->reasoning);
-      if (!p.ok()) return fail(p.message());
-      prompt = *p;
+      messages.push_back(user_message(o->prompt, images.size()));
+      prompt = render_prompt(l, messages, o->reasoning, images);
+    } else if (l.images.encoder) {
+      // With --mmproj, <__media__> in a raw prompt places an image (as llama-mtmd-cli).
+      prompt = place(l,
+                     tokenize_with_media(*l.tokenizer, o->prompt, l.images.markers.marker,
+                                         images.size(), l.tokenizer->add_bos_default()),
+                     images);
     } else {
-      prompt = l.tokenizer->encode(o->prompt, l.tokenizer->add_bos_default(), false);
+      prompt = Prompt{l.tokenizer->encode(o->prompt, l.tokenizer->add_bos_default(), false), {}};
     }
+    if (!prompt.ok()) return fail(prompt.message());
     text::AtemParser atem;
     AtemPrinter print;
     const bool parse_atem = o->chat && l.atem;
-    auto out = generate(l, prompt, o->n_predict, parse_atem, [&](const std::string &t) {
+    auto out = generate(l, *prompt, o->n_predict, parse_atem, [&](const std::string &t) {
       if (t.empty()) return;
       if (parse_atem) {
         print(atem.feed(t));
@@ -321,11 +386,29 @@ std::function<int()> add_chat(CLI::App &app) {
     Loaded &l = *loaded;
     const bool tty = isatty(0);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+    // The images of each message (parallel to `messages`): every turn renders the whole history
+    // with them, and the prefix tree reuses what earlier turns computed, image rows included.
+    std::vector<std::vector<engine::PreparedImage>> message_images;
+    std::vector<engine::PreparedImage> pending; // /image: for the next user message
+    auto keep = [&](size_t n) {
+      messages.erase(messages.begin() + long(n), messages.end());
+      message_images.resize(n);
+    };
+    auto all_images = [&] {
+      std::vector<engine::PreparedImage> all;
+      for (const auto &m : message_images) all.insert(all.end(), m.begin(), m.end());
+      return all;
+    };
+    if (!o->system.empty()) {
+      messages.push_back({{"role", "system"}, {"content", o->system}});
+      message_images.emplace_back();
+    }
     std::string reasoning = o->reasoning;
     if (tty)
       std::fprintf(stderr,
-                   "offgraph chat: /undo, /reset, /reasoning low|medium|high|xhigh, /quit\n");
+                   "offgraph chat: /undo, /reset, /reasoning low|medium|high|xhigh,%s "
+                   "/quit\n",
+                   l.images.encoder ? " /image FILE," : "");
     for (std::string line;;) {
       if (tty) std::fprintf(stderr, "> ");
       if (!std::getline(std::cin, line)) break;
@@ -341,13 +424,37 @@ std::function<int()> add_chat(CLI::App &app) {
           std::fprintf(stderr, "nothing to undo\n");
           continue;
         }
-        messages.erase(messages.begin() + long(n - 1), messages.end());
+        keep(n - 1); // with their images; images attached for the next message stay
         std::fprintf(stderr, "undone; %zu messages remain\n", messages.size());
         continue;
       }
       if (line == "/reset") {
-        messages.erase(messages.begin() + (!o->system.empty() ? 1 : 0), messages.end());
+        keep(!o->system.empty() ? 1 : 0);
+        pending.clear();
         std::fprintf(stderr, "reset\n");
+        continue;
+      }
+      if (line == "/image" || line.rfind("/image ", 0) == 0) {
+        // As llama-mtmd-cli: the image goes with the next message, before its text.
+        const size_t from = line.find_first_not_of(' ', 6);
+        const std::string file = from == std::string::npos ? "" : line.substr(from);
+        if (file.empty()) {
+          std::fprintf(stderr, "/image FILE attaches an image to the next message\n");
+          continue;
+        }
+        if (!l.images.encoder) {
+          std::fprintf(stderr, "/image needs --mmproj (the vision projector GGUF)\n");
+          continue;
+        }
+        auto image = encode_image_files(*l.images.encoder, {file});
+        if (!image.ok()) {
+          std::fprintf(stderr, "%s\n", image.message().c_str());
+          continue;
+        }
+        const engine::PreparedImage &p = image->front();
+        std::fprintf(stderr, "image %s: %dx%d, %d rows%s\n", file.c_str(), p.width, p.height,
+                     p.rows->n_rows, p.from_cache ? " (cached)" : "");
+        pending.push_back(p);
         continue;
       }
       if (line == "/reasoning" || line.rfind("/reasoning ", 0) == 0) {
@@ -362,10 +469,12 @@ std::function<int()> add_chat(CLI::App &app) {
         std::fprintf(stderr, "reasoning strength: %s\n", v.c_str());
         continue;
       }
-      messages.push_back({{"role", "user"}, {"content", line}});
-      auto prompt = render_prompt(l, messages, reasoning);
+      messages.push_back(user_message(line, pending.size()));
+      message_images.push_back(std::move(pending));
+      pending.clear();
+      auto prompt = render_prompt(l, messages, reasoning, all_images());
       if (!prompt.ok()) {
-        messages.erase(messages.end() - 1);
+        keep(messages.size() - 1); // its images with it
         std::fprintf(stderr, "%s\n", prompt.message().c_str());
         continue;
       }
@@ -385,7 +494,7 @@ std::function<int()> add_chat(CLI::App &app) {
       std::printf("\n");
       std::fflush(stdout);
       if (!out.ok()) {
-        messages.erase(messages.end() - 1);
+        keep(messages.size() - 1);
         std::fprintf(stderr, "%s%s\n", out.message().c_str(),
                      messages.size() > 1 ? " (/undo or /reset frees the context)" : "");
         continue;
@@ -402,6 +511,7 @@ std::function<int()> add_chat(CLI::App &app) {
         reply["tool_calls"] = calls;
       }
       messages.push_back(reply);
+      message_images.emplace_back();
     }
     print_stats(l.engine->stats());
     return 0;
