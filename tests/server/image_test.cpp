@@ -6,6 +6,7 @@
 #include "live_server.h"
 
 #include "engine/images.h"
+#include "server/image_parts.h"
 #include "synth/mmproj.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -115,6 +116,22 @@ struct ImageServer {
   std::unique_ptr<Server> server_;
   std::unique_ptr<httplib::Client> client;
 };
+
+TEST(ImageServer, Base64DecodesWhatIsEncodedAndRefusesTheRest) {
+  std::mt19937_64 rng(7);
+  for (size_t n = 0; n < 200; ++n) {
+    Bytes b(n);
+    for (auto &x : b) x = uint8_t(rng());
+    const std::string e = base64(b);
+    EXPECT_EQ(decode_base64(e), b) << n;
+    // Without its padding too (clients that strip it).
+    EXPECT_EQ(decode_base64(e.substr(0, e.find('='))), b) << n;
+  }
+  EXPECT_EQ(decode_base64("TWFu"), (Bytes{'M', 'a', 'n'})); // RFC 4648's example
+  for (const char *bad : {"TWF", "T", "TW=u", "TWFu=", "TWFu===", "TW==TW==", "TWF!", "TW-u",
+                          "TWG=", "TR=="}) // "TWG=" and "TR==": bits past the data set
+    EXPECT_FALSE(decode_base64(bad).has_value()) << bad;
+}
 
 TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
   ImageServer s;
