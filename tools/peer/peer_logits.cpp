@@ -3,9 +3,7 @@
 // format of `offgraph logits -o` (logits_file.h). Built only against the cached peer build.
 //
 //   peer_logits -m FILE --random N --seed S --chunk C --greedy G --ctk f32 --ctv f32 -o OUT
-#include "logits_file.h"
-
-#include "llama.h"
+#include "llama_reference.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -99,37 +97,16 @@ int main(int argc, char **argv) {
   if (model_path.empty() || (random < 1 && prompt_text.empty()) || chunk < 1)
     return std::fprintf(stderr, "peer_logits: need -m, --random or --prompt, --chunk\n"), 2;
 
-  llama_log_set(
-      [](ggml_log_level level, const char *text, void *) {
-        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-      },
-      nullptr);
-  llama_backend_init();
-  llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
-  // On CPUs with AMX, the pinned tree repacks Q8_0 weights for its AMX kernel, which crashes
-  // (SIGSEGV in ggml_backend_amx_mul_mat) on these models; the plain CPU path is the reference.
-  mp.use_extra_bufts = false;
-  llama_model *model = llama_model_load_from_file(model_path.c_str(), mp);
+  llama_model *model = offgraph::peer::load_reference_model(model_path);
   if (!model)
     return std::fprintf(stderr, "peer_logits: llama.cpp could not load %s\n", model_path.c_str()),
            1;
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = uint32_t((prompt_text.empty() ? random : int(prompt_text.size()) + 8) + greedy + 1);
-  cp.n_batch = uint32_t(chunk);
-  cp.n_ubatch = uint32_t(chunk);
-  cp.n_seq_max = 1;
-  cp.n_threads = threads;
-  cp.n_threads_batch = threads;
-  // llama.cpp's flash-attention path casts f32 K/V to f16 before attending, so an "f32 cache"
-  // would be compared at f16 precision; its plain path keeps f32. Quantized caches need FA.
-  cp.flash_attn_type =
-      ctk == "f32" && ctv == "f32" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
-  cp.type_k = parse_type(ctk);
-  cp.type_v = parse_type(ctv);
-  llama_context *ctx = llama_init_from_model(model, cp);
+  const uint32_t n_ctx =
+      uint32_t((prompt_text.empty() ? random : int(prompt_text.size()) + 8) + greedy + 1);
+  llama_context *ctx = offgraph::peer::reference_context(model, n_ctx, chunk, threads,
+                                                         parse_type(ctk), parse_type(ctv));
   if (!ctx) return std::fprintf(stderr, "peer_logits: could not create a context\n"), 1;
 
   offgraph::peer::LogitsFile file;
@@ -151,31 +128,12 @@ int main(int argc, char **argv) {
   }
   file.n_prompt = uint32_t(random);
 
-  llama_batch batch = llama_batch_init(chunk, 0, 1);
-  auto decode = [&](int pos, int n) {
-    batch.n_tokens = n;
-    for (int i = 0; i < n; ++i) {
-      batch.token[i] = llama_token(file.tokens[size_t(pos + i)]);
-      batch.pos[i] = pos + i;
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    if (llama_decode(ctx, batch) != 0) {
-      std::fprintf(stderr, "peer_logits: llama_decode failed at %d\n", pos);
-      std::exit(1);
-    }
-    for (int i = 0; i < n; ++i) {
-      const float *row = llama_get_logits_ith(ctx, i);
-      file.logits.insert(file.logits.end(), row, row + n_vocab);
-    }
-  };
-  for (int at = 0; at < random; at += chunk) decode(at, std::min(chunk, random - at));
-  for (int g = 0; g < greedy; ++g) {
-    const float *row = file.logits.data() + file.logits.size() - size_t(n_vocab);
-    const int next = int(std::max_element(row, row + n_vocab) - row);
-    file.tokens.push_back(uint32_t(next));
-    if (g + 1 < greedy) decode(int(file.tokens.size()) - 1, 1);
+  {
+    offgraph::peer::LogitsDecoder decoder("peer_logits", ctx, file, chunk);
+    const std::vector<llama_token> prompt(file.tokens.begin(), file.tokens.end());
+    for (int at = 0; at < random; at += chunk)
+      decoder.decode(prompt.data() + at, std::min(chunk, random - at), at);
+    decoder.greedy(greedy, random);
   }
   if (!text_out.empty()) {
     // The greedy continuation as text, stopping at an end-of-generation token like `offgraph run`.
@@ -193,7 +151,6 @@ int main(int argc, char **argv) {
     if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
       return std::fprintf(stderr, "peer_logits: cannot write %s\n", text_out.c_str()), 1;
   }
-  llama_batch_free(batch);
   llama_free(ctx);
   llama_model_free(model);
   if (!out.empty() && !file.write(out))

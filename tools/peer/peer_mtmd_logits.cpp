@@ -11,9 +11,8 @@
 // each image embedding row), then the greedy picks; n_prompt counts every prompt position. The
 // logits rows are one per text prompt position (image rows have none), in position order, then
 // one after each greedy decode (as peer_logits: G greedy steps decode G - 1 tokens).
-#include "logits_file.h"
+#include "llama_reference.h"
 
-#include "llama.h"
 #include "mtmd-helper.h"
 #include "mtmd.h"
 
@@ -61,21 +60,8 @@ int main(int argc, char **argv) {
       threads < 1)
     return std::fprintf(stderr, "peer_mtmd_logits: need -m, --mmproj, --prompt, --chunk >= 1\n"), 2;
 
-  // Errors only; a continuation (GGML_LOG_LEVEL_CONT, e.g. the loader's progress dots) only
-  // after an error.
-  auto quiet = [](ggml_log_level level, const char *text, void *) {
-    static bool in_error = false;
-    if (level != GGML_LOG_LEVEL_CONT) in_error = level == GGML_LOG_LEVEL_ERROR;
-    if (in_error) std::fputs(text, stderr);
-  };
-  llama_log_set(quiet, nullptr);
-  mtmd_helper_log_set(quiet, nullptr); // also sets mtmd's own log
-  llama_backend_init();
-  llama_model_params mp = llama_model_default_params();
-  mp.n_gpu_layers = 0;
-  // As peer_logits: no AMX repacking, the plain CPU path is the reference.
-  mp.use_extra_bufts = false;
-  llama_model *model = llama_model_load_from_file(model_path.c_str(), mp);
+  llama_model *model = offgraph::peer::load_reference_model(model_path);
+  mtmd_helper_log_set(offgraph::peer::quiet_log, nullptr); // also sets mtmd's own log
   if (!model)
     return std::fprintf(stderr, "peer_mtmd_logits: llama.cpp could not load %s\n",
                         model_path.c_str()),
@@ -131,42 +117,13 @@ int main(int argc, char **argv) {
   const size_t n_chunks = mtmd_input_chunks_size(chunks);
   const llama_pos n_pos = mtmd_helper_get_n_pos(chunks);
 
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = uint32_t(n_pos + greedy + 1);
-  cp.n_batch = uint32_t(chunk);
-  cp.n_ubatch = uint32_t(chunk);
-  cp.n_seq_max = 1;
-  cp.n_threads = threads;
-  cp.n_threads_batch = threads;
-  // The plain (non flash-attention) path keeps the f32 cache at f32 (see peer_logits).
-  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  cp.type_k = GGML_TYPE_F32;
-  cp.type_v = GGML_TYPE_F32;
-  llama_context *ctx = llama_init_from_model(model, cp);
+  llama_context *ctx =
+      offgraph::peer::reference_context(model, uint32_t(n_pos + greedy + 1), chunk, threads);
   if (!ctx) return std::fprintf(stderr, "peer_mtmd_logits: could not create a context\n"), 1;
 
   offgraph::peer::LogitsFile file;
   file.n_vocab = uint32_t(n_vocab);
-  llama_batch batch = llama_batch_init(chunk, 0, 1);
-  // Decodes n tokens at positions pos.., keeping a logits row for each.
-  auto decode = [&](const llama_token *tokens, int n, llama_pos pos) {
-    batch.n_tokens = n;
-    for (int i = 0; i < n; ++i) {
-      batch.token[i] = tokens[i];
-      batch.pos[i] = pos + i;
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    if (llama_decode(ctx, batch) != 0) {
-      std::fprintf(stderr, "peer_mtmd_logits: llama_decode failed at %d\n", int(pos));
-      std::exit(1);
-    }
-    for (int i = 0; i < n; ++i) {
-      const float *row = llama_get_logits_ith(ctx, i);
-      file.logits.insert(file.logits.end(), row, row + n_vocab);
-    }
-  };
+  offgraph::peer::LogitsDecoder decoder("peer_mtmd_logits", ctx, file, chunk);
 
   llama_pos n_past = 0;
   int image_index = 0;
@@ -181,7 +138,7 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < n; ++i) file.tokens.push_back(uint32_t(tokens[i]));
       for (size_t at = 0; at < n; at += size_t(chunk)) {
         const int m = int(std::min(size_t(chunk), n - at));
-        decode(tokens + at, m, n_past);
+        decoder.decode(tokens + at, m, n_past);
         n_past += m;
       }
     } else if (type == MTMD_INPUT_CHUNK_TYPE_IMAGE) {
@@ -216,17 +173,11 @@ int main(int argc, char **argv) {
     return std::fprintf(stderr, "peer_mtmd_logits: the prompt ends in an image, no logits to "
                                 "decode greedily from\n"),
            1;
-  for (int g = 0; g < greedy; ++g) {
-    const float *row = file.logits.data() + file.logits.size() - size_t(n_vocab);
-    const llama_token next = llama_token(std::max_element(row, row + n_vocab) - row);
-    file.tokens.push_back(uint32_t(next));
-    if (g + 1 < greedy) decode(&next, 1, n_past++);
-  }
+  decoder.greedy(greedy, n_past);
   std::printf("%u prompt positions (%zu chunks, %d images), %u logits rows, %zu greedy picks\n",
               file.n_prompt, n_chunks, image_index, file.n_rows(),
               file.tokens.size() - file.n_prompt);
 
-  llama_batch_free(batch);
   mtmd_input_chunks_free(chunks);
   for (mtmd_bitmap *b : bitmaps) mtmd_bitmap_free(b);
   mtmd_free(mctx);
