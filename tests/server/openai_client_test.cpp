@@ -1,7 +1,11 @@
 // The official `openai` npm package (pinned by scripts/npm-client.sh) against a live server:
 // streaming and non-streaming chat, tool calls, n, legacy completions and errors, as a client
-// nobody here wrote sees them.
+// nobody here wrote sees them; and an image sent the way the README shows it, to a server with a
+// synthetic projector.
 #include "live_server.h"
+
+#include "engine/images.h"
+#include "synth/mmproj.h"
 
 #include <array>
 #include <cstdio>
@@ -20,12 +24,19 @@ std::pair<int, std::string> run_command(const std::string &command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
+// The directory scripts/npm-client.sh installed the client into (its output's last line).
+std::string npm_client_dir() {
   auto [npm_status, npm_dir] =
       run_command(std::string(OFFGRAPH_SOURCE_DIR) + "/scripts/npm-client.sh");
-  ASSERT_EQ(npm_status, 0) << npm_dir;
+  EXPECT_EQ(npm_status, 0) << npm_dir;
+  if (npm_status != 0) return "";
   while (!npm_dir.empty() && (npm_dir.back() == '\n' || npm_dir.back() == '\r')) npm_dir.pop_back();
-  npm_dir = npm_dir.substr(npm_dir.rfind('\n') + 1); // the last line: the directory
+  return npm_dir.substr(npm_dir.rfind('\n') + 1);
+}
+
+TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
+  const std::string npm_dir = npm_client_dir();
+  ASSERT_FALSE(npm_dir.empty());
   const std::string path = make_model(16, 8, "openai");
   auto model = std::move(model::Model::load(path)).value();
   ServerOptions so = opts("openai-test");
@@ -38,6 +49,58 @@ TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("12 of 12 checks passed"), std::string::npos);
   fs::remove(path);
+}
+
+// The README's image example: a PNG as a data: URI in an image_url part, usage counting its
+// tokens, streamed alike, an https URL refused, the same image again reused.
+TEST(OpenAiClient, OfficialNpmClientSendsAnImage) {
+  const std::string npm_dir = npm_client_dir();
+  ASSERT_FALSE(npm_dir.empty());
+  const std::string tag = std::to_string(::getpid());
+  const fs::path tmp = fs::temp_directory_path();
+  const std::string text = (tmp / ("offgraph-openai-image-" + tag + ".gguf")).string();
+  const std::string mmproj = (tmp / ("offgraph-openai-mmproj-" + tag + ".gguf")).string();
+  const std::string photo = (tmp / ("offgraph-openai-photo-" + tag + ".png")).string();
+  synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
+  s.vocab_path = std::string(OFFGRAPH_SOURCE_DIR) + "/models/muse-glimmer-kjv.gguf";
+  s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
+  s.n_embd = 64, s.head_dim = 16, s.window = 16, s.seed = 3, s.weight_type = GGML_TYPE_F32;
+  ASSERT_TRUE(synth::write_model(s, text).ok());
+  synth::MmprojSpec m;
+  m.n_layer = 2, m.n_embd_text = 64, m.seed = 9;
+  ASSERT_TRUE(synth::write_mmproj(m, mmproj).ok());
+  auto [img_status, img_out] = run_command("/usr/bin/python3 " + std::string(OFFGRAPH_SOURCE_DIR) +
+                                           "/tests/peer/make_image.py " + photo + " 320 240 1");
+  ASSERT_EQ(img_status, 0) << img_out;
+  {
+    auto model = std::move(model::Model::load(text)).value();
+    auto vision = std::move(model::VisionModel::load(mmproj, 64)).value();
+    engine::ImageEncoder encoder(*vision, engine::ImageOptions{});
+    auto tok = text::Tokenizer::from_gguf(text);
+    ASSERT_TRUE(tok.ok());
+    ImageServing images{&encoder,
+                        {*(*tok)->find_token("<|patch|>"), *(*tok)->find_token("<|image_start|>"),
+                         *(*tok)->find_token("<|image_end|>")}};
+    ServerOptions so = opts("offgraph");
+    so.api_key = "sk-offgraph-test";
+    auto server = std::move(Server::create(*model, small_engine(1024, 32), so, images)).value();
+    ASSERT_TRUE(server->start().ok());
+    auto [status, out] = run_command("node " + std::string(OFFGRAPH_SOURCE_DIR) +
+                                     "/tests/server/openai_image_client.cjs " + npm_dir +
+                                     " http://127.0.0.1:" + std::to_string(server->port()) + " " +
+                                     so.api_key + " " + photo);
+    server->stop();
+    std::printf("%s", out.c_str());
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("4 of 4 checks passed"), std::string::npos);
+    // What the client was told is what the encoder made: one image, encoded once.
+    const auto stats = encoder.stats();
+    EXPECT_EQ(stats.encoded, 1);
+    EXPECT_GT(stats.rows, 0);
+    EXPECT_NE(out.find("image_tokens=" + std::to_string(stats.rows) + " "), std::string::npos)
+        << "encoder rows " << stats.rows;
+  }
+  fs::remove(text), fs::remove(mmproj), fs::remove(photo);
 }
 
 } // namespace
