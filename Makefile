@@ -93,7 +93,7 @@ clean:
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
 # (32 min) and bench-grammar (10 min) below. BENCH_ARGS go to bench/run; --quick also shortens
 # bench/prefix (9 min).
-.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends
+.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
@@ -101,11 +101,19 @@ bench:
 	@$(MAKE) --no-print-directory bench-grammar BENCH_ARGS='$(filter --quick,$(BENCH_ARGS))'
 	python3 bench/speculative $(filter --quick,$(BENCH_ARGS))
 	python3 bench/backends $(filter --quick,$(BENCH_ARGS))
+	python3 bench/vision $(filter --quick,$(BENCH_ARGS))
 
 # Layers over ggml-rpc beside llama-bench --rpc, and 1 against 2 replicas behind nginx (issue 18):
 # docs/backends-bench.md. Builds a second llama.cpp peer with GGML_RPC the first time.
 bench-backends:
 	python3 bench/backends $(BENCH_ARGS)
+
+# Image encode time and peak memory at 256, 1,024 and 4,096 image tokens beside llama.cpp's mtmd
+# on the same synthetic mmproj, and time to first token of an image prompt (first, again, the
+# conversation continued) beside llama-server --mmproj (issue 19; about 27 min):
+# docs/vision-bench.md and docs/plots/vision_encode.png. Builds vision_encode_bench in build-bench/.
+bench-vision:
+	python3 bench/vision $(BENCH_ARGS)
 
 # Speculative decoding against llama-server's (issue 17; about 8 min): decode tokens/s plain, with
 # n-gram drafts (adaptive and fixed length) and llama-server's ngram-simple and ngram-mod on the
