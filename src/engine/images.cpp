@@ -35,26 +35,52 @@ ImageEncoder::Stats ImageEncoder::stats() const {
   return stats_;
 }
 
-Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
+Status ImageEncoder::check_size(std::span<const uint8_t> bytes) const {
   if (bytes.empty()) return Status::error("the image is empty (0 bytes)");
   if (int64_t(bytes.size()) > options_.max_bytes)
     return Status::error("the image has " + std::to_string(bytes.size()) + " bytes; at most " +
                          std::to_string(options_.max_bytes) + " are accepted");
+  return Status{};
+}
+
+image::GridSize ImageEncoder::grid_for(const image::Image &decoded) const {
+  const model::VisionConfig &c = vision_.config();
+  return image::choose_grid(decoded.width, decoded.height, c.patch * c.merge, c.max_tokens);
+}
+
+std::optional<PreparedImage> ImageEncoder::lookup(const std::string &key) {
+  std::lock_guard lock(mutex_);
+  auto it = by_digest_.find(key);
+  if (it == by_digest_.end()) return std::nullopt;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  ++stats_.cache_hits;
+  PreparedImage p = it->second->second;
+  p.from_cache = true;
+  return p;
+}
+
+Result<int32_t> ImageEncoder::count_rows(std::span<const uint8_t> bytes) {
+  if (Status s = check_size(bytes); !s.ok()) return s;
+  const ImageDigest digest = image_digest(bytes);
+  {
+    std::lock_guard lock(mutex_); // a look, not a use: neither the order nor the hit count
+    auto it = by_digest_.find(std::string(digest.begin(), digest.end()));
+    if (it != by_digest_.end()) return it->second->second.rows->n_rows;
+  }
+  auto decoded = image::decode_image(bytes, options_.decode);
+  if (!decoded.ok()) return decoded.status();
+  const image::GridSize g = grid_for(*decoded);
+  const int32_t cell = vision_.config().patch * vision_.config().merge;
+  return (g.width / cell) * (g.height / cell);
+}
+
+Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
+  if (Status s = check_size(bytes); !s.ok()) return s;
   const ImageDigest digest = image_digest(bytes);
   const std::string key(digest.begin(), digest.end());
-  auto lookup = [&]() -> std::optional<PreparedImage> {
-    std::lock_guard lock(mutex_);
-    auto it = by_digest_.find(key);
-    if (it == by_digest_.end()) return std::nullopt;
-    lru_.splice(lru_.begin(), lru_, it->second);
-    ++stats_.cache_hits;
-    PreparedImage p = it->second->second;
-    p.from_cache = true;
-    return p;
-  };
-  if (auto hit = lookup()) return *hit;
+  if (auto hit = lookup(key)) return *hit;
   std::lock_guard encoding(encode_mutex_);
-  if (auto hit = lookup()) return *hit; // encoded by another caller meanwhile
+  if (auto hit = lookup(key)) return *hit; // encoded by another caller meanwhile
   const auto t0 = std::chrono::steady_clock::now();
   auto decoded = image::decode_image(bytes, options_.decode);
   if (!decoded.ok()) return decoded.status();
@@ -62,8 +88,7 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
   PreparedImage p;
   p.digest = digest;
   p.width = decoded->width, p.height = decoded->height;
-  const image::GridSize g =
-      image::choose_grid(decoded->width, decoded->height, c.patch * c.merge, c.max_tokens);
+  const image::GridSize g = grid_for(*decoded);
   p.grid_width = g.width, p.grid_height = g.height;
   const image::Image resized = image::resize_lanczos(*decoded, g.width, g.height);
   decoded->rgb = {}; // the full-size pixels are not needed past here

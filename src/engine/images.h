@@ -5,17 +5,20 @@
 // An image part is <|image_start|>, the image's rows, <|image_end|> at consecutive positions
 // (mtmd's layout for this projector; the chat template writes one <|patch|> per part, which is
 // replaced). The rows' ids are image_row_ids of the image's SHA-256: the prefix tree reuses an
-// image's rows only when the same bytes are sent again, and a chosen collision would need a
-// preimage of 64 bits of SHA-256.
+// image's rows only when the same bytes are sent again. The ids come from 64 bits of the digest:
+// matching another client's image takes about 2^64 tries, but two images made to collide take
+// about 2^32 (a birthday search): such a pair shares rows in the prefix tree.
 #pragma once
 
 #include "engine/engine.h"
 #include "image/decode.h"
+#include "image/preprocess.h"
 #include "model/vision.h"
 
 #include <array>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -54,6 +57,11 @@ public:
   // bytes again come from the cache. Errors name the problem (size, format, dimensions).
   Result<PreparedImage> encode(std::span<const uint8_t> bytes);
 
+  // The rows `bytes` encode to, without encoding: from the cache, or decoded and sized (a
+  // fraction of a percent of the encode). What a caller checks against the context before
+  // paying for encode. The same errors as encode.
+  Result<int32_t> count_rows(std::span<const uint8_t> bytes);
+
   struct Stats {
     int64_t encoded = 0, cache_hits = 0, rows = 0; // rows: of the images encoded
     double seconds = 0;                            // encoding them (decode included)
@@ -64,6 +72,11 @@ public:
   const model::VisionModel &vision() const { return vision_; }
 
 private:
+  Status check_size(std::span<const uint8_t> bytes) const;
+  image::GridSize grid_for(const image::Image &decoded) const; // pixels, whole cells
+  // The cached image of `key`, or none; a hit moves it to the front and is counted.
+  std::optional<PreparedImage> lookup(const std::string &key);
+
   const model::VisionModel &vision_;
   ImageOptions options_;
   mutable std::mutex mutex_; // the cache and the stats

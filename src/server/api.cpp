@@ -542,9 +542,10 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
   return job.images.empty() ? check_prompt_budget(facts, job) : std::nullopt;
 }
 
-std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job) {
+std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job,
+                                            std::optional<int64_t> prompt_tokens) {
   int32_t max_tokens = job.max_tokens_asked;
-  const int64_t prompt = int64_t(job.request.prompt.size());
+  const int64_t prompt = prompt_tokens.value_or(int64_t(job.request.prompt.size()));
   // The answer needs room for a token; a prompt scored without one may fill the context.
   if (prompt > facts.context || (prompt == facts.context && max_tokens != 0))
     return ApiError{400,

@@ -88,8 +88,10 @@ std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &f
                                            std::string &prompt);
 
 // The prompt and max_tokens against the context (max_tokens from the context when not asked):
-// parse_request's last check, or attach_images' once the images are in the prompt.
-std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job);
+// parse_request's last check, or attach_images' with the length the prompt will have once its
+// images are in it (`prompt_tokens`; by default job.request.prompt's).
+std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job,
+                                            std::optional<int64_t> prompt_tokens = std::nullopt);
 
 // Parses a request body, refusing (instead of recursing into) nesting deeper than `max_depth`:
 // a body of a million '[' must not exhaust the stack.

@@ -112,15 +112,26 @@ std::optional<ApiError> take_image_part(json &part, const std::string &where,
 
 std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
   if (job.images.empty()) return std::nullopt;
+  auto image_error = [&](size_t i, const Status &s) {
+    ApiError e = api_error(s);
+    e.param = job.image_params[i];
+    e.message = job.image_params[i] + ": " + e.message;
+    return e;
+  };
+  // The prompt's length once the images are in it, before any is encoded: a request that cannot
+  // fit is refused for the price of decoding its images, not of encoding them (minutes each on
+  // the real tower). Each image's marker becomes <|image_start|>, its rows, <|image_end|>.
+  int64_t placed_length = int64_t(job.request.prompt.size());
+  for (size_t i = 0; i < job.images.size(); ++i) {
+    auto rows = facts.images->count_rows(job.images[i]);
+    if (!rows.ok()) return image_error(i, rows.status());
+    placed_length += int64_t(*rows) + 1;
+  }
+  if (auto e = check_prompt_budget(facts, job, placed_length)) return e;
   std::vector<engine::PreparedImage> prepared;
   for (size_t i = 0; i < job.images.size(); ++i) {
     auto p = facts.images->encode(job.images[i]);
-    if (!p.ok()) {
-      ApiError e = api_error(p.status());
-      e.param = job.image_params[i];
-      e.message = job.image_params[i] + ": " + e.message;
-      return e;
-    }
+    if (!p.ok()) return image_error(i, p.status());
     job.image_tokens += p->rows->n_rows;
     prepared.push_back(std::move(p).value());
   }
@@ -130,7 +141,12 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
   if (!placed.ok()) // a template that wrote another number of image places than parts
     return ApiError{400, placed.message(), "messages", "template_error"};
   job.request.embeddings = std::move(placed).value();
-  return check_prompt_budget(facts, job);
+  if (int64_t(job.request.prompt.size()) != placed_length) // count_rows and encode disagree
+    return ApiError{500,
+                    "the images took " + std::to_string(job.request.prompt.size()) +
+                        " prompt positions, " + std::to_string(placed_length) + " were counted",
+                    "messages", "server_error"};
+  return std::nullopt;
 }
 
 } // namespace offgraph::server

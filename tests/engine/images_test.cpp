@@ -113,6 +113,29 @@ TEST(Images, CacheDropsTheLeastRecentlyUsedPastItsBudget) {
   EXPECT_FALSE(none.encode(a)->from_cache);
 }
 
+// count_rows: what encode will make, before it (sizes that round either way, a long thin one, one
+// under a cell), without encoding or touching the cache; then from the cache; the same refusals.
+TEST(Images, CountRowsIsWhatEncodeMakes) {
+  ImageEncoder enc(*vision().model, {});
+  const std::pair<int, int> sizes[] = {{100, 70}, {300, 901}, {57, 29}, {640, 480}, {20, 20}};
+  uint64_t seed = 40;
+  for (auto [w, h] : sizes) {
+    const Bytes b = png(w, h, ++seed);
+    auto counted = enc.count_rows(b);
+    ASSERT_TRUE(counted.ok()) << counted.message();
+    EXPECT_EQ(enc.stats().encoded, int64_t(seed - 41)) << "count_rows encoded";
+    auto encoded = enc.encode(b);
+    ASSERT_TRUE(encoded.ok());
+    EXPECT_FALSE(encoded->from_cache) << "count_rows filled the cache";
+    EXPECT_EQ(*counted, encoded->rows->n_rows) << w << "x" << h;
+    EXPECT_EQ(enc.count_rows(b).value(), encoded->rows->n_rows) << "from the cache";
+  }
+  EXPECT_EQ(enc.stats().cache_hits, 0);
+  EXPECT_NE(enc.count_rows(Bytes{}).message().find("empty"), std::string::npos);
+  const Bytes text = {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
+  EXPECT_FALSE(enc.count_rows(text).ok());
+}
+
 TEST(Images, BadBytesAreRefusedByName) {
   ImageOptions tight;
   tight.max_bytes = 1000;

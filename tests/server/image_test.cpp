@@ -164,6 +164,30 @@ TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
   EXPECT_EQ(s.encoder->stats().encoded, 2);
 }
 
+// Images that cannot fit the context are refused before any is encoded: their rows are counted
+// from the decoded sizes. Each of these fits alone (600 rows in a 1,024 context); together they
+// do not.
+TEST(ImageServer, ImagesPastTheContextAreRefusedBeforeEncoding) {
+  ImageServer s(8, int64_t(8) << 20);
+  const Bytes a = png(840, 560, 21), b = png(840, 560, 22); // 30 x 20 cells of 28 px
+  auto [st1, both] =
+      s.post(ask({image_part(data_url(a)), image_part(data_url(b)), text_part("Compare them.")}));
+  EXPECT_EQ(st1, 400) << both.dump();
+  EXPECT_EQ(both["error"]["code"], "context_length_exceeded") << both.dump();
+  EXPECT_NE(both["error"]["message"].get<std::string>().find("1024"), std::string::npos);
+  EXPECT_EQ(s.encoder->stats().encoded, 0);
+  // One of them fits: encoded once, its rows as counted.
+  auto [st2, one] = s.post(ask({image_part(data_url(a)), text_part("Describe it.")}));
+  ASSERT_EQ(st2, 200) << one.dump();
+  EXPECT_EQ(one["usage"]["prompt_tokens_details"]["image_tokens"], 600);
+  EXPECT_EQ(s.encoder->stats().encoded, 1);
+  // Counted from the cache now: the same refusal, nothing encoded.
+  auto [st3, again] =
+      s.post(ask({image_part(data_url(a)), image_part(data_url(a)), text_part("Twice.")}));
+  EXPECT_EQ(st3, 400) << again.dump();
+  EXPECT_EQ(s.encoder->stats().encoded, 1);
+}
+
 TEST(ImageServer, BadImagePartsAreRefusedByName) {
   ImageServer s(2, 4000);
   const Bytes a = png(30, 30, 3);
