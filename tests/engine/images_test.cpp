@@ -8,8 +8,7 @@
 #include "model/vision_encoder.h"
 #include "synth/mmproj.h"
 
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#include <stb/stb_image_write.h>
+#include "../image/random_png.h"
 
 #include <gtest/gtest.h>
 
@@ -41,19 +40,7 @@ Vision &vision() {
   return v;
 }
 
-Bytes png(int w, int h, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bytes px(size_t(w) * size_t(h) * 3);
-  for (auto &p : px) p = uint8_t(rng());
-  Bytes out;
-  EXPECT_TRUE(stbi_write_png_to_func(
-      [](void *c, void *d, int n) {
-        auto *o = static_cast<Bytes *>(c);
-        o->insert(o->end(), static_cast<uint8_t *>(d), static_cast<uint8_t *>(d) + n);
-      },
-      &out, w, h, 3, px.data(), w * 3));
-  return out;
-}
+Bytes png(int w, int h, uint64_t seed) { return offgraph::testing::random_png(w, h, seed); }
 
 TEST(Images, DigestIsSha256) {
   const std::string abc = "abc";

@@ -5,12 +5,10 @@
 // messages, 'detail', unknown part types), and a server without --mmproj refuses image parts.
 #include "live_server.h"
 
+#include "../image/random_png.h"
 #include "engine/images.h"
+#include "image_models.h"
 #include "server/image_parts.h"
-#include "synth/mmproj.h"
-
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#include <stb/stb_image_write.h>
 
 #include <random>
 
@@ -20,44 +18,22 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 struct Files {
-  std::string text, mmproj;
+  ImageModelFiles paths{"image-server"};
   std::unique_ptr<model::Model> model;
   std::unique_ptr<model::VisionModel> vision;
+  std::string text = paths.text;
   Files() {
-    const std::string tag = std::to_string(::getpid());
-    text = (fs::temp_directory_path() / ("offgraph-image-server-" + tag + ".gguf")).string();
-    mmproj = (fs::temp_directory_path() / ("offgraph-image-mmproj-" + tag + ".gguf")).string();
-    synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
-    s.vocab_path = std::string(OFFGRAPH_SOURCE_DIR) + "/models/muse-glimmer-kjv.gguf";
-    s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
-    s.n_embd = 64, s.head_dim = 16, s.window = 16, s.seed = 3, s.weight_type = GGML_TYPE_F32;
-    EXPECT_TRUE(synth::write_model(s, text).ok());
-    synth::MmprojSpec m;
-    m.n_layer = 2, m.n_embd_text = 64, m.seed = 9;
-    EXPECT_TRUE(synth::write_mmproj(m, mmproj).ok());
-    model = std::move(model::Model::load(text)).value();
-    vision = std::move(model::VisionModel::load(mmproj, 64)).value();
+    model = std::move(model::Model::load(paths.text)).value();
+    vision = std::move(model::VisionModel::load(paths.mmproj, 64)).value();
   }
-  ~Files() { fs::remove(text), fs::remove(mmproj); }
 };
+
 Files &files() {
   static Files f;
   return f;
 }
 
-Bytes png(int w, int h, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bytes px(size_t(w) * size_t(h) * 3);
-  for (auto &p : px) p = uint8_t(rng());
-  Bytes out;
-  stbi_write_png_to_func(
-      [](void *c, void *d, int n) {
-        auto *o = static_cast<Bytes *>(c);
-        o->insert(o->end(), static_cast<uint8_t *>(d), static_cast<uint8_t *>(d) + n);
-      },
-      &out, w, h, 3, px.data(), w * 3);
-  return out;
-}
+Bytes png(int w, int h, uint64_t seed) { return offgraph::testing::random_png(w, h, seed); }
 
 std::string base64(const Bytes &b) {
   static const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

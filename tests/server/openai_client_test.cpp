@@ -5,7 +5,7 @@
 #include "live_server.h"
 
 #include "engine/images.h"
-#include "synth/mmproj.h"
+#include "image_models.h"
 
 #include <array>
 #include <cstdio>
@@ -56,19 +56,11 @@ TEST(OpenAiClient, OfficialNpmClientDrivesTheServer) {
 TEST(OpenAiClient, OfficialNpmClientSendsAnImage) {
   const std::string npm_dir = npm_client_dir();
   ASSERT_FALSE(npm_dir.empty());
-  const std::string tag = std::to_string(::getpid());
-  const fs::path tmp = fs::temp_directory_path();
-  const std::string text = (tmp / ("offgraph-openai-image-" + tag + ".gguf")).string();
-  const std::string mmproj = (tmp / ("offgraph-openai-mmproj-" + tag + ".gguf")).string();
-  const std::string photo = (tmp / ("offgraph-openai-photo-" + tag + ".png")).string();
-  synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
-  s.vocab_path = std::string(OFFGRAPH_SOURCE_DIR) + "/models/muse-glimmer-kjv.gguf";
-  s.template_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates/muse-glimmer.jinja";
-  s.n_embd = 64, s.head_dim = 16, s.window = 16, s.seed = 3, s.weight_type = GGML_TYPE_F32;
-  ASSERT_TRUE(synth::write_model(s, text).ok());
-  synth::MmprojSpec m;
-  m.n_layer = 2, m.n_embd_text = 64, m.seed = 9;
-  ASSERT_TRUE(synth::write_mmproj(m, mmproj).ok());
+  const ImageModelFiles files("openai-image");
+  const std::string &text = files.text, &mmproj = files.mmproj;
+  const std::string photo =
+      (fs::temp_directory_path() / ("offgraph-openai-photo-" + std::to_string(::getpid()) + ".png"))
+          .string();
   auto [img_status, img_out] = run_command("/usr/bin/python3 " + std::string(OFFGRAPH_SOURCE_DIR) +
                                            "/tests/peer/make_image.py " + photo + " 320 240 1");
   ASSERT_EQ(img_status, 0) << img_out;
@@ -100,7 +92,7 @@ TEST(OpenAiClient, OfficialNpmClientSendsAnImage) {
     EXPECT_NE(out.find("image_tokens=" + std::to_string(stats.rows) + " "), std::string::npos)
         << "encoder rows " << stats.rows;
   }
-  fs::remove(text), fs::remove(mmproj), fs::remove(photo);
+  fs::remove(photo);
 }
 
 } // namespace
