@@ -152,18 +152,20 @@ uint64_t Rng::next_u64() {
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
                      const SamplingParams &params) {
   if (!penalties_enabled(params)) return;
-  std::span<const int32_t> window = penalty_window(history, params.penalty_last_n);
-  // Sorting a copy of the window groups repeats without a vocab-sized count array.
-  std::vector<int32_t> ids(window.begin(), window.end());
+  // The window is the last penalty_last_n tokens: ids outside the vocabulary name image rows
+  // (engine::image_row_ids), which neither count nor take a place, so that an image of 4,096
+  // rows does not push every token out of the window. Sorting the copy groups repeats without a
+  // vocab-sized count array.
+  const size_t last_n =
+      params.penalty_last_n < 0 ? history.size() : static_cast<size_t>(params.penalty_last_n);
+  std::vector<int32_t> ids;
+  for (size_t i = history.size(); i-- > 0 && ids.size() < last_n;)
+    if (history[i] >= 0 && static_cast<size_t>(history[i]) < logits.size())
+      ids.push_back(history[i]);
   std::sort(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size();) {
     size_t j = i;
     while (j < ids.size() && ids[j] == ids[i]) ++j;
-    // Ids outside the vocabulary name image rows (engine::image_row_ids): not tokens, no penalty.
-    if (static_cast<size_t>(ids[i]) >= logits.size()) {
-      i = j;
-      continue;
-    }
     const float count = static_cast<float>(j - i);
     float &l = logits[static_cast<size_t>(ids[i])];
     // Dividing a negative logit would raise it; multiplying pushes it further down instead.

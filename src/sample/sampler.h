@@ -76,8 +76,9 @@ struct Candidate {
 // results never depend on the standard library's sort. Only top_k reorders; the others filter
 // and keep the incoming order, so the order the draw sees is the same on every platform.
 
-// Step 1 over a full logit vector. Ids of `history` outside [0, logits.size()) are not tokens
-// (image rows) and are not penalised.
+// Step 1 over a full logit vector, on the last penalty_last_n tokens of `history`. Its ids
+// outside [0, logits.size()) are not tokens (image rows): neither penalised nor counted in the
+// window.
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
                      const SamplingParams &params);
 // Step 2. Ids must be in [0, logits.size()).

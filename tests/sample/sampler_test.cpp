@@ -291,6 +291,12 @@ TEST(Sampler, BadInputsAreErrors) {
   apply_penalties(with_rows, std::vector<int32_t>{3, 10, 7, 2000000000}, p);
   EXPECT_EQ(penalised, with_rows);
   EXPECT_NE(penalised, l);
+  // ... nor take a place in the window: the last 2 tokens are 3 and 7 however many rows follow.
+  SamplingParams last2 = p;
+  last2.penalty_last_n = 2;
+  std::vector<float> windowed = l;
+  apply_penalties(windowed, std::vector<int32_t>{5, 3, 7, 10, 11, 12, 2000000000}, last2);
+  EXPECT_EQ(windowed, penalised);
   EXPECT_TRUE(s.sample_checked(l, std::vector<int32_t>{3, 10, 2000000000}).ok());
   auto nan_l = l;
   nan_l[4] = std::numeric_limits<float>::quiet_NaN();
