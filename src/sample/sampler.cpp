@@ -69,9 +69,17 @@ bool penalties_enabled(const SamplingParams &p) {
                                    p.frequency_penalty != 0.0f);
 }
 
-std::span<const int32_t> penalty_window(std::span<const int32_t> history, int32_t last_n) {
-  if (last_n < 0 || static_cast<size_t>(last_n) >= history.size()) return history;
-  return history.subspan(history.size() - static_cast<size_t>(last_n));
+// The penalties' window: the last `last_n` (all when negative) ids of `history` that are not image
+// rows (ids at or past the vocabulary, engine::image_row_ids), which neither count nor take a
+// place, so that an image of 4,096 rows does not push every token out of it. Negative ids take a
+// place: they are errors, which sample_checked reports and apply_penalties skips.
+std::span<const int32_t> penalty_window(std::span<const int32_t> history, int32_t last_n,
+                                        size_t n_vocab) {
+  const size_t want = last_n < 0 ? history.size() : static_cast<size_t>(last_n);
+  size_t start = history.size(), taken = 0;
+  while (start > 0 && taken < want)
+    if (--start, history[start] < 0 || static_cast<size_t>(history[start]) < n_vocab) ++taken;
+  return history.subspan(start);
 }
 
 } // namespace
@@ -152,16 +160,10 @@ uint64_t Rng::next_u64() {
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
                      const SamplingParams &params) {
   if (!penalties_enabled(params)) return;
-  // The window is the last penalty_last_n tokens: ids outside the vocabulary name image rows
-  // (engine::image_row_ids), which neither count nor take a place, so that an image of 4,096
-  // rows does not push every token out of the window. Sorting the copy groups repeats without a
-  // vocab-sized count array.
-  const size_t last_n =
-      params.penalty_last_n < 0 ? history.size() : static_cast<size_t>(params.penalty_last_n);
+  // Sorting a copy of the window's tokens groups repeats without a vocab-sized count array.
   std::vector<int32_t> ids;
-  for (size_t i = history.size(); i-- > 0 && ids.size() < last_n;)
-    if (history[i] >= 0 && static_cast<size_t>(history[i]) < logits.size())
-      ids.push_back(history[i]);
+  for (int32_t id : penalty_window(history, params.penalty_last_n, logits.size()))
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size();) {
     size_t j = i;
@@ -373,8 +375,7 @@ Result<int32_t> Sampler::filter(std::span<const float> logits, std::span<const i
     }
   }
   if (penalties_enabled(params_)) {
-    for (int32_t id : penalty_window(history, params_.penalty_last_n)) {
-      // Ids at or past the vocabulary name image rows (engine::image_row_ids): skipped.
+    for (int32_t id : penalty_window(history, params_.penalty_last_n, logits.size())) {
       if (id < 0) {
         return Status::error("sampling: history token id " + std::to_string(id) + " is negative");
       }

@@ -297,6 +297,10 @@ TEST(Sampler, BadInputsAreErrors) {
   std::vector<float> windowed = l;
   apply_penalties(windowed, std::vector<int32_t>{5, 3, 7, 10, 11, 12, 2000000000}, last2);
   EXPECT_EQ(windowed, penalised);
+  // A negative id is an error wherever the window the penalties read holds it, rows skipped.
+  Sampler s2 = make(last2, 10);
+  EXPECT_FALSE(s2.sample_checked(l, std::vector<int32_t>{-1, 10, 11, 7}).ok());
+  EXPECT_TRUE(s2.sample_checked(l, std::vector<int32_t>{-1, 3, 10, 11, 7}).ok());
   EXPECT_TRUE(s.sample_checked(l, std::vector<int32_t>{3, 10, 2000000000}).ok());
   auto nan_l = l;
   nan_l[4] = std::numeric_limits<float>::quiet_NaN();
