@@ -13,13 +13,18 @@ NgramDrafter::NgramDrafter(Options options) : options_(options) {
 
 // draft() compares the tokens of every candidate, so a hash collision never makes a wrong draft;
 // it takes one of the max_candidates links, which may then miss an older true occurrence.
-uint64_t NgramDrafter::key_ending_at(size_t end) const {
+uint64_t ngram_key(std::span<const int32_t> ngram) {
   uint64_t h = 0x9E3779B97F4A7C15ull;
-  for (size_t i = end + 1 - size_t(options_.n_min); i <= end; ++i) {
-    h ^= uint64_t(uint32_t(tokens_[i])) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  for (int32_t t : ngram) {
+    h ^= uint64_t(uint32_t(t)) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
     h *= 0xBF58476D1CE4E5B9ull;
   }
   return h;
+}
+
+uint64_t NgramDrafter::key_ending_at(size_t end) const {
+  return ngram_key(
+      std::span(tokens_).subspan(end + 1 - size_t(options_.n_min), size_t(options_.n_min)));
 }
 
 void NgramDrafter::append(int32_t token) {

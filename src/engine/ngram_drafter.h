@@ -18,6 +18,10 @@
 
 namespace offgraph::engine {
 
+// The hash of an n-gram, the key of NgramDrafter's chains and PredictionCursor's index. Users
+// compare the tokens of what a key finds: a collision never makes a wrong draft.
+uint64_t ngram_key(std::span<const int32_t> ngram);
+
 struct NgramDrafterOptions {
   int32_t n_min = 2;           // shortest suffix that may match (>= 1)
   int32_t n_max = 8;           // longest match looked for (>= n_min)
@@ -35,6 +39,8 @@ public:
   // Keeps the first `length` tokens (no-op if there are fewer).
   void truncate(size_t length);
   size_t size() const { return tokens_.size(); }
+  std::span<const int32_t> tokens() const { return tokens_; }
+  const Options &options() const { return options_; } // clamped
 
   struct Draft {
     std::vector<int32_t> tokens; // at most max_tokens; empty when nothing matched

@@ -93,9 +93,72 @@ int32_t best_draft_length(double rate, std::span<const double> cost) {
   return best;
 }
 
+PredictionCursor::PredictionCursor(std::span<const int32_t> prediction, int32_t n_min,
+                                   int32_t n_max)
+    : n_min_(n_min), n_max_(n_max), found_match_(n_max) {
+  if (prediction.empty()) return;
+  auto index = std::make_shared<Index>();
+  index->tokens.assign(prediction.begin(), prediction.end());
+  for (size_t end = size_t(n_min); end <= prediction.size(); ++end)
+    index->ends[ngram_key(prediction.subspan(end - size_t(n_min), size_t(n_min)))].push_back(
+        int32_t(end));
+  index_ = std::move(index);
+}
+
+void PredictionCursor::follow(int32_t token) {
+  if (!index_ || next_ == -2) return;
+  const std::vector<int32_t> &p = index_->tokens;
+  if (next_ >= 0 && next_ < int64_t(p.size()) && p[size_t(next_)] == token)
+    followed_ = ++next_, found_match_ = n_max_; // a place found again is confirmed
+  else
+    next_ = next_ == int64_t(p.size()) ? -2 : -1; // past the end: not followed again
+}
+
+int32_t PredictionCursor::match_at(std::span<const int32_t> history, size_t end) const {
+  const std::vector<int32_t> &p = index_->tokens;
+  int32_t length = 0;
+  while (length < n_max_ && size_t(length) < end && size_t(length) < history.size() &&
+         p[end - 1 - size_t(length)] == history[history.size() - 1 - size_t(length)])
+    ++length;
+  return length;
+}
+
+void PredictionCursor::find_again(std::span<const int32_t> history) {
+  next_ = -1, found_match_ = 0;
+  if (history.size() < size_t(n_min_)) return;
+  auto it = index_->ends.find(ngram_key(history.last(size_t(n_min_))));
+  if (it == index_->ends.end()) return;
+  // The places at or after the one last followed first, then the earlier ones, in order: the first
+  // of the longest matches visited is the definition's.
+  const std::vector<int32_t> &ends = it->second;
+  const auto ahead = std::lower_bound(ends.begin(), ends.end(), int32_t(followed_));
+  int32_t visited = 0;
+  auto visit = [&](auto from, auto to) {
+    for (auto e = from; e != to && visited < kMaxCandidates; ++e, ++visited)
+      if (const int32_t length = match_at(history, size_t(*e));
+          length >= n_min_ && length > found_match_)
+        next_ = *e, found_match_ = length;
+  };
+  visit(ahead, ends.end());
+  visit(ends.begin(), ahead);
+}
+
+PredictionCursor::Draft PredictionCursor::draft(std::span<const int32_t> history, size_t k) {
+  Draft d;
+  if (!index_ || next_ == -2) return d;
+  if (next_ == -1) find_again(history);
+  if (next_ < 0) return d;
+  const std::vector<int32_t> &p = index_->tokens;
+  const size_t from = size_t(next_), to = std::min(p.size(), from + k);
+  d.tokens.assign(p.begin() + long(from), p.begin() + long(to));
+  d.match = found_match_;
+  return d;
+}
+
 Speculator::Speculator(const SpeculationOptions &options, std::span<const int32_t> prediction,
                        std::span<const int32_t> history, double prior)
-    : options_(options), ngram_(options.ngram), acceptance_(prior) {
+    : options_(options), ngram_(options.ngram),
+      prediction_(prediction, ngram_.options().n_min, ngram_.options().n_max), acceptance_(prior) {
   ngram_.append(prediction);
   ngram_.append(history);
 }
@@ -113,8 +176,17 @@ int32_t Speculator::length(int32_t limit, std::span<const double> cost) {
 std::vector<int32_t> Speculator::draft(int32_t limit, std::span<const double> cost) {
   const int32_t k = length(limit, cost);
   if (k == 0) return {};
-  std::vector<int32_t> tokens = ngram_.draft(size_t(k)).tokens;
-  if (int32_t(tokens.size()) < std::max(options_.n_min, 1)) return {};
+  // The prediction's draft unless it was lost and the n-gram search matches a longer suffix (an
+  // answer gone its own way, echoing the prompt rather than the prediction).
+  const int32_t least = std::max(options_.n_min, 1);
+  PredictionCursor::Draft from_prediction = prediction_.draft(ngram_.tokens(), size_t(k));
+  std::vector<int32_t> tokens = std::move(from_prediction.tokens);
+  if (int32_t(tokens.size()) < least || from_prediction.match < ngram_.options().n_max) {
+    NgramDrafter::Draft d = ngram_.draft(size_t(k));
+    if (int32_t(tokens.size()) < least || d.match > from_prediction.match)
+      tokens = std::move(d.tokens);
+  }
+  if (int32_t(tokens.size()) < least) return {};
   drafted();
   return tokens;
 }

@@ -12,9 +12,11 @@
 #include "engine/ngram_drafter.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace offgraph::engine {
@@ -101,6 +103,53 @@ private:
 // for k < cost.size().
 int32_t best_draft_length(double rate, std::span<const double> cost);
 
+// Where a sequence's output stands in its prediction (OpenAI's Predicted Outputs: the text the
+// caller expects, e.g. a file it asks to have rewritten with a few changes). While the tokens kept
+// are the prediction's, in order, the next drafted tokens are the prediction's next ones. After a
+// token that differs, the prediction is found again where the history's last tokens occur in it:
+// the longest match (n_min to n_max tokens), of equal ones the first at or after the place last
+// followed, else the first; among at most kMaxCandidates places that end in the history's last
+// n_min tokens (an index built once), so that a step costs the same whatever the prediction's
+// length. A match that ends where the prediction does means it is used up: nothing to draft. Once
+// the answer has gone past the prediction's end, it is not followed again (its text stays in the
+// n-gram drafter's history). Without a cursor, a prediction is one more stretch of history to the
+// n-gram search, which takes a suffix's most recent occurrence: the prompt's, where the prediction
+// repeats a prompt's words, so drafts would leave an exact prediction for the prompt.
+class PredictionCursor {
+public:
+  static constexpr int32_t kMaxCandidates = 64;
+  PredictionCursor(std::span<const int32_t> prediction, int32_t n_min, int32_t n_max);
+  bool empty() const { return !index_; }
+  // A token the sequence kept.
+  void follow(int32_t token);
+  // Up to `k` tokens of the prediction to verify after `history`'s end, and the length of the match
+  // that found the place again (n_max once a token followed confirms it). Empty when lost and not
+  // found again, used up or gone past. `history` ends with the tokens passed to follow(), in order
+  // (Speculator::append feeds both).
+  struct Draft {
+    std::vector<int32_t> tokens;
+    int32_t match = 0;
+  };
+  Draft draft(std::span<const int32_t> history, size_t k);
+  // The prediction's index of the token expected next; -1 while lost, -2 once gone past its end.
+  int64_t next() const { return next_; }
+
+private:
+  struct Index {
+    std::vector<int32_t> tokens;
+    // The ends e (ascending) of the places prediction[e - n_min, e) with that n-gram's key.
+    std::unordered_map<uint64_t, std::vector<int32_t>> ends;
+  };
+  int32_t match_at(std::span<const int32_t> history, size_t end) const;
+  void find_again(std::span<const int32_t> history);
+
+  std::shared_ptr<const Index> index_; // shared by the choices of a request (n > 1)
+  int32_t n_min_, n_max_;
+  int64_t next_ = 0;     // the answer starts where the prediction does
+  int64_t followed_ = 0; // the next_ of the last token followed
+  int32_t found_match_;  // the match that found the place: n_max once a token confirms it
+};
+
 // One sequence's drafter and what its verifications taught. Its history must follow the
 // sequence's tokens (append every token the sequence keeps).
 class Speculator {
@@ -115,14 +164,17 @@ public:
   Speculator(const SpeculationOptions &options, std::span<const int32_t> prediction,
              std::span<const int32_t> history, double prior = 0.5);
   const SpeculationOptions &options() const { return options_; }
-  void append(int32_t token) { ngram_.append(token); }
+  void append(int32_t token) {
+    ngram_.append(token);
+    prediction_.follow(token);
+  }
   // How many tokens to draft now: at most `limit`, the adaptive length for a step that costs
   // cost[k] with k drafted tokens (StepCost::relative), or a probe; 0 when fewer than n_min.
   // Call drafted() when a draft of that length is made.
   int32_t length(int32_t limit, std::span<const double> cost);
   void drafted() { since_draft_ = 0; }
-  // The n-gram drafter's tokens to verify after the history's last token: at most length(), empty
-  // when shorter than n_min.
+  // The tokens to verify after the history's last token: at most length(), empty when shorter than
+  // n_min; the prediction's where it is followed (PredictionCursor), else the n-gram drafter's.
   std::vector<int32_t> draft(int32_t limit, std::span<const double> cost);
   // The outcome of a verification: `tested` drafted tokens compared with the token drawn, `kept`
   // of them equal.
@@ -132,6 +184,7 @@ public:
 private:
   SpeculationOptions options_;
   NgramDrafter ngram_;
+  PredictionCursor prediction_;
   Acceptance acceptance_;
   int32_t since_draft_ = 0;
 };

@@ -567,6 +567,90 @@ TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
   EXPECT_GE(high.draft(8, prior_cost).size(), 4u);
 }
 
+// The cursor against its definition, computed naively: while every token kept is the
+// prediction's next one, drafts are the prediction's next tokens; once lost, the end e of the
+// longest match (n_min..n_max tokens) of the history's tail in the prediction, of equal ones the
+// first at or after the place last followed, else the first; a match at the prediction's end, or
+// an answer gone past it, drafts nothing. Random predictions over a small alphabet (many repeats),
+// followed with random substitutions and insertions.
+TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
+  std::mt19937_64 rng(61);
+  int64_t found_again = 0, used_up = 0, gone_past = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t alphabet = 2 + int32_t(rng() % 6), n_min = 1 + int32_t(rng() % 3),
+                  n_max = n_min + int32_t(rng() % 4);
+    std::vector<int32_t> prediction(1 + rng() % 40);
+    for (int32_t &t : prediction) t = int32_t(rng() % uint64_t(alphabet));
+    std::vector<int32_t> history(rng() % 5);
+    for (int32_t &t : history) t = 50 + int32_t(rng() % 3); // a prompt the prediction lacks
+    PredictionCursor cursor(prediction, n_min, n_max);
+    const int64_t size = int64_t(prediction.size());
+    int64_t next = 0, followed = 0; // the naive model's state; -2: gone past the end
+    size_t at = 0;                  // where the output stands in the prediction it copies
+    for (int step = 0; step < 60; ++step) {
+      const size_t k = 1 + rng() % 5;
+      if (next == -1) { // lost: find the prediction again, from the definition
+        auto matches = [&](int64_t e, int64_t n) {
+          return n <= e && n <= int64_t(history.size()) &&
+                 std::equal(prediction.begin() + (e - n), prediction.begin() + e,
+                            history.end() - n);
+        };
+        int64_t pick = -1;
+        for (int64_t n = n_max; n >= n_min && pick < 0; --n) {
+          for (int64_t e = followed; e <= size && pick < 0; ++e)
+            if (e >= 1 && matches(e, n)) pick = e;
+          for (int64_t e = 1; e < followed && pick < 0; ++e)
+            if (matches(e, n)) pick = e;
+        }
+        next = pick;
+        found_again += pick >= 0 && pick < size;
+        used_up += pick == size;
+      }
+      std::vector<int32_t> expected;
+      if (next >= 0)
+        expected.assign(prediction.begin() + next,
+                        prediction.begin() + std::min<int64_t>(next + int64_t(k), size));
+      ASSERT_EQ(cursor.draft(history, k).tokens, expected) << "trial " << trial << " step " << step;
+      ASSERT_EQ(cursor.next(), next) << "trial " << trial << " step " << step;
+      // The next token kept: mostly the copied prediction's, sometimes another one.
+      int32_t token = at < prediction.size() ? prediction[at] : int32_t(rng() % uint64_t(alphabet));
+      if (rng() % 5 == 0) token = int32_t(rng() % uint64_t(alphabet + 1));
+      if (rng() % 7 != 0) ++at; // else an insertion: the copy stays where it was
+      cursor.follow(token);
+      history.push_back(token);
+      if (next == -2) continue;
+      if (next >= 0 && next < size && prediction[size_t(next)] == token)
+        followed = ++next;
+      else
+        next = next == size ? -2 : -1;
+      gone_past += next == -2;
+    }
+  }
+  // Every branch of the definition was taken.
+  EXPECT_GT(found_again, 100);
+  EXPECT_GT(used_up, 10);
+  EXPECT_GT(gone_past, 10);
+}
+
+// An exact prediction is followed to its end, though its tokens recur in the prompt (where the
+// n-gram search's most recent occurrence lies): every drafted token is kept.
+TEST(Speculative, AnExactPredictionIsFollowedThroughRepeatsOfThePrompt) {
+  std::mt19937_64 rng(63);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(echo_prompt(rng, 10 + size_t(i)), 48));
+  const auto plain = run_with(reqs, std::nullopt);
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].prediction = plain[i];
+  EngineStats stats;
+  EngineOptions o = options(4);
+  o.step_tokens = 4 * 7; // every decoder may verify 1 + 6 in each step
+  const auto spec = run_with(reqs, ngram(6), &stats, o);
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_EQ(spec[i], plain[i]) << "request " << i;
+  EXPECT_EQ(stats.ngram.accepted, stats.ngram.drafted);
+  // Each answer's first token is drawn from the prompt's logits, the rest 7 per step: of the 47,
+  // 6 of each 7 are drafted (the last step's draft is clipped to the tokens left).
+  EXPECT_GE(stats.ngram.accepted, int64_t(reqs.size()) * (47 / 7 * 6 + 47 % 7 - 1));
+}
+
 TEST(SpeculativeAdaptive, AcceptanceStartsAtItsPriorAndFollowsTheText) {
   Acceptance a(0.2, 0.5);
   EXPECT_DOUBLE_EQ(a.rate(), 0.2);
