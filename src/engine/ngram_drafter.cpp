@@ -11,8 +11,6 @@ NgramDrafter::NgramDrafter(Options options) : options_(options) {
   options_.max_candidates = std::max(1, options_.max_candidates);
 }
 
-// draft() compares the tokens of every candidate, so a hash collision never makes a wrong draft;
-// it takes one of the max_candidates links, which may then miss an older true occurrence.
 uint64_t ngram_key(std::span<const int32_t> ngram) {
   uint64_t h = 0x9E3779B97F4A7C15ull;
   for (int32_t t : ngram) {
@@ -22,6 +20,8 @@ uint64_t ngram_key(std::span<const int32_t> ngram) {
   return h;
 }
 
+// draft() compares the tokens of every candidate, so a hash collision never makes a wrong draft;
+// it takes one of the max_candidates links, which may then miss an older true occurrence.
 uint64_t NgramDrafter::key_ending_at(size_t end) const {
   return ngram_key(
       std::span(tokens_).subspan(end + 1 - size_t(options_.n_min), size_t(options_.n_min)));

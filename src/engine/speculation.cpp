@@ -111,7 +111,9 @@ void PredictionCursor::follow(int32_t token) {
   if (next_ >= 0 && next_ < int64_t(p.size()) && p[size_t(next_)] == token)
     followed_ = ++next_, found_match_ = n_max_; // a place found again is confirmed
   else
-    next_ = next_ == int64_t(p.size()) ? -2 : -1; // past the end: not followed again
+    // Past an end reached by following (or by a match of n_max): not followed again. A shorter
+    // match that found the end may have been chance, as any other place found again may be.
+    next_ = next_ == int64_t(p.size()) && found_match_ == n_max_ ? -2 : -1;
 }
 
 int32_t PredictionCursor::match_at(std::span<const int32_t> history, size_t end) const {
@@ -183,7 +185,8 @@ std::vector<int32_t> Speculator::draft(int32_t limit, std::span<const double> co
   std::vector<int32_t> tokens = std::move(from_prediction.tokens);
   if (int32_t(tokens.size()) < least || from_prediction.match < ngram_.options().n_max) {
     NgramDrafter::Draft d = ngram_.draft(size_t(k));
-    if (int32_t(tokens.size()) < least || d.match > from_prediction.match)
+    if (int32_t(tokens.size()) < least ||
+        (d.match > from_prediction.match && int32_t(d.tokens.size()) >= least))
       tokens = std::move(d.tokens);
   }
   if (int32_t(tokens.size()) < least) return {};

@@ -110,22 +110,23 @@ int32_t best_draft_length(double rate, std::span<const double> cost);
 // the longest match (n_min to n_max tokens), of equal ones the first at or after the place last
 // followed, else the first; among at most kMaxCandidates places that end in the history's last
 // n_min tokens (an index built once), so that a step costs the same whatever the prediction's
-// length. A match that ends where the prediction does means it is used up: nothing to draft. Once
-// the answer has gone past the prediction's end, it is not followed again (its text stays in the
-// n-gram drafter's history). Without a cursor, a prediction is one more stretch of history to the
-// n-gram search, which takes a suffix's most recent occurrence: the prompt's, where the prediction
-// repeats a prompt's words, so drafts would leave an exact prediction for the prompt.
+// length; the search runs at the next draft(), on the history as it is then. A match that ends
+// where the prediction does means it is used up: nothing to draft. Once the answer has gone past
+// an end it reached by following (or found by a match of n_max), the prediction is not followed
+// again (its text stays in the n-gram drafter's history). Without a cursor, a prediction is one
+// more stretch of history to the n-gram search, which takes a suffix's most recent occurrence: the
+// prompt's, where the prediction repeats a prompt's words, so drafts would leave an exact
+// prediction for the prompt.
 class PredictionCursor {
 public:
   static constexpr int32_t kMaxCandidates = 64;
   PredictionCursor(std::span<const int32_t> prediction, int32_t n_min, int32_t n_max);
-  bool empty() const { return !index_; }
   // A token the sequence kept.
   void follow(int32_t token);
   // Up to `k` tokens of the prediction to verify after `history`'s end, and the length of the match
-  // that found the place again (n_max once a token followed confirms it). Empty when lost and not
-  // found again, used up or gone past. `history` ends with the tokens passed to follow(), in order
-  // (Speculator::append feeds both).
+  // that found the place (n_max at the start and once a token followed confirms it). Empty when
+  // lost and not found again, used up or gone past. `history` ends with the tokens passed to
+  // follow(), in order (Speculator::append feeds both).
   struct Draft {
     std::vector<int32_t> tokens;
     int32_t match = 0;

@@ -77,8 +77,10 @@ std::span<const int32_t> penalty_window(std::span<const int32_t> history, int32_
                                         size_t n_vocab) {
   const size_t want = last_n < 0 ? history.size() : static_cast<size_t>(last_n);
   size_t start = history.size(), taken = 0;
-  while (start > 0 && taken < want)
-    if (--start, history[start] < 0 || static_cast<size_t>(history[start]) < n_vocab) ++taken;
+  while (start > 0 && taken < want) {
+    --start;
+    if (history[start] < 0 || static_cast<size_t>(history[start]) < n_vocab) ++taken;
+  }
   return history.subspan(start);
 }
 

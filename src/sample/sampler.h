@@ -76,9 +76,9 @@ struct Candidate {
 // results never depend on the standard library's sort. Only top_k reorders; the others filter
 // and keep the incoming order, so the order the draw sees is the same on every platform.
 
-// Step 1 over a full logit vector, on the last penalty_last_n tokens of `history`. Its ids
-// outside [0, logits.size()) are not tokens (image rows): neither penalised nor counted in the
-// window.
+// Step 1 over a full logit vector, on the last penalty_last_n tokens of `history`. Its ids at or
+// past logits.size() are not tokens (image rows): neither penalised nor counted in the window.
+// Negative ids (errors, which sample_checked reports) take a place and are skipped.
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
                      const SamplingParams &params);
 // Step 2. Ids must be in [0, logits.size()).

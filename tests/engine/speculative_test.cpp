@@ -571,8 +571,9 @@ TEST(SpeculativeAdaptive, ADrafterThatKeepsMissingStopsAndProbes) {
 // prediction's next one, drafts are the prediction's next tokens; once lost, the end e of the
 // longest match (n_min..n_max tokens) of the history's tail in the prediction, of equal ones the
 // first at or after the place last followed, else the first; a match at the prediction's end, or
-// an answer gone past it, drafts nothing. Random predictions over a small alphabet (many repeats),
-// followed with random substitutions and insertions.
+// an answer gone past an end it followed to (or found by a match of n_max), drafts nothing. Random
+// predictions over a small alphabet (many repeats), followed with random substitutions and
+// insertions.
 TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
   std::mt19937_64 rng(61);
   int64_t found_again = 0, used_up = 0, gone_past = 0;
@@ -586,6 +587,7 @@ TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
     PredictionCursor cursor(prediction, n_min, n_max);
     const int64_t size = int64_t(prediction.size());
     int64_t next = 0, followed = 0; // the naive model's state; -2: gone past the end
+    int64_t found = n_max;          // the match that found the place: n_max while confirmed
     size_t at = 0;                  // where the output stands in the prediction it copies
     for (int step = 0; step < 60; ++step) {
       const size_t k = 1 + rng() % 5;
@@ -603,6 +605,9 @@ TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
             if (matches(e, n)) pick = e;
         }
         next = pick;
+        found = 0;
+        for (int64_t n = n_max; pick >= 0 && n >= n_min && found == 0; --n)
+          if (matches(pick, n)) found = n;
         found_again += pick >= 0 && pick < size;
         used_up += pick == size;
       }
@@ -610,8 +615,12 @@ TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
       if (next >= 0)
         expected.assign(prediction.begin() + next,
                         prediction.begin() + std::min<int64_t>(next + int64_t(k), size));
-      ASSERT_EQ(cursor.draft(history, k).tokens, expected) << "trial " << trial << " step " << step;
+      const PredictionCursor::Draft d = cursor.draft(history, k);
+      ASSERT_EQ(d.tokens, expected) << "trial " << trial << " step " << step;
       ASSERT_EQ(cursor.next(), next) << "trial " << trial << " step " << step;
+      if (next >= 0) {
+        ASSERT_EQ(d.match, found) << "trial " << trial << " step " << step;
+      }
       // The next token kept: mostly the copied prediction's, sometimes another one.
       int32_t token = at < prediction.size() ? prediction[at] : int32_t(rng() % uint64_t(alphabet));
       if (rng() % 5 == 0) token = int32_t(rng() % uint64_t(alphabet + 1));
@@ -620,9 +629,9 @@ TEST(PredictionCursor, DraftsAreTheNaiveDefinitionsWhileFollowingAndLost) {
       history.push_back(token);
       if (next == -2) continue;
       if (next >= 0 && next < size && prediction[size_t(next)] == token)
-        followed = ++next;
+        followed = ++next, found = n_max;
       else
-        next = next == size ? -2 : -1;
+        next = next == size && found == n_max ? -2 : -1;
       gone_past += next == -2;
     }
   }
