@@ -20,6 +20,14 @@ uint64_t ngram_key(std::span<const int32_t> ngram) {
   return h;
 }
 
+int32_t matching_tail(std::span<const int32_t> a, std::span<const int32_t> b, int32_t max) {
+  int32_t length = 0;
+  while (length < max && size_t(length) < a.size() && size_t(length) < b.size() &&
+         a[a.size() - 1 - size_t(length)] == b[b.size() - 1 - size_t(length)])
+    ++length;
+  return length;
+}
+
 // draft() compares the tokens of every candidate, so a hash collision never makes a wrong draft;
 // it takes one of the max_candidates links, which may then miss an older true occurrence.
 uint64_t NgramDrafter::key_ending_at(size_t end) const {
@@ -70,11 +78,8 @@ NgramDrafter::Draft NgramDrafter::draft(size_t max_tokens) const {
   int32_t best_end = -1;
   for (int32_t tried = 0; candidate >= 0 && tried < options_.max_candidates;
        ++tried, candidate = previous_[size_t(candidate)]) {
-    const size_t end = size_t(candidate);
-    int32_t length = 0;
-    while (length < options_.n_max && size_t(length) <= end &&
-           tokens_[end - size_t(length)] == tokens_[last - size_t(length)])
-      ++length;
+    const int32_t length =
+        matching_tail(std::span(tokens_).first(size_t(candidate) + 1), tokens_, options_.n_max);
     // Most recent first: a later candidate must be strictly longer to win.
     if (length >= options_.n_min && length > best.match) {
       best.match = length;

@@ -21,6 +21,9 @@ namespace offgraph::engine {
 // The hash of an n-gram, the key of NgramDrafter's chains and PredictionCursor's index. Users
 // compare the tokens of what a key finds: a collision never makes a wrong draft.
 uint64_t ngram_key(std::span<const int32_t> ngram);
+// How many trailing tokens of `a` and `b` are equal, at most `max`: the length of a match that
+// ends where both end (NgramDrafter's and PredictionCursor's measure).
+int32_t matching_tail(std::span<const int32_t> a, std::span<const int32_t> b, int32_t max);
 
 struct NgramDrafterOptions {
   int32_t n_min = 2;           // shortest suffix that may match (>= 1)

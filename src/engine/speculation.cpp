@@ -116,15 +116,6 @@ void PredictionCursor::follow(int32_t token) {
     next_ = next_ == int64_t(p.size()) && found_match_ == n_max_ ? -2 : -1;
 }
 
-int32_t PredictionCursor::match_at(std::span<const int32_t> history, size_t end) const {
-  const std::vector<int32_t> &p = index_->tokens;
-  int32_t length = 0;
-  while (length < n_max_ && size_t(length) < end && size_t(length) < history.size() &&
-         p[end - 1 - size_t(length)] == history[history.size() - 1 - size_t(length)])
-    ++length;
-  return length;
-}
-
 void PredictionCursor::find_again(std::span<const int32_t> history) {
   next_ = -1, found_match_ = 0;
   if (history.size() < size_t(n_min_)) return;
@@ -137,7 +128,8 @@ void PredictionCursor::find_again(std::span<const int32_t> history) {
   int32_t visited = 0;
   auto visit = [&](auto from, auto to) {
     for (auto e = from; e != to && visited < kMaxCandidates; ++e, ++visited)
-      if (const int32_t length = match_at(history, size_t(*e));
+      if (const int32_t length =
+              matching_tail(std::span(index_->tokens).first(size_t(*e)), history, n_max_);
           length >= n_min_ && length > found_match_)
         next_ = *e, found_match_ = length;
   };

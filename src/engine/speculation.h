@@ -141,14 +141,13 @@ private:
     // The ends e (ascending) of the places prediction[e - n_min, e) with that n-gram's key.
     std::unordered_map<uint64_t, std::vector<int32_t>> ends;
   };
-  int32_t match_at(std::span<const int32_t> history, size_t end) const;
   void find_again(std::span<const int32_t> history);
 
   std::shared_ptr<const Index> index_; // shared by the choices of a request (n > 1)
   int32_t n_min_, n_max_;
   int64_t next_ = 0;     // the answer starts where the prediction does
-  int64_t followed_ = 0; // the next_ of the last token followed
-  int32_t found_match_;  // the match that found the place: n_max once a token confirms it
+  int64_t followed_ = 0; // the prediction's index just after the last token followed
+  int32_t found_match_;  // the match that found the place: n_max at first and once confirmed
 };
 
 // One sequence's drafter and what its verifications taught. Its history must follow the
