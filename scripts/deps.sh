@@ -8,6 +8,12 @@
 #
 #   scripts/deps.sh            apt packages + source + ggml build   (what `make` runs)
 #   scripts/deps.sh --source   apt packages + verified source only; prints the source dir
+#   scripts/deps.sh --cuda     the CUDA variant of the same ggml (docs/gpu.md): shared libraries
+#                              (one copy of the CUDA kernels for offgraph, its tests and the peer),
+#                              the CPU part portable (x86-64-v3, no -march=native: the binaries go
+#                              to GPU machines), CUDA architectures $OFFGRAPH_CUDA_ARCHS (default
+#                              90, the H100/H200), no VMM (so a binary starts where there is no
+#                              driver and runs on the CPU). Needs nvcc.
 #
 # Environment: OFFGRAPH_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/offgraph).
 set -euo pipefail
@@ -87,6 +93,18 @@ readonly GGML_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML
   -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CCACHE=OFF -DGGML_LLAMAFILE=ON
   -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF)
 
+# The CUDA variant (--cuda). GGML_CUDA_GRAPHS: replay a step's graph as a CUDA graph when its
+# splits keep their ids (offgraph's graph reuse keeps them). NCCL off (one process, no
+# collectives; not on the machines). The default flash-attention K/V type pairs (f16, bf16, q8_0,
+# q4_0): every KV type offgraph offers on a device has its kernel.
+readonly CUDA_ARCHS=${OFFGRAPH_CUDA_ARCHS:-90}
+readonly GGML_CUDA_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
+  -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  -DGGML_OPENMP=ON -DGGML_BACKEND_DL=OFF -DGGML_CCACHE=OFF -DGGML_LLAMAFILE=ON
+  -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS"
+  -DGGML_CUDA_GRAPHS=ON -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_NO_VMM=ON
+  '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON)
+
 # Bump when what the build leaves in the prefix changes.
 readonly BUILD_FORMAT=1
 
@@ -94,8 +112,13 @@ build_key() {
   {
     echo "$TREE_HASH format $BUILD_FORMAT"
     c++ --version | head -1
-    grep -m1 '^flags' /proc/cpuinfo || uname -m
-    echo "${GGML_OPTIONS[*]}"
+    if [ "$variant" = cuda ]; then
+      nvcc --version | tail -1 # the CPU part is portable: not keyed by this CPU
+      echo "${GGML_CUDA_OPTIONS[*]}"
+    else
+      grep -m1 '^flags' /proc/cpuinfo || uname -m
+      echo "${GGML_OPTIONS[*]}"
+    fi
     cat "$root/cmake/ggml-prebuild/CMakeLists.txt"
   } | sha256sum | cut -c1-16
 }
@@ -104,6 +127,12 @@ build_ggml() {
   local src=$1 key prefix
   key=$(build_key)
   prefix="$cache/ggml-${TREE_HASH:0:12}-$key"
+  local options=("${GGML_OPTIONS[@]}") what="CPU and RPC backends, static"
+  if [ "$variant" = cuda ]; then
+    prefix="$cache/ggml-cuda-${TREE_HASH:0:12}-$key"
+    options=("${GGML_CUDA_OPTIONS[@]}")
+    what="CUDA (architectures $CUDA_ARCHS), CPU and RPC backends, shared"
+  fi
   # Two runs at once (a build and a test tree, two checkouts) wait for each other here instead of
   # building into the same prefix; the second then finds the build complete.
   exec {lock_fd}>"$prefix.lock"
@@ -112,12 +141,12 @@ build_ggml() {
     echo "$src" >"$prefix/offgraph-source.txt" # the source may have been re-fetched elsewhere
     echo "$prefix/lib/cmake/ggml"; return 0
   fi
-  log "building ggml (CPU and RPC backends, static) into $prefix; this happens once per tree, compiler and CPU"
+  log "building ggml ($what) into $prefix; this happens once per tree, compiler and CPU"
   local start=$SECONDS gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   rm -rf "$prefix.build" "$prefix"
   cmake -S "$root/cmake/ggml-prebuild" -B "$prefix.build" "${gen[@]}" -DOFFGRAPH_GGML_TREE="$src" \
-    -DCMAKE_INSTALL_PREFIX="$prefix" "${GGML_OPTIONS[@]}" >"$prefix.log" 2>&1 \
+    -DCMAKE_INSTALL_PREFIX="$prefix" "${options[@]}" >"$prefix.log" 2>&1 \
     || die "ggml configure failed; see $prefix.log"
   cmake --build "$prefix.build" -j "$(nproc)" >>"$prefix.log" 2>&1 || die "ggml build failed; see $prefix.log"
   cmake --install "$prefix.build" >>"$prefix.log" 2>&1 || die "ggml install failed; see $prefix.log"
@@ -129,10 +158,22 @@ build_ggml() {
   echo "$prefix/lib/cmake/ggml"
 }
 
+# nvcc: on PATH, or where the CUDA toolkit installs it.
+find_nvcc() {
+  command -v nvcc >/dev/null && return 0
+  local d
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+    [ -x "$d/nvcc" ] && { export PATH="$d:$PATH"; return 0; }
+  done
+  die "--cuda needs nvcc (the CUDA toolkit); none on PATH or in /usr/local/cuda*/bin"
+}
+
+variant=cpu
 install_apt_packages
 fetch_source
 case "$mode" in
   --source) echo "$src" ;;
   all) build_ggml "$src" ;;
+  --cuda) variant=cuda; find_nvcc; build_ggml "$src" ;;
   *) die "unknown argument '$mode' (expected nothing or --source)" ;;
 esac

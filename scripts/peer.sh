@@ -17,10 +17,16 @@ die() { printf '[peer] error: %s\n' "$*" >&2; exit 1; }
 
 src=$("$here/deps.sh" --source | tail -1)
 tree=$(cat "$src/.offgraph-verified")
+cuda=()
+if [ "${OFFGRAPH_PEER_CUDA:-0}" = 1 ]; then
+  ggml_prefix=$("$here/deps.sh" --cuda | tail -1)
+  cuda=(-DLLAMA_USE_SYSTEM_GGML=ON "-Dggml_DIR=$ggml_prefix" -DBUILD_SHARED_LIBS=ON
+    '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON)
+fi
 readonly OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DGGML_CCACHE=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
-  $([ "${OFFGRAPH_PEER_RPC:-0}" = 1 ] && echo "-DGGML_RPC=ON -DGGML_RPC_RDMA=OFF"))
+  $([ "${OFFGRAPH_PEER_RPC:-0}" = 1 ] && echo "-DGGML_RPC=ON -DGGML_RPC_RDMA=OFF") "${cuda[@]}")
 key=$({ echo "$tree"; c++ --version | head -1; grep -m1 '^flags' /proc/cpuinfo || uname -m; echo "${OPTIONS[*]}"; } \
   | sha256sum | cut -c1-16)
 dir="$cache/peer-${tree:0:12}-$key"

@@ -1,22 +1,50 @@
 #include "device_flags.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace offgraph::cli {
 
 void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
+  cmd.add_option("--gpu-layers,--n-gpu-layers", f.gpu_layers,
+                 "how many of the layers (the output head counts as one more) run on the GPUs "
+                 "and --rpc servers, taken from the end as llama.cpp does: a count or 'all' "
+                 "(default: all; the rest run on the CPU)");
+  cmd.add_option("--device", f.device,
+                 "the local GPUs to use, comma-separated (names as --list-devices shows them, "
+                 "e.g. CUDA0), or 'none' for the CPU alone (default: every GPU found)");
+  cmd.add_flag_callback(
+      "--list-devices",
+      [] {
+        std::fputs(model::Devices::describe_available().c_str(), stdout);
+        std::fflush(stdout);
+        std::exit(0);
+      },
+      "print the GPUs this build and machine offer (or why there are none) and the CPU, then "
+      "exit");
   cmd.add_option("--rpc", f.rpc,
                  "ggml-rpc-server endpoints HOST:PORT[,...]: the model's layers are split over "
                  "them (docs/backends.md); only 127.0.0.0/8 unless --rpc-allow-remote");
   cmd.add_option("--tensor-split", f.split,
-                 "proportions of the layers per --rpc endpoint, comma-separated, with one more "
-                 "for the local CPU if it is to hold layers (default: equal parts over the "
-                 "endpoints); the output head counts as one more layer");
+                 "proportions of the offloaded layers per GPU and --rpc endpoint, "
+                 "comma-separated, or (without -ngl) with one more for the local CPU if it is to "
+                 "hold layers (default: equal parts); the output head counts as one more layer");
   cmd.add_flag("--rpc-allow-remote", f.allow_remote,
                "accept --rpc endpoints on other machines: ggml-rpc has no authentication or "
                "encryption, so anyone who reaches a server's port can read and write its memory; "
                "use it only on a network you trust");
+}
+
+void expand_device_flag_aliases(int argc, char **argv) {
+  // CLI11 takes one-letter short names only; llama.cpp's users type -ngl and -dev.
+  static char gpu_layers[] = "--gpu-layers", device[] = "--device";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) return;
+    if (std::strcmp(argv[i], "-ngl") == 0) argv[i] = gpu_layers;
+    if (std::strcmp(argv[i], "-dev") == 0) argv[i] = device;
+  }
 }
 
 namespace {
@@ -24,6 +52,30 @@ namespace {
 Result<model::DeviceOptions> device_options(const DeviceFlags &f) {
   model::DeviceOptions o;
   o.allow_remote = f.allow_remote;
+  if (!f.device.empty()) {
+    o.gpus.emplace();
+    if (f.device != "none") {
+      std::stringstream names(f.device);
+      for (std::string name; std::getline(names, name, ',');) {
+        if (name.empty() || name == "none")
+          return Status::error("--device: '" + f.device +
+                               "' is not a list of GPU names (or 'none' alone)");
+        o.gpus->push_back(name);
+      }
+    }
+  }
+  if (!f.gpu_layers.empty() && f.gpu_layers != "all") {
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(f.gpu_layers, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != f.gpu_layers.size() || v < 0 || v > 1000000)
+      return Status::error("-ngl: '" + f.gpu_layers + "' is not a layer count or 'all'");
+    o.n_gpu_layers = int32_t(v);
+  }
   std::stringstream rpc(f.rpc);
   for (std::string ep; std::getline(rpc, ep, ',');)
     if (!ep.empty()) o.rpc.push_back(ep);
@@ -40,8 +92,6 @@ Result<model::DeviceOptions> device_options(const DeviceFlags &f) {
       return Status::error("--tensor-split: '" + x + "' is not a number");
     o.split.push_back(v);
   }
-  if (!f.split.empty() && o.rpc.empty())
-    return Status::error("--tensor-split needs --rpc (there is only the CPU to split over)");
   return o;
 }
 
@@ -51,9 +101,15 @@ Result<std::unique_ptr<model::Model>> load_placed(const std::string &path, const
                                                   const model::Progress &progress) {
   auto options = device_options(f);
   if (!options.ok()) return options.status();
-  if (options->rpc.empty()) return model::Model::load(path, progress);
   auto devices = model::Devices::open(*options);
-  if (!devices.ok()) return Status::error("--rpc: " + devices.message());
+  if (!devices.ok()) return devices.status();
+  if ((*devices)->size() == 1) {
+    // Nothing to offload to: said when the flags asked for a GPU, so that it is not a surprise.
+    if ((!f.gpu_layers.empty() && f.gpu_layers != "0") || !f.split.empty())
+      std::fprintf(stderr, "offgraph: no GPU (%s): every layer runs on the CPU\n",
+                   model::Devices::why_no_gpu().c_str());
+    return model::Model::load(path, progress);
+  }
   int last_percent = -1;
   std::string last_device;
   return model::Model::load(

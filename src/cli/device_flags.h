@@ -1,5 +1,6 @@
-// Where layers run: --rpc, --tensor-split and --rpc-allow-remote, on every command that loads a
-// model for inference (docs/backends.md), and the load that honours them.
+// Where layers run: -ngl, --device, --list-devices, --rpc, --tensor-split and --rpc-allow-remote,
+// on every command that loads a model for inference (docs/gpu.md, docs/backends.md), and the
+// load that honours them.
 #pragma once
 
 #include "model/model.h"
@@ -13,10 +14,15 @@ namespace offgraph::cli {
 
 struct DeviceFlags {
   std::string rpc, split;
+  std::string gpu_layers; // "" (all), a count, or "all"
+  std::string device;     // "" (every GPU found), "none", or names "CUDA0,CUDA1"
   bool allow_remote = false;
 };
 
 void add_device_flags(CLI::App &cmd, DeviceFlags &flags);
+// llama.cpp's spellings -ngl and -dev (CLI11 takes one-letter short names only), rewritten to
+// --gpu-layers and --device in argv before parsing.
+void expand_device_flag_aliases(int argc, char **argv);
 // Connects to the devices the flags name (an error naming the flag at fault) and loads the model
 // onto them, reporting each device's upload on stderr; `progress` as Model::load.
 Result<std::unique_ptr<model::Model>> load_placed(const std::string &path, const DeviceFlags &flags,

@@ -1,5 +1,6 @@
 // The offgraph program: subcommands for generating, inspecting and running models.
 #include "commands.h"
+#include "device_flags.h"
 
 #include "ggml.h"
 
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
   auto serve = offgraph::cli::add_serve(app);
   auto perplexity = offgraph::cli::add_perplexity(app);
   auto bench = offgraph::cli::add_bench(app);
+  offgraph::cli::expand_device_flag_aliases(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

@@ -28,7 +28,7 @@ std::function<int()> add_synth(CLI::App &app) {
     int32_t layers = 0, embd = 0, heads = 0, kv_heads = 0, head_dim = 0, ff = 0, window = 0,
             vocab_size = 0, ctx = 0;
     uint64_t seed = 1;
-    bool meta_only = false, no_vocab = false, no_template = false;
+    bool meta_only = false, weights = false, no_vocab = false, no_template = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("synth", "write a GGUF model with seeded random weights");
@@ -57,6 +57,9 @@ std::function<int()> add_synth(CLI::App &app) {
                   "chat template to embed (default: the pinned tree's muse-glimmer.jinja)");
   cmd->add_flag("--no-template", o->no_template, "embed no chat template");
   cmd->add_flag("--meta-only", o->meta_only, "write keys and tensor infos only, no weights");
+  cmd->add_flag("--weights", o->weights,
+                "write the weights even where the preset writes metadata only (30b: ~17 GB as "
+                "q4_K; with --layers fewer, the same per-layer shapes; all cores)");
   return [o, cmd]() -> int {
     (void)cmd;
     auto spec = synth::preset(o->preset, o->arch);
@@ -70,7 +73,9 @@ std::function<int()> add_synth(CLI::App &app) {
     set(o->head_dim, s.head_dim), set(o->ff, s.n_ff), set(o->window, s.window),
         set(o->vocab_size, s.n_vocab), set(o->ctx, s.n_ctx);
     s.seed = o->seed;
-    s.metadata_only = s.metadata_only || o->meta_only;
+    if (o->meta_only && o->weights)
+      return std::fprintf(stderr, "offgraph synth: --meta-only and --weights contradict\n"), 1;
+    s.metadata_only = (s.metadata_only || o->meta_only) && !o->weights;
     if (!o->pattern.empty()) {
       if (o->pattern != "array" && o->pattern != "scalar")
         return std::fprintf(stderr, "offgraph synth: --pattern must be 'array' or 'scalar'\n"), 1;

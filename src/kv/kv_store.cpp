@@ -286,7 +286,11 @@ Result<Pool> KvStore::make_ring_pool() {
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
     if (!layout_->cache(c).ring()) continue;
     const cache::CacheSpec &s = layout_->cache(c).spec;
-    const int32_t n = layout_->cache(c).max_rows;
+    // On a device, the ring is padded to the multiple of rows that the device's attention
+    // prefers (rows never written: zeros, and masked, Step reads them as empty slots).
+    int32_t n = layout_->cache(c).max_rows;
+    if (!ggml_backend_buft_is_host(bufts_[size_t(c)]))
+      n = int32_t(GGML_PAD(n, kDeviceReadRowMultiple));
     const std::string i = std::to_string(c);
     tensors.push_back({&pool.k[size_t(c)], bufts_[size_t(c)], types_.k, s.k_elements_per_token(), n,
                        "cache_k_" + i});

@@ -26,6 +26,12 @@ namespace offgraph::kv {
 
 using SeqId = int32_t;
 
+// Rows of K/V that attention reads on a device (not host memory) come in multiples of this:
+// ggml-cuda's fast decode kernels (the vector kernel, the GQA-batched one) need the KV row count a
+// multiple of 256 (FATTN_KQ_STRIDE); other rows fall back to slower ones. Rings on devices are
+// allocated padded to it, and flat reads are widened to it (the extra rows masked).
+inline constexpr int32_t kDeviceReadRowMultiple = 256;
+
 // How attention reads a ring. Physical (the default): every written slot in slot order, masked by
 // each slot's position; no copy. Logical: the window's rows oldest first, joined by a copy when
 // they wrap; the summation order then matches an implementation whose cache has not wrapped

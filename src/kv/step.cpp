@@ -131,8 +131,11 @@ void Step::fill_mask(const PendingMask &pm, ggml_fp16_t *m) {
       continue;
     }
     for (size_t j = 0; j < n; ++j) {
-      const int32_t l = cache::ring_slot_position(rows.ring_rows, pm.high_water_after,
-                                                  rows.first_row + int32_t(j));
+      // Slots past the ring's rows: a device's padding (kDeviceReadRowMultiple), never written.
+      const int32_t slot = rows.first_row + int32_t(j);
+      const int32_t l = slot >= rows.ring_rows
+                            ? -1
+                            : cache::ring_slot_position(rows.ring_rows, pm.high_water_after, slot);
       const bool see = l >= 0 && l <= p && (pm.window == 0 || p - l < pm.window);
       row[j] = see ? visible : hidden;
     }
@@ -220,7 +223,8 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       }
     } else if (cl.ring()) {
       rows.ring_rows = cl.max_rows;
-      rows.n_rows = host ? std::min(cl.max_rows, plan->high_water_after) : cl.max_rows;
+      // On a device, the whole (padded) ring: the shape stays put from step to step.
+      rows.n_rows = host ? std::min(cl.max_rows, plan->high_water_after) : int32_t(k_store->ne[1]);
       w.k = rows_view(k_written, k_store, spec.k_head_dim, 0, rows.n_rows);
       w.v = rows_view(v_written, v_store, spec.v_head_dim, 0, rows.n_rows);
     } else {
@@ -243,11 +247,21 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
         int32_t lo = pages[size_t(first_page)], hi = lo;
         for (int32_t i = first_page; i < end_page; ++i)
           lo = std::min(lo, pages[size_t(i)]), hi = std::max(hi, pages[size_t(i)]);
-        auto labels = std::make_shared<std::vector<int32_t>>(size_t(hi - lo + 1) * page_rows, -1);
+        // Widened to the device's row multiple where the pool has the rows (the range moved down
+        // when it would pass the pool's end); the extra rows are labelled -1, masked.
+        int32_t first_row = lo * page_rows, n_rows = (hi - lo + 1) * page_rows;
+        const int32_t pool_rows = int32_t(k_store->ne[1]);
+        if (const int32_t padded = int32_t(GGML_PAD(n_rows, kDeviceReadRowMultiple));
+            !host && padded <= pool_rows) {
+          first_row = std::min(first_row, pool_rows - padded);
+          n_rows = padded;
+        }
+        auto labels = std::make_shared<std::vector<int32_t>>(size_t(n_rows), -1);
         for (int32_t r = read.start; r < read.end(); ++r)
-          (*labels)[size_t((pages[size_t(r / page_rows)] - lo) * page_rows + r % page_rows)] = r;
-        rows.first_row = lo * page_rows;
-        rows.n_rows = int32_t(labels->size());
+          (*labels)[size_t(pages[size_t(r / page_rows)] * page_rows + r % page_rows - first_row)] =
+              r;
+        rows.first_row = first_row;
+        rows.n_rows = n_rows;
         rows.labels = std::move(labels);
       }
       w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);

@@ -101,16 +101,119 @@ Status check_endpoint(const std::string &endpoint, bool allow_remote) {
   return checked_address(endpoint, allow_remote).status();
 }
 
+namespace {
+
+// ggml builds its registry of backends on first use, and a backend that finds no device says
+// why only in its log (ggml-cuda: "failed to initialize CUDA: <the runtime's reason>"). The
+// first use goes through here, with ggml's log captured, so that the reason can be told.
+const std::string &registry_log() {
+  static const std::string log = [] {
+    static std::string captured;
+    ggml_log_set(
+        [](ggml_log_level level, const char *text, void *) {
+          if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) captured += text;
+        },
+        nullptr);
+    (void)ggml_backend_dev_count();
+    ggml_log_set(nullptr, nullptr);
+    return captured;
+  }();
+  return log;
+}
+
+bool is_gpu(ggml_backend_dev_t dev) {
+  const auto type = ggml_backend_dev_type(dev);
+  return type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
+}
+
+std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+} // namespace
+
+std::vector<ggml_backend_dev_t> Devices::local_gpus() {
+  (void)registry_log();
+  std::vector<ggml_backend_dev_t> out;
+  for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    // RPC servers register as GPUs too: they are named by --rpc, not found.
+    const std::string reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    if (is_gpu(dev) && reg != "RPC") out.push_back(dev);
+  }
+  return out;
+}
+
+std::string Devices::why_no_gpu() {
+  const std::string &log = registry_log();
+  bool has_gpu_backend = false;
+  for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+    const std::string name = ggml_backend_reg_name(ggml_backend_reg_get(i));
+    if (name != "CPU" && name != "RPC") has_gpu_backend = true;
+  }
+  if (!has_gpu_backend)
+    return "this build has no GPU backend (build the CUDA variant: make cuda, docs/gpu.md)";
+  std::string reason = log;
+  while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) reason.pop_back();
+  if (reason.empty()) reason = "the GPU backend found no device";
+  return reason;
+}
+
+std::string Devices::describe_available() {
+  std::string out;
+  const auto gpus = local_gpus();
+  for (ggml_backend_dev_t dev : gpus) {
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    out += std::string(ggml_backend_dev_name(dev)) + ": " + ggml_backend_dev_description(dev) +
+           " (" + mib(total) + ", " + mib(free) + " free)\n";
+  }
+  if (gpus.empty()) out += "no GPU: " + why_no_gpu() + "\n";
+  out += "CPU: " +
+         std::string(
+             ggml_backend_dev_description(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU))) +
+         "\n";
+  return out;
+}
+
 Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &options) {
   auto d = std::make_shared<Devices>();
-  const size_t n_rpc = options.rpc.size();
+  // The local GPUs: those named (each must exist), or every one found.
+  std::vector<ggml_backend_dev_t> gpus;
+  if (options.gpus) {
+    const auto found = local_gpus();
+    for (const std::string &name : *options.gpus) {
+      auto it = std::find_if(found.begin(), found.end(), [&](ggml_backend_dev_t dev) {
+        return name == ggml_backend_dev_name(dev);
+      });
+      if (it == found.end()) {
+        std::string known;
+        for (ggml_backend_dev_t dev : found)
+          known += (known.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(dev));
+        return Status::error("device '" + name + "' is not a GPU of this machine (" +
+                             (known.empty() ? "none: " + why_no_gpu() : "found: " + known) + ")");
+      }
+      if (std::find(gpus.begin(), gpus.end(), *it) != gpus.end())
+        return Status::error("device '" + name + "' is named twice");
+      gpus.push_back(*it);
+    }
+  } else {
+    gpus = local_gpus();
+  }
+  const size_t n_rpc = options.rpc.size(), n_off = gpus.size() + n_rpc;
   // Everything that can be checked without a connection first.
-  if (!options.split.empty() && options.split.size() != n_rpc && options.split.size() != n_rpc + 1)
+  const bool cpu_share = options.split.size() == n_off + 1;
+  if (!options.split.empty() && options.split.size() != n_off && !cpu_share)
     return Status::error("tensor split: " + std::to_string(options.split.size()) +
-                         " proportions for " + std::to_string(n_rpc) +
-                         " RPC endpoints; give one per endpoint, or one more for the local CPU");
-  if (!options.split.empty() && n_rpc == 0)
-    return Status::error("tensor split: without --rpc there is only the CPU to split over");
+                         " proportions for " + std::to_string(gpus.size()) + " GPUs and " +
+                         std::to_string(n_rpc) +
+                         " RPC endpoints; give one per device, or one more for the local CPU");
+  if (!options.split.empty() && n_off == 0)
+    return Status::error("tensor split: without GPUs or --rpc there is only the CPU to split over");
+  if (cpu_share && options.n_gpu_layers >= 0)
+    return Status::error("tensor split: a proportion for the CPU and -ngl both place the CPU's "
+                         "layers; give one or the other");
+  if (options.n_gpu_layers < -1)
+    return Status::error("-ngl: " + std::to_string(options.n_gpu_layers) +
+                         " layers; give a count >= 0 or 'all'");
   float sum = 0;
   for (float f : options.split) {
     if (!std::isfinite(f) || f < 0)
@@ -119,6 +222,11 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
   }
   if (!options.split.empty() && sum <= 0)
     return Status::error("tensor split: the proportions add up to 0");
+  for (ggml_backend_dev_t dev : gpus) {
+    d->devices_.push_back(dev);
+    d->endpoints_.emplace_back();
+    d->relays_.emplace_back();
+  }
   // Each endpoint resolved once, here: the relay connects to this address and no other.
   std::vector<sockaddr_in> addresses;
   for (const std::string &ep : options.rpc) {
@@ -154,18 +262,21 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
   d->endpoints_.emplace_back();
   d->relays_.emplace_back();
   std::vector<float> w = options.split;
-  if (w.empty()) w.assign(n_rpc, 1.0f);
-  w.resize(n_rpc + 1, 0.0f); // the CPU's, unless given
-  if (n_rpc == 0) w = {1.0f};
+  if (w.empty()) w.assign(n_off, 1.0f);
+  w.resize(n_off + 1, 0.0f); // the CPU's, unless given
+  if (n_off == 0) w = {1.0f};
   float total = 0;
   for (float &x : w) x = (total += x);
   for (float &x : w) x /= total;
   d->shares_ = std::move(w);
+  d->n_gpu_layers_ = n_off == 0 ? -1 : options.n_gpu_layers;
   return std::shared_ptr<const Devices>(std::move(d));
 }
 
 std::shared_ptr<const Devices> Devices::cpu_only() {
-  static const std::shared_ptr<const Devices> cpu = *Devices::open({});
+  DeviceOptions none;
+  none.gpus.emplace();
+  static const std::shared_ptr<const Devices> cpu = *Devices::open(none);
   return cpu;
 }
 
@@ -175,7 +286,8 @@ ggml_backend_buffer_type_t Devices::buffer_type(int32_t d) const {
 
 std::string Devices::name(int32_t d) const {
   if (is_cpu(d)) return "CPU";
-  return std::string(ggml_backend_dev_name(device(d))) + " (" + endpoint(d) + ")";
+  return std::string(ggml_backend_dev_name(device(d))) + " (" +
+         (endpoint(d).empty() ? ggml_backend_dev_description(device(d)) : endpoint(d)) + ")";
 }
 
 std::string Devices::failure() const {
@@ -193,8 +305,16 @@ bool Devices::failed(int32_t d) const { return relays_[size_t(d)] && relays_[siz
 
 std::vector<int32_t> Devices::assign(int32_t n_layer) const {
   std::vector<int32_t> out(size_t(n_layer) + 1);
+  // -ngl N: the first n_layer + 1 - N slots on the CPU, the rest split over the others.
+  const int32_t slots = n_layer + 1;
+  const int32_t offloaded = n_gpu_layers_ < 0 ? slots : std::min(n_gpu_layers_, slots);
+  const int32_t on_cpu = slots - offloaded;
   for (int32_t i = 0; i <= n_layer; ++i) {
-    const float at = float(i) / float(n_layer + 1);
+    if (i < on_cpu) {
+      out[size_t(i)] = cpu();
+      continue;
+    }
+    const float at = float(i - on_cpu) / float(offloaded);
     out[size_t(i)] =
         int32_t(std::upper_bound(shares_.begin(), shares_.end(), at) - shares_.begin());
     out[size_t(i)] = std::min(out[size_t(i)], cpu());

@@ -1,7 +1,8 @@
-// Devices: where a model's layers run. The local CPU, and ggml-rpc servers reached at HOST:PORT
-// endpoints (docs/backends.md). A layer's weights and its KV storage live on the device the
-// split assigns it; the input embedding stays on the CPU, and the output head counts as one more
-// layer of the split (as llama.cpp's --split-mode layer does).
+// Devices: where a model's layers run. Local GPUs (ggml's CUDA backend, in the CUDA build:
+// docs/gpu.md), ggml-rpc servers reached at HOST:PORT endpoints (docs/backends.md) and the local
+// CPU. A layer's weights and its KV storage live on the device the split assigns it; the input
+// embedding stays on the CPU, and the output head counts as one more layer of the split (as
+// llama.cpp's --split-mode layer does).
 #pragma once
 
 #include "base/status.h"
@@ -11,17 +12,23 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace offgraph::model {
 
 struct DeviceOptions {
-  // ggml-rpc-server endpoints, HOST:PORT, in the order the split lists them.
+  // Local GPUs by ggml's name ("CUDA0"), in split order; absent: every GPU found; empty: none.
+  std::optional<std::vector<std::string>> gpus;
+  // ggml-rpc-server endpoints, HOST:PORT, in the order the split lists them (after the GPUs).
   std::vector<std::string> rpc;
-  // Proportions of the layers per device: one per RPC endpoint, or one more for the local CPU
-  // (last). Empty: equal parts over the endpoints, none on the CPU.
+  // Proportions of the offloaded layers per device: one per GPU and RPC endpoint, or (without
+  // n_gpu_layers) one more for the local CPU (last). Empty: equal parts, none on the CPU.
   std::vector<float> split;
+  // llama.cpp's -ngl: the last N of the n_layer + 1 slots (layers, then the output head) go to
+  // the GPUs and RPC servers, the first ones stay on the CPU. -1: all of them.
+  int32_t n_gpu_layers = -1;
   // The RPC protocol has no authentication or encryption: endpoints outside 127.0.0.0/8 are
   // refused unless this is set (IPv6 addresses are refused: ggml-rpc cannot parse them).
   bool allow_remote = false;
@@ -33,14 +40,21 @@ public:
   // No endpoints: the CPU alone.
   static Result<std::shared_ptr<const Devices>> open(const DeviceOptions &options);
   static std::shared_ptr<const Devices> cpu_only();
+  // Every device this build and machine offer, a line each (--list-devices); where no GPU is
+  // offered, why (no GPU backend in this build, or the backend's own reason: no driver, ...).
+  static std::string describe_available();
+  // The local GPUs found (ggml's GPU and integrated-GPU devices), and, when there are none, why.
+  static std::vector<ggml_backend_dev_t> local_gpus();
+  static std::string why_no_gpu();
 
-  // Devices in split order: the RPC ones, then the CPU (always last, as ggml's scheduler needs).
+  // Devices in split order: the local GPUs, the RPC ones, then the CPU (always last, as ggml's
+  // scheduler needs).
   int32_t size() const { return int32_t(devices_.size()); }
   int32_t cpu() const { return size() - 1; }
   bool is_cpu(int32_t d) const { return d == cpu(); }
   ggml_backend_dev_t device(int32_t d) const { return devices_[size_t(d)]; }
   ggml_backend_buffer_type_t buffer_type(int32_t d) const;
-  // "CPU", or "RPC0 (127.0.0.1:50052)".
+  // "CPU", "CUDA0 (NVIDIA H200)", or "RPC0 (127.0.0.1:50052)".
   std::string name(int32_t d) const;
   const std::string &endpoint(int32_t d) const { return endpoints_[size_t(d)]; }
   // Empty while every server answers; else the first that stopped, and during what. A step
@@ -77,6 +91,7 @@ private:
   // Each RPC device's connection goes through a relay of its own (null for the CPU).
   std::vector<std::unique_ptr<RpcRelay>> relays_;
   std::vector<float> shares_; // cumulative, normalised; last is 1
+  int32_t n_gpu_layers_ = -1; // DeviceOptions::n_gpu_layers
 };
 
 // HOST:PORT as ggml-rpc takes it; an error naming what is wrong. `allow_remote` as above.

@@ -4,10 +4,8 @@
 // offgraph's kernels) and the same greedy tokens, for both architectures, with the rings wrapping,
 // across forks, rewinds and snapshots. A server still running at the end is the proof that no
 // custom op (a function pointer of this process) was sent to it.
-#include "model/forward.h"
-#include "model_test_util.h"
+#include "device_compare.h"
 #include "rpc_servers.h"
-#include "synth/synth.h"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +22,11 @@ namespace offgraph::model {
 namespace {
 
 using offgraph::testing::RpcServers;
+using testing::argmax;
+using testing::compare;
+using testing::make_model;
 using testing::rel_error;
+using testing::Session;
 using testing::temp_dir;
 
 RpcServers &servers() {
@@ -32,49 +34,11 @@ RpcServers &servers() {
   return s;
 }
 
-std::string make_model(const std::string &arch, uint64_t seed) {
-  synth::SynthSpec s = synth::preset("tiny", arch).value();
-  s.n_layer = 6, s.n_embd = 64, s.n_head = 4, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 96;
-  s.window = 12, s.n_vocab = 300, s.seed = seed, s.weight_type = GGML_TYPE_F32;
-  const std::string path = (temp_dir() / (arch + std::to_string(seed) + ".gguf")).string();
-  auto r = synth::write_model(s, path);
-  EXPECT_TRUE(r.ok()) << r.message();
-  return path;
-}
-
-struct Session {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<kv::KvStore> store;
-  std::unique_ptr<Forward> fwd;
-  Session(const std::string &path, std::shared_ptr<const Devices> devices) {
-    auto m = Model::load(path, nullptr, std::move(devices));
-    EXPECT_TRUE(m.ok()) << m.message();
-    if (!m.ok()) return;
-    model = std::move(m).value();
-    auto layout = make_layout(*model, {256, 8, 4});
-    EXPECT_TRUE(layout.ok()) << layout.message();
-    auto s = kv::KvStore::create(*layout, {GGML_TYPE_F32, GGML_TYPE_F32},
-                                 model->cache_buffer_types(), 64);
-    EXPECT_TRUE(s.ok()) << s.message();
-    store = std::move(s).value();
-    fwd = std::make_unique<Forward>(*model, *store, 2);
-  }
-  // Every row's logits of a span of `tokens` continuing `seq`.
-  std::vector<float> step(kv::SeqId seq, const std::vector<int32_t> &tokens) {
-    Batch b;
-    b.tokens = tokens;
-    b.spans.push_back({seq, store->sequence(seq)->length(), int32_t(tokens.size())});
-    for (size_t i = 0; i < tokens.size(); ++i) b.logit_rows.push_back(int32_t(i));
-    auto l = fwd->run(b);
-    EXPECT_TRUE(l.ok()) << l.message();
-    return l.ok() ? *l : std::vector<float>{};
-  }
-};
-
 // The devices of `endpoints` (all layers on them, split evenly unless `split`).
 std::shared_ptr<const Devices> open_on(std::vector<std::string> endpoints,
                                        std::vector<float> split = {}) {
   DeviceOptions o;
+  o.gpus.emplace(); // the RPC servers alone, whatever GPUs this machine has
   o.rpc = std::move(endpoints);
   o.split = std::move(split);
   auto d = Devices::open(o);
@@ -84,69 +48,6 @@ std::shared_ptr<const Devices> open_on(std::vector<std::string> endpoints,
 
 std::shared_ptr<const Devices> open_devices(std::vector<float> split) {
   return open_on(servers().endpoints(), std::move(split));
-}
-
-int32_t argmax(const float *row, int32_t n) {
-  return int32_t(std::max_element(row, row + n) - row);
-}
-
-// Runs the same script on both sessions and compares every row: a prompt in chunks, greedy decode
-// past several windows, a fork decoded on its own, a rewind, a snapshot restored.
-// `decode_graphs_reused`: how many of the 40 decode steps computed the last step's graph again.
-void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode_graphs_reused) {
-  ASSERT_TRUE(cpu.model && split.model);
-  const int32_t V = cpu.model->config().n_vocab;
-  std::mt19937_64 rng(seed);
-  double worst = 0;
-  int rows = 0;
-  auto same = [&](const std::vector<float> &a, const std::vector<float> &b) {
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t r = 0; r * size_t(V) < a.size(); ++r) {
-      const double e = rel_error(b.data() + r * size_t(V), a.data() + r * size_t(V), size_t(V));
-      worst = std::max(worst, e), ++rows;
-      ASSERT_LE(e, 1e-4) << "row " << r;
-      ASSERT_EQ(argmax(a.data() + r * size_t(V), V), argmax(b.data() + r * size_t(V), V));
-    }
-  };
-  auto both = [&](kv::SeqId sc, kv::SeqId ss, const std::vector<int32_t> &t) {
-    const auto a = cpu.step(sc, t), b = split.step(ss, t);
-    same(a, b);
-    return a;
-  };
-  const kv::SeqId c0 = *cpu.store->create_sequence(), s0 = *split.store->create_sequence();
-  std::vector<int32_t> prompt(30);
-  for (int32_t &t : prompt) t = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
-  for (size_t at = 0; at < prompt.size(); at += 7)
-    both(c0, s0,
-         {prompt.begin() + long(at), prompt.begin() + long(std::min(at + 7, prompt.size()))});
-  ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  // A snapshot at the prompt's end (the rings will have wrapped past it).
-  auto snap_c = cpu.store->snapshot(c0), snap_s = split.store->snapshot(s0);
-  ASSERT_TRUE(snap_c.ok() && snap_s.ok());
-  both(c0, s0, {42, 43}); // two tokens, rewound: the rings take them back
-  ASSERT_TRUE(cpu.store->rewind(c0, 30).ok());
-  ASSERT_TRUE(split.store->rewind(s0, 30).ok());
-  int32_t next = prompt.back();
-  const int64_t reused_before = split.fwd->graphs_reused();
-  for (int i = 0; i < 40; ++i) { // greedy, past three windows of 12
-    auto l = both(c0, s0, {next});
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
-    next = argmax(l.data(), V);
-  }
-  decode_graphs_reused = split.fwd->graphs_reused() - reused_before;
-  // A fork of everything so far (pages shared, rings copied on the devices), decoded on its own.
-  const int32_t n = cpu.store->sequence(c0)->length();
-  auto fc = cpu.store->fork(c0, n), fs_ = split.store->fork(s0, n);
-  ASSERT_TRUE(fc.ok() && fs_.ok()) << fc.message() << fs_.message();
-  both(*fc, *fs_, {5, 9, 11});
-  // Back to the snapshot: the rings return to the prompt's end.
-  ASSERT_TRUE(cpu.store->restore(c0, **snap_c).ok());
-  ASSERT_TRUE(split.store->restore(s0, **snap_s).ok());
-  both(c0, s0, {prompt.back(), 17, 23});
-  std::printf("[ rpc      ] %s: %d rows, worst relative error %.2g (bound 1e-4); %lld of 40 "
-              "decode steps reused the last graph (%lld graphs built, %lld reused in all)\n",
-              cpu.model->config().arch_name.c_str(), rows, worst, (long long)decode_graphs_reused,
-              (long long)split.fwd->graphs_built(), (long long)split.fwd->graphs_reused());
 }
 
 TEST(Rpc, SplitLayersGiveTheCpuLogits) {
@@ -338,6 +239,7 @@ TEST(Rpc, APortThatIsNotAnRpcServerIsAnError) {
       for (int c : held) close(c);
     });
     DeviceOptions o;
+    o.gpus.emplace(); // the RPC servers alone, whatever GPUs this machine has
     o.rpc = {"127.0.0.1:" + std::to_string(ntohs(sa.sin_port))};
     auto d = Devices::open(o);
     done = true;
@@ -361,6 +263,7 @@ TEST(Rpc, EndpointsAreCheckedBeforeAnyConnection) {
     EXPECT_FALSE(check_endpoint(bad, false).ok()) << bad;
   // Nobody listening: an error naming the endpoint, not ggml-rpc's abort.
   DeviceOptions o;
+  o.gpus.emplace(); // the RPC servers alone, whatever GPUs this machine has
   o.rpc = {"127.0.0.1:1"};
   auto d = Devices::open(o);
   ASSERT_FALSE(d.ok());

@@ -26,6 +26,7 @@ std::unique_ptr<model::Model> load(const std::vector<std::string> &rpc) {
   std::shared_ptr<const model::Devices> devices;
   if (!rpc.empty()) {
     model::DeviceOptions o;
+    o.gpus.emplace(); // the RPC servers alone, whatever GPUs this machine has
     o.rpc = rpc;
     auto d = model::Devices::open(o);
     EXPECT_TRUE(d.ok()) << d.message();

@@ -2,9 +2,12 @@
 
 #include "ggml-cpp.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <thread>
 
 namespace offgraph::synth {
 
@@ -40,32 +43,53 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
       return Status::error("synth: writing '" + path + "' failed");
     return ok_status();
   }
-  std::mt19937_64 rng(seed);
+  // Values come in blocks of rows, each from a generator of its own seeded by (seed, tensor,
+  // block): a file is the same whatever the number of threads, and a 30B-shaped file is written
+  // at the disk's speed on many cores (docs/gpu.md).
+  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
   uint64_t written = 0;
-  std::vector<float> values;
   std::vector<uint8_t> bytes;
   for (size_t i = 0; i < plan.size(); ++i) {
     const TensorPlan &t = plan[i];
     const uint64_t at = head.size() + gguf_get_tensor_offset(keys, int64_t(i));
     for (long pos = std::ftell(fp); uint64_t(pos) < at; ++pos) std::fputc(0, fp);
     const int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
-    values.resize(size_t(t.ne[0] * rows));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (float &v : values) {
-      switch (t.init) {
-      case TensorPlan::Normal:
-        v = t.scale * normal(rng);
-        break;
-      case TensorPlan::Gain:
-        v = 1.0f + t.scale * normal(rng);
-        break;
-      case TensorPlan::Constant:
-        v = t.scale;
-        break;
+    const size_t row_bytes = ggml_row_size(t.type, t.ne[0]);
+    bytes.resize(row_bytes * size_t(rows));
+    const int64_t block = std::max<int64_t>(1, (int64_t(1) << 18) / t.ne[0]);
+    const int64_t n_blocks = (rows + block - 1) / block;
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+      std::vector<float> values;
+      for (int64_t b; (b = next.fetch_add(1)) < n_blocks;) {
+        const int64_t row0 = b * block, n_rows = std::min(block, rows - row0);
+        std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(i), uint32_t(b),
+                          uint32_t(uint64_t(b) >> 32)};
+        std::mt19937_64 rng(seq);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        values.resize(size_t(t.ne[0] * n_rows));
+        for (float &v : values) {
+          switch (t.init) {
+          case TensorPlan::Normal:
+            v = t.scale * normal(rng);
+            break;
+          case TensorPlan::Gain:
+            v = 1.0f + t.scale * normal(rng);
+            break;
+          case TensorPlan::Constant:
+            v = t.scale;
+            break;
+          }
+        }
+        ggml_quantize_chunk(t.type, values.data(), bytes.data() + size_t(row0) * row_bytes, 0,
+                            n_rows, t.ne[0], nullptr);
       }
-    }
-    bytes.resize(ggml_row_size(t.type, t.ne[0]) * size_t(rows));
-    ggml_quantize_chunk(t.type, values.data(), bytes.data(), 0, rows, t.ne[0], nullptr);
+    };
+    const unsigned n_workers = unsigned(std::min<int64_t>(n_threads, n_blocks));
+    std::vector<std::thread> workers;
+    for (unsigned w = 1; w < n_workers; ++w) workers.emplace_back(work);
+    work();
+    for (std::thread &w : workers) w.join();
     if (std::fwrite(bytes.data(), 1, bytes.size(), fp) != bytes.size())
       return Status::error("synth: write failed");
     written += bytes.size();
