@@ -351,6 +351,7 @@ std::function<int()> add_bench(CLI::App &app) {
           return std::pair{to, from};
         };
         const auto wire0 = wire();
+        fwd.reset_phase_times();
         for (int32_t r = 0; r < o->reps; ++r) {
           if (!pace()) return 0;
           if (Status st = kv.restore(seq, **snap); !st.ok()) return fail(st.message());
@@ -364,6 +365,14 @@ std::function<int()> add_bench(CLI::App &app) {
           std::fprintf(stderr, "offgraph bench: %s%d @ d%d rep %d/%d: %.2f t/s\n", t.name, t.n, d,
                        r + 1, o->reps, ts.back());
           if (o->paced) std::printf("#sample %s %.3f\n", t.name, ts.back());
+        }
+        if (const auto &ph = fwd.phase_times(); ph.steps > 0) {
+          const double k = 1e3 / double(ph.steps);
+          std::fprintf(stderr,
+                       "offgraph bench: %s%d @ d%d per step (ms): build %.3f, allocate %.3f, "
+                       "inputs %.3f, compute %.3f, outputs %.3f\n",
+                       t.name, t.n, d, ph.build * k, ph.allocate * k, ph.inputs * k,
+                       ph.compute * k, ph.outputs * k);
         }
         if (!test_profile.empty())
           test_profile.print(

@@ -89,6 +89,12 @@ std::function<int()> add_synth(CLI::App &app) {
       s.weight_type = t;
     }
     const std::string tree = OFFGRAPH_LLAMA_TREE;
+    if (!o->vocab.empty() && (o->no_vocab || o->vocab_size > 0))
+      return std::fprintf(stderr, "offgraph synth: --vocab gives the tokenizer and its size; "
+                                  "it cannot go with --no-vocab or --vocab-size\n"),
+             1;
+    // A tokenizer named by --vocab replaces a preset's bare vocabulary size (30b: 202,048).
+    if (!o->vocab.empty()) s.n_vocab = 0;
     if (!o->no_vocab && s.n_vocab == 0)
       s.vocab_path = !o->vocab.empty() ? o->vocab : tree + "/models/ggml-vocab-llama-bpe.gguf";
     if (!o->no_template)

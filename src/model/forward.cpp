@@ -204,6 +204,13 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   if (!batch.hidden_layers.empty() && !hidden)
     return Status::error("forward: hidden layers asked for, nowhere to put them");
 
+  using clock = std::chrono::steady_clock;
+  auto mark = clock::now();
+  auto lap = [&](double &into) {
+    const auto now = clock::now();
+    into += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
   kv::Step step(store_);
   for (const Batch::Span &s : batch.spans) {
     auto span = step.add_span({s.seq, s.position, s.n_tokens});
@@ -240,10 +247,12 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_set_output(h);
     ggml_build_forward_expand(gf, h);
   }
+  lap(phases_.build);
   if (!allocate(gf, n_nodes, ctx))
     return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
   // The graph computed: the last one when reused (this step's tensors hold its memory).
   ggml_cgraph *computed = last_.graph ? last_.graph : gf;
+  lap(phases_.allocate);
 
   std::vector<int32_t> positions;
   for (const Batch::Span &s : batch.spans)
@@ -258,6 +267,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   if (in.logit_rows->buffer) // not in the graph when every row's logits are wanted
     ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
   step.set_inputs();
+  lap(phases_.inputs);
   if (compute(computed) != GGML_STATUS_SUCCESS) {
     last_ = {};
     return Status::error("forward: graph compute failed");
@@ -273,6 +283,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
                          StatusCode::kUnavailable);
   };
   OFFGRAPH_TRY(device_lost());
+  lap(phases_.compute);
   std::vector<float> out(size_t(ggml_nelements(*logits)));
   ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
   if (hidden) {
@@ -285,6 +296,8 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   }
   OFFGRAPH_TRY(device_lost()); // the reads above went through it too
   if (Status s = step.commit(); !s.ok()) return s;
+  lap(phases_.outputs);
+  ++phases_.steps;
   return out;
 }
 

@@ -72,8 +72,22 @@ public:
   int64_t graphs_reused() const { return graphs_reused_; }
   int64_t graphs_built() const { return graphs_built_; }
 
+  // Wall seconds spent in each phase of run(), summed over the steps since the last reset: what a
+  // step costs beside the compute (offgraph bench prints them per test: docs/gpu.md).
+  struct PhaseTimes {
+    double build = 0;    // declaring spans, building the graph
+    double allocate = 0; // signature, reuse or the scheduler's allocation
+    double inputs = 0;   // tokens, positions, indices and masks uploaded
+    double compute = 0;  // the graph computed (every device, synchronised)
+    double outputs = 0;  // logits (and hidden rows) read back, the step committed
+    int64_t steps = 0;
+  };
+  const PhaseTimes &phase_times() const { return phases_; }
+  void reset_phase_times() { phases_ = {}; }
+
 private:
   NodeObserver observer_;
+  PhaseTimes phases_;
 };
 
 // The cache layout a model needs: its geometry with this runtime policy.

@@ -34,9 +34,10 @@ std::shared_ptr<const Devices> open_gpu(int32_t n_gpu_layers = -1) {
     }                                                                                              \
   } while (0)
 
-// f32 weights and KV: the GPU's matrix products (cuBLAS, f32) and attention (ggml's, which
-// takes f32 K/V to the CPU where the GPU's flash attention has no kernel for them) against the
-// CPU's: 1e-3 relative per row (the CPU rounds attention through f16, the GPU does not).
+// f32 weights and KV: the GPU's matrix products and flash attention against the CPU's
+// (offgraph's f32 kernels): 3e-3 relative per row, and the same greedy token on every row. On
+// the H200 the worst row was 1.65e-3 (2026-12-04): ggml-cuda's flash attention rounds Q and the
+// K/V tiles through f16 even for f32 storage.
 TEST(Gpu, EveryLayerOnTheGpuGivesTheCpuLogits) {
   SKIP_WITHOUT_GPU();
   for (const std::string arch : {"muse-glimmer", "llama"}) {
@@ -45,7 +46,7 @@ TEST(Gpu, EveryLayerOnTheGpuGivesTheCpuLogits) {
     Session cpu(path, nullptr);
     Session gpu(path, open_gpu());
     int64_t reused = 0;
-    compare(cpu, gpu, 11, reused, "gpu", 1e-3);
+    compare(cpu, gpu, 11, reused, "gpu", 3e-3);
     if (HasFatalFailure()) return;
   }
 }
