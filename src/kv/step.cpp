@@ -108,14 +108,42 @@ void Step::fill_mask(const PendingMask &pm, ggml_fp16_t *m) {
   const uint16_t hidden = ggml_fp32_to_fp16(-INFINITY);
   const RowLabels &rows = pm.rows;
   const size_t n = size_t(rows.n_rows);
+  // Labels come in runs (a page's rows hold consecutive positions; rows not the sequence's are
+  // -1): each query row is then a few fills per run, not a test per element (a prefill chunk at
+  // depth 32K on a device: 512 x 33K labels, 33 ms element by element).
+  struct LabelRun {
+    int32_t start, len, first; // first label, or -1 for a run of hidden rows
+  };
+  std::vector<LabelRun> runs;
+  if (rows.labels) {
+    const std::vector<int32_t> &lab = *rows.labels;
+    for (int32_t j = 0; j < int32_t(n);) {
+      int32_t e = j + 1;
+      if (lab[size_t(j)] < 0)
+        while (e < int32_t(n) && lab[size_t(e)] < 0) ++e;
+      else
+        while (e < int32_t(n) && lab[size_t(e)] == lab[size_t(e - 1)] + 1) ++e;
+      runs.push_back({j, e - j, lab[size_t(j)] < 0 ? -1 : lab[size_t(j)]});
+      j = e;
+    }
+  }
   for (int32_t i = 0; i < pm.n_tokens; ++i) {
     const int32_t p = pm.position + i;
     uint16_t *row = reinterpret_cast<uint16_t *>(m) + size_t(i) * n;
     if (rows.labels) {
-      for (size_t j = 0; j < n; ++j) {
-        const int32_t l = (*rows.labels)[j];
-        const bool see = l >= 0 && l <= p && (pm.window == 0 || p - l < pm.window);
-        row[j] = see ? visible : hidden;
+      // Visible labels: [p - window + 1, p] (or [0, p]).
+      const int64_t lo_label = pm.window ? int64_t(p) - pm.window + 1 : 0;
+      for (const LabelRun &r : runs) {
+        uint16_t *at = row + r.start;
+        if (r.first < 0) {
+          std::fill(at, at + r.len, hidden);
+          continue;
+        }
+        const int64_t lo = std::clamp<int64_t>(lo_label - r.first, 0, r.len);
+        const int64_t hi = std::clamp<int64_t>(int64_t(p) - r.first + 1, lo, r.len);
+        std::fill(at, at + lo, hidden);
+        std::fill(at + lo, at + hi, visible);
+        std::fill(at + hi, at + r.len, hidden);
       }
       continue;
     }
@@ -294,6 +322,20 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     break;
   }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
+  if (!host && w.k->type == GGML_TYPE_F32 && w.v->type == GGML_TYPE_F32) {
+    // f32 storage on a device: products, softmax and products in f32, not flash attention
+    // (ggml-cuda's rounds Q and f32 K/V through f16: 1.7e-3 relative on the logits, and greedy
+    // tokens differed from the CPU's). f32 storage is for exactness, so it gets it.
+    ggml_tensor *kq = ggml_mul_mat(ctx, w.k, qp); // [n_kv, T, H_q]
+    ggml_prec_set_acc(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(ctx, kq, w.mask, scale, 0.0f);
+    ggml_tensor *vt = ggml_cont(ctx, ggml_permute(ctx, w.v, 1, 0, 2, 3)); // [n_kv, D_v, H_kv]
+    ggml_tensor *kqv = ggml_mul_mat(ctx, vt, kq);                          // [D_v, T, H_q]
+    ggml_prec_set_acc(kqv, GGML_PREC_F32);
+    ggml_tensor *out = ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)); // [D_v, H_q, T]
+    ggml_set_name(out, "attention_f32");
+    return out;
+  }
   ggml_tensor *out = ggml_flash_attn_ext(ctx, qp, w.k, w.v, w.mask, scale, 0.0f, 0.0f);
   return out; // [D_v, H_q, T]
 }

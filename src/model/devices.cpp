@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace offgraph::model {
 
@@ -115,7 +116,15 @@ const std::string &registry_log() {
         },
         nullptr);
     (void)ggml_backend_dev_count();
-    ggml_log_set(nullptr, nullptr);
+    // Then ggml's own messages, without its debug ones (ggml-cuda reports every CUDA graph it
+    // replays, one line a step).
+    ggml_log_set(
+        [](ggml_log_level level, const char *text, void *) {
+          static bool debug = false; // CONT continues the message before it
+          if (level != GGML_LOG_LEVEL_CONT) debug = level == GGML_LOG_LEVEL_DEBUG;
+          if (!debug) std::fputs(text, stderr);
+        },
+        nullptr);
     return captured;
   }();
   return log;

@@ -215,11 +215,13 @@ void Trial::step() {
   for (const Call &call : calls) {
     stats_.grouped_calls += call.kernel == "grouped_attention";
     stats_.tiled_calls += call.kernel == "tiled_attention";
-    // Storage outside host memory must never reach offgraph's kernels (custom ops: CPU only).
+    // Storage outside host memory must never reach offgraph's kernels (custom ops: CPU only):
+    // flash attention, or for f32 storage products and softmax in f32 (step.cpp says why).
+    const bool f32 = types_.k == GGML_TYPE_F32 && types_.v == GGML_TYPE_F32;
     if (!rpc_endpoint_.empty()) {
-      ASSERT_EQ(call.kernel, "flash_attn_ext");
+      ASSERT_EQ(call.kernel, f32 ? "attention_f32" : "flash_attn_ext");
     }
-    stats_.stock_calls += call.kernel == "flash_attn_ext";
+    stats_.stock_calls += call.kernel == "flash_attn_ext" || call.kernel == "attention_f32";
   }
   // The oracle appends each cache's rows once (a shared layer adds none), then attends.
   for (int32_t s = 0; s < int32_t(step.spans().size()); ++s) {
