@@ -7,8 +7,7 @@
 #   $OUT/bench.log     what both printed on stderr
 #
 #   bench/gpu/run.sh BUNDLE OUT [--quick | --profile]
-# --profile: the kernels of a decode step of both engines under ncu (\$OUT/ncu.csv) and their
-# decode speed, instead of the full table.
+# --profile: first the kernels of a decode step of both engines under ncu (\$OUT/ncu.csv).
 # BUNDLE holds bin/offgraph, bin/llama-bench and lib/ (LD_LIBRARY_PATH set by the caller).
 # The models: Muse Glimmer 30B's per-layer shapes (embd 6656, 32/2 heads of 128, ff 19968,
 # window 2048, 3 sliding to 1 global) with $GPU_BENCH_LAYERS layers (default 8) and the llama-bpe
@@ -59,9 +58,9 @@ if [ "$quick" = --profile ]; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   for engine in offgraph llama; do
     if [ $engine = offgraph ]; then
-      cmd=("$bundle/bin/offgraph" bench -m "$q8" -ngl all -p 0 -n 48 -r 1 -t 8)
+      cmd=("$bundle/bin/offgraph" bench -m "$q8" -ngl all -p 0 -n 128 -r 1 -t 8)
     else
-      cmd=("$bundle/bin/llama-bench" -m "$q8" -ngl 99 -fa 1 -p 0 -n 48 -r 1 -t 8)
+      cmd=("$bundle/bin/llama-bench" -m "$q8" -ngl 99 -fa 1 -p 0 -n 128 -r 1 -t 8)
     fi
     t0=$SECONDS
     timeout 150 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
@@ -69,9 +68,6 @@ if [ "$quick" = --profile ]; then
     { echo "# engine $engine"; cat /tmp/ncu-$engine.csv; } >>"$out/ncu.csv"
     mark "ncu $engine" $((SECONDS - t0))
   done
-  both "$q8" 0 128 0 5 f16
-  both "$q8" 512 0 32768 2 f16
-  exit 0
 fi
 both "$q8" 512 128 0 3 f16
 # The same greedy tokens on the GPU as on the CPU (logits rows compared in the gpu tests; here

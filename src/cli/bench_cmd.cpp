@@ -371,8 +371,8 @@ std::function<int()> add_bench(CLI::App &app) {
           std::fprintf(stderr,
                        "offgraph bench: %s%d @ d%d per step (ms): build %.3f, allocate %.3f, "
                        "inputs %.3f, compute %.3f, outputs %.3f\n",
-                       t.name, t.n, d, ph.build * k, ph.allocate * k, ph.inputs * k,
-                       ph.compute * k, ph.outputs * k);
+                       t.name, t.n, d, ph.build * k, ph.allocate * k, ph.inputs * k, ph.compute * k,
+                       ph.outputs * k);
         }
         if (!test_profile.empty())
           test_profile.print(

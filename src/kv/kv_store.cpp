@@ -163,9 +163,11 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
   if (max_pages == 0 && page_bytes > 0) {
     const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
     max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
+    // On a device, room for a read widened to kDeviceReadRowMultiple rows, too (Step).
     if (!device_page_bytes.empty())
-      max_pages =
-          std::min(max_pages, 4 * PageTable::pages_for(layout->capacity(), layout->page_rows()));
+      max_pages = std::min(
+          max_pages, 4 * PageTable::pages_for(std::max(layout->capacity(), kDeviceReadRowMultiple),
+                                              layout->page_rows()));
   }
   // A device's pool is allocated in full: at most half of what it has free.
   for (const auto &[buft, bytes] : device_page_bytes) {

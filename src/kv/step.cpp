@@ -330,7 +330,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     ggml_prec_set_acc(kq, GGML_PREC_F32);
     kq = ggml_soft_max_ext(ctx, kq, w.mask, scale, 0.0f);
     ggml_tensor *vt = ggml_cont(ctx, ggml_permute(ctx, w.v, 1, 0, 2, 3)); // [n_kv, D_v, H_kv]
-    ggml_tensor *kqv = ggml_mul_mat(ctx, vt, kq);                          // [D_v, T, H_q]
+    ggml_tensor *kqv = ggml_mul_mat(ctx, vt, kq);                         // [D_v, T, H_q]
     ggml_prec_set_acc(kqv, GGML_PREC_F32);
     ggml_tensor *out = ggml_cont(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3)); // [D_v, H_q, T]
     ggml_set_name(out, "attention_f32");

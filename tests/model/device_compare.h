@@ -65,8 +65,10 @@ inline int32_t argmax(const float *row, int32_t n) {
 // past several windows, a fork decoded on its own, a rewind, a snapshot restored.
 // `decode_graphs_reused`: how many of the 40 decode steps computed the last step's graph again.
 // `tag` names the device kind in the summary line; `bound` is the relative error allowed per row.
+// `one_token_steps`: every span is computed one token at a time on both sessions (a GPU's f32
+// matrix products of 2-16 rows use TF32 tensor cores, ggml-cuda's choice; single rows are f32).
 inline void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode_graphs_reused,
-                    const char *tag = "rpc", double bound = 1e-4) {
+                    const char *tag = "rpc", double bound = 1e-4, bool one_token_steps = false) {
   ASSERT_TRUE(cpu.model && split.model);
   const int32_t V = cpu.model->config().n_vocab;
   std::mt19937_64 rng(seed);
@@ -81,8 +83,17 @@ inline void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode
       ASSERT_EQ(argmax(a.data() + r * size_t(V), V), argmax(b.data() + r * size_t(V), V));
     }
   };
+  auto run = [&](Session &s, kv::SeqId seq, const std::vector<int32_t> &t) {
+    if (!one_token_steps) return s.step(seq, t);
+    std::vector<float> all;
+    for (int32_t token : t) {
+      const auto row = s.step(seq, {token});
+      all.insert(all.end(), row.begin(), row.end());
+    }
+    return all;
+  };
   auto both = [&](kv::SeqId sc, kv::SeqId ss, const std::vector<int32_t> &t) {
-    const auto a = cpu.step(sc, t), b = split.step(ss, t);
+    const auto a = run(cpu, sc, t), b = run(split, ss, t);
     same(a, b);
     return a;
   };

@@ -34,10 +34,12 @@ std::shared_ptr<const Devices> open_gpu(int32_t n_gpu_layers = -1) {
     }                                                                                              \
   } while (0)
 
-// f32 weights and KV: the GPU's matrix products and flash attention against the CPU's
-// (offgraph's f32 kernels): 3e-3 relative per row, and the same greedy token on every row. On
-// the H200 the worst row was 1.65e-3 (2026-12-04): ggml-cuda's flash attention rounds Q and the
-// K/V tiles through f16 even for f32 storage.
+// f32 weights and KV, one token a step: the GPU's f32 products (ggml-cuda's vector kernel for
+// single rows) and attention (f32 products and softmax for f32 storage, step.cpp) against the
+// CPU's: the same greedy token on every row, logits within 1e-4 relative. With spans of 2-16
+// tokens ggml-cuda multiplies f32 weights on TF32 tensor cores (mmf): 1.7e-3 relative on the
+// H200 (2026-12-04) and flipped near-ties of these random models; the chunked tests below
+// bound that case.
 TEST(Gpu, EveryLayerOnTheGpuGivesTheCpuLogits) {
   SKIP_WITHOUT_GPU();
   for (const std::string arch : {"muse-glimmer", "llama"}) {
@@ -46,7 +48,7 @@ TEST(Gpu, EveryLayerOnTheGpuGivesTheCpuLogits) {
     Session cpu(path, nullptr);
     Session gpu(path, open_gpu());
     int64_t reused = 0;
-    compare(cpu, gpu, 11, reused, "gpu", 3e-3);
+    compare(cpu, gpu, 11, reused, "gpu f32", 1e-4, /*one_token_steps=*/true);
     if (HasFatalFailure()) return;
   }
 }
