@@ -200,10 +200,14 @@ Status KvStore::make_page_pool() {
       if (layout_->cache(c).ring()) continue;
       const cache::CacheSpec &s = layout_->cache(c).spec;
       const std::string i = std::to_string(c);
+      // On a device, kDeviceReadRowMultiple zero rows past the pages (never handed out): a
+      // read padded past the pool's last page stays inside, and a gather pads with them (Step).
+      const int64_t with_slack =
+          rows + (ggml_backend_buft_is_host(bufts_[size_t(c)]) ? 0 : kDeviceReadRowMultiple);
       tensors.push_back({&pages_.k[size_t(c)], bufts_[size_t(c)], types_.k,
-                         s.k_elements_per_token(), rows, "cache_k_" + i});
+                         s.k_elements_per_token(), with_slack, "cache_k_" + i});
       tensors.push_back({&pages_.v[size_t(c)], bufts_[size_t(c)], types_.v,
-                         s.v_elements_per_token(), rows, "cache_v_" + i});
+                         s.v_elements_per_token(), with_slack, "cache_v_" + i});
     }
     if (Status s = make_parts(pages_, tensors); !s.ok()) return s;
     bool ok = true;

@@ -82,6 +82,34 @@ ggml_tensor *Step::write_indices(ggml_context *ctx, int32_t span, const StepPlan
   return t;
 }
 
+ggml_tensor *Step::gather_indices(ggml_context *ctx, int32_t span, int32_t first_page,
+                                  int32_t end_page, int32_t n_rows, int32_t zero_row) {
+  auto key = std::tuple{span, first_page, end_page, n_rows};
+  if (auto it = gathers_.find(key); it != gathers_.end()) return it->second;
+  const std::vector<int32_t> &pages = span_pages(span);
+  const int32_t page_rows = store_.page_rows();
+  std::vector<uint8_t> bytes(size_t(n_rows) * sizeof(int32_t));
+  int32_t *rows = reinterpret_cast<int32_t *>(bytes.data());
+  const int32_t n_own = (end_page - first_page) * page_rows;
+  for (int32_t j = 0; j < n_rows; ++j)
+    rows[j] = j < n_own ? pages[size_t(first_page + j / page_rows)] * page_rows + j % page_rows
+                        : zero_row + (j - n_own) % kDeviceReadRowMultiple;
+  ggml_tensor *t = input(ctx, GGML_TYPE_I32, n_rows, 1, std::move(bytes));
+  ggml_format_name(t, "kv_gather_s%d", span);
+  gathers_.emplace(key, t);
+  return t;
+}
+
+ggml_tensor *Step::gather_rows(ggml_context *ctx, ggml_tensor *written, ggml_tensor *indices,
+                               int32_t dim, int32_t n_kv_heads) {
+  // get_rows gives f32 rows; back to the storage type, exactly (f16 and bf16 values are f32
+  // values; a q8_0 block's dequantized values quantize to the same block).
+  ggml_tensor *g = ggml_get_rows(ctx, written, indices);
+  if (written->type != GGML_TYPE_F32)
+    g = ggml_cpy(ctx, g, ggml_new_tensor_2d(ctx, written->type, written->ne[0], g->ne[1]));
+  return ggml_view_3d(ctx, g, dim, g->ne[1], n_kv_heads, g->nb[1], ggml_row_size(g->type, dim), 0);
+}
+
 ggml_tensor *Step::mask(ggml_context *ctx, int32_t span, const StepPlan &plan,
                         const RowLabels &rows) {
   const int32_t window = store_.layout().cache(plan.cache).window();
@@ -267,37 +295,49 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       w.kernel = choose_kernel(T, group, spec, host);
       rows.first_label = read.start;
       rows.n_rows = read.len;
-      if (consecutive && host) { // one run of pool rows: a plain view, as contiguous storage
-        rows.first_row = pages[size_t(first_page)] * page_rows + read.start % page_rows;
-      } else if (w.kernel != Kernel::Ggml) {
-        w.rows = {pages.data(), page_rows, read.start};
-      } else {
-        int32_t lo = pages[size_t(first_page)], hi = lo;
-        for (int32_t i = first_page; i < end_page; ++i)
-          lo = std::min(lo, pages[size_t(i)]), hi = std::max(hi, pages[size_t(i)]);
-        // Widened to the device's row multiple where the pool has the rows (the range moved down
-        // when it would pass the pool's end); the extra rows are labelled -1, masked.
-        int32_t first_row = lo * page_rows, n_rows = (hi - lo + 1) * page_rows;
-        const int32_t pool_rows = int32_t(k_store->ne[1]);
-        if (const int32_t padded = int32_t(GGML_PAD(n_rows, kDeviceReadRowMultiple));
-            !host && padded <= pool_rows) {
-          first_row = std::min(first_row, pool_rows - padded);
-          n_rows = padded;
+      if (!host) {
+        // A device reads the sequence's own pages only, from the first its read touches, padded
+        // to kDeviceReadRowMultiple rows (masked: their positions are past every query): a view
+        // where the pages are consecutive, else a gather of them with the pool's zero rows as
+        // the padding. Same rows, same order, same count either way, whatever other sequences'
+        // pages lie between: its results depend on the sequence alone.
+        const int32_t n_own = (end_page - first_page) * page_rows;
+        rows.first_label = first_page * page_rows;
+        rows.n_rows = int32_t(GGML_PAD(n_own, kDeviceReadRowMultiple));
+        if (consecutive) {
+          rows.first_row = pages[size_t(first_page)] * page_rows;
+          w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);
+          w.v = rows_view(v_written, v_store, spec.v_head_dim, rows.first_row, rows.n_rows);
+        } else {
+          ggml_tensor *idx = gather_indices(ctx, span, first_page, end_page, rows.n_rows,
+                                            int32_t(k_store->ne[1]) - kDeviceReadRowMultiple);
+          w.k = gather_rows(ctx, k_written, idx, spec.k_head_dim, spec.n_kv_heads);
+          w.v = gather_rows(ctx, v_written, idx, spec.v_head_dim, spec.n_kv_heads);
         }
-        auto labels = std::make_shared<std::vector<int32_t>>(size_t(n_rows), -1);
-        for (int32_t r = read.start; r < read.end(); ++r)
-          (*labels)[size_t(pages[size_t(r / page_rows)] * page_rows + r % page_rows - first_row)] =
-              r;
-        rows.first_row = first_row;
-        rows.n_rows = n_rows;
-        rows.labels = std::move(labels);
+      } else {
+        if (consecutive) { // one run of pool rows: a plain view, as contiguous storage
+          rows.first_row = pages[size_t(first_page)] * page_rows + read.start % page_rows;
+        } else if (w.kernel != Kernel::Ggml) {
+          w.rows = {pages.data(), page_rows, read.start};
+        } else { // ggml's kernel on the CPU: the pool rows spanning the pages, the others masked
+          int32_t lo = pages[size_t(first_page)], hi = lo;
+          for (int32_t i = first_page; i < end_page; ++i)
+            lo = std::min(lo, pages[size_t(i)]), hi = std::max(hi, pages[size_t(i)]);
+          auto labels = std::make_shared<std::vector<int32_t>>(size_t(hi - lo + 1) * page_rows, -1);
+          for (int32_t r = read.start; r < read.end(); ++r)
+            (*labels)[size_t((pages[size_t(r / page_rows)] - lo) * page_rows + r % page_rows)] = r;
+          rows.first_row = lo * page_rows;
+          rows.n_rows = int32_t(labels->size());
+          rows.labels = std::move(labels);
+        }
+        w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);
+        w.v = rows_view(v_written, v_store, spec.v_head_dim, rows.first_row, rows.n_rows);
       }
-      w.k = rows_view(k_written, k_store, spec.k_head_dim, rows.first_row, rows.n_rows);
-      w.v = rows_view(v_written, v_store, spec.v_head_dim, rows.first_row, rows.n_rows);
     }
     // (c) the mask; a single decode token on a full-attention flat cache sees every row read
     // (unless ggml's kernel reads pool rows that are not the sequence's).
-    const bool all_visible = !cl.ring() && spec.attention.window == 0 && T == 1 && !rows.labels;
+    const bool all_visible = !cl.ring() && spec.attention.window == 0 && T == 1 && !rows.labels &&
+                             rows.first_label + rows.n_rows == plan->read.run[0].end();
     w.mask = all_visible ? nullptr : mask(ctx, span, *plan, rows);
     w.mask_labels = rows.labels != nullptr;
     found = written_.emplace(key, w).first;

@@ -93,6 +93,13 @@ private:
   };
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
+  // A device's read of a sequence's pages that are not consecutive: the pool rows of pages
+  // [first_page, end_page) in order, then the pool's zero rows up to n_rows (an input shared by
+  // every layer of the span), and the rows gathered into a tensor of the storage's type.
+  ggml_tensor *gather_indices(ggml_context *ctx, int32_t span, int32_t first_page, int32_t end_page,
+                              int32_t n_rows, int32_t zero_row);
+  static ggml_tensor *gather_rows(ggml_context *ctx, ggml_tensor *written, ggml_tensor *indices,
+                                  int32_t dim, int32_t n_kv_heads);
   struct PendingMask { // what a mask tensor must hold, written once the graph is allocated
     ggml_tensor *tensor;
     int32_t position, n_tokens, high_water_after, window;
@@ -108,6 +115,7 @@ private:
   // each once per step and share it across layers.
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> gathers_;
   std::map<int32_t, std::vector<int32_t>> span_pages_;
   std::vector<Pending> pending_;
   std::vector<PendingMask> pending_masks_;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -108,6 +109,57 @@ TEST(Rpc, ABufferFreedBetweenStepsMakesTheNextStepSendItsGraph) {
   EXPECT_LE(rel_error(f.data(), e.data(), size_t(V)), 1e-4);
   EXPECT_EQ(split.fwd->graphs_reused(), reused + 1);
   EXPECT_TRUE(servers().alive(0) && servers().alive(1));
+}
+
+// A sequence's results depend on the sequence alone (issue 33): its logits are bit-identical
+// computed alone and computed beside another sequence whose pages interleave with its own, on
+// a device (its flat reads take its own pages: a view where they are consecutive, a gather
+// otherwise). Reading the pool's span between its lowest and highest page instead (the rows in
+// between masked) puts its rows at other offsets among more rows, and the products' summation
+// order changes: this test fails then.
+TEST(Rpc, ASequencesLogitsDoNotDependOnWhereOtherSequencesPagesLie) {
+  ASSERT_TRUE(servers().ok());
+  for (const std::string arch : {"llama", "muse-glimmer"}) {
+    SCOPED_TRACE(arch);
+    const std::string path = make_model(arch, 21);
+    std::mt19937_64 rng(5);
+    auto tokens = [&](int n) {
+      std::vector<int32_t> out(static_cast<size_t>(n));
+      for (int32_t &v : out) v = std::uniform_int_distribution<int32_t>(0, 299)(rng);
+      return out;
+    };
+    // Eight chunks of 4 (pages of 4 rows), then six decode steps; the other sequence takes a
+    // page before each of them, so no two of x's pages are adjacent.
+    std::vector<std::vector<int32_t>> xs, ys;
+    for (int step = 0; step < 14; ++step) {
+      xs.push_back(tokens(step < 8 ? 4 : 1));
+      ys.push_back(tokens(4));
+    }
+    std::vector<std::vector<float>> alone_logits;
+    { // one client of the servers at a time: each session in turn
+      Session alone(path, open_devices({1, 1}));
+      ASSERT_TRUE(alone.model);
+      const kv::SeqId a = *alone.store->create_sequence();
+      for (const auto &t : xs) alone_logits.push_back(alone.step(a, t));
+    }
+    Session beside(path, open_devices({1, 1}));
+    ASSERT_TRUE(beside.model);
+    const kv::SeqId x = *beside.store->create_sequence(), y = *beside.store->create_sequence();
+    int rows = 0;
+    for (size_t step = 0; step < xs.size(); ++step) {
+      beside.step(y, ys[step]);
+      const auto got = beside.step(x, xs[step]);
+      const auto &want = alone_logits[step];
+      ASSERT_EQ(want.size(), got.size());
+      ASSERT_FALSE(want.empty());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << "step " << step << ": the logits differ beside another sequence";
+      rows += int(xs[step].size());
+    }
+    EXPECT_EQ(rows, 38);
+    const auto &pages = beside.store->page_table(x)->pages;
+    for (size_t i = 1; i < pages.size(); ++i) EXPECT_NE(pages[i], pages[i - 1] + 1) << i;
+  }
 }
 
 TEST(Rpc, TheSplitPlacesLayersAndKvOnTheirDevices) {

@@ -43,10 +43,14 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
       return Status::error("synth: writing '" + path + "' failed");
     return ok_status();
   }
-  // Values come in blocks of rows, each from a generator of its own seeded by (seed, tensor,
-  // block): a file is the same whatever the number of threads, and a 30B-shaped file is written
-  // at the disk's speed on many cores (docs/gpu.md).
-  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
+  // Files of up to 2^31 values come from one generator, tensor after tensor, as they always
+  // have (the test models and benchmark files keep their bytes). Larger ones (Muse Glimmer 30B's
+  // shapes) come in blocks of rows, each from a generator of its own seeded by (seed, tensor,
+  // block), on every core: the same file whatever the number of threads, written at the disk's
+  // speed (docs/gpu.md: 5.7 GB in 15-21 s on 16 cores).
+  const bool parallel = n_params > (uint64_t(1) << 31);
+  const unsigned n_threads = parallel ? std::max(1u, std::thread::hardware_concurrency()) : 1;
+  std::mt19937_64 stream(seed);
   uint64_t written = 0;
   std::vector<uint8_t> bytes;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -56,16 +60,22 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
     const int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
     const size_t row_bytes = ggml_row_size(t.type, t.ne[0]);
     bytes.resize(row_bytes * size_t(rows));
-    const int64_t block = std::max<int64_t>(1, (int64_t(1) << 18) / t.ne[0]);
+    // One block (the whole tensor) from the shared stream, or blocks of ~2^18 values.
+    const int64_t block =
+        parallel ? std::max<int64_t>(1, (int64_t(1) << 18) / t.ne[0]) : std::max<int64_t>(1, rows);
     const int64_t n_blocks = (rows + block - 1) / block;
     std::atomic<int64_t> next{0};
     auto work = [&] {
       std::vector<float> values;
       for (int64_t b; (b = next.fetch_add(1)) < n_blocks;) {
         const int64_t row0 = b * block, n_rows = std::min(block, rows - row0);
-        std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(i), uint32_t(b),
-                          uint32_t(uint64_t(b) >> 32)};
-        std::mt19937_64 rng(seq);
+        std::mt19937_64 own;
+        if (parallel) {
+          std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(i), uint32_t(b),
+                            uint32_t(uint64_t(b) >> 32)};
+          own.seed(seq);
+        }
+        std::mt19937_64 &rng = parallel ? own : stream;
         std::normal_distribution<float> normal(0.0f, 1.0f);
         values.resize(size_t(t.ne[0] * n_rows));
         for (float &v : values) {
