@@ -96,7 +96,7 @@ readonly GGML_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML
 # The CUDA variant (--cuda). GGML_CUDA_GRAPHS: replay a step's graph as a CUDA graph when its
 # splits keep their ids (offgraph's graph reuse keeps them). NCCL off (one process, no
 # collectives; not on the machines). The default flash-attention K/V type pairs (f16, bf16, q8_0,
-# q4_0): every KV type offgraph offers on a device has its kernel.
+# q4_0) have kernels of their own; ggml-cuda converts other K/V types to f16 for attention.
 readonly CUDA_ARCHS=${OFFGRAPH_CUDA_ARCHS:-90}
 readonly GGML_CUDA_OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
   -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
@@ -141,7 +141,7 @@ build_ggml() {
     echo "$src" >"$prefix/offgraph-source.txt" # the source may have been re-fetched elsewhere
     echo "$prefix/lib/cmake/ggml"; return 0
   fi
-  log "building ggml ($what) into $prefix; this happens once per tree, compiler and CPU"
+  log "building ggml ($what) into $prefix; this happens once per build key (tree, compiler, options; for the CPU build, CPU features too)"
   local start=$SECONDS gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   rm -rf "$prefix.build" "$prefix"
@@ -175,5 +175,5 @@ case "$mode" in
   --source) echo "$src" ;;
   all) build_ggml "$src" ;;
   --cuda) variant=cuda; find_nvcc; build_ggml "$src" ;;
-  *) die "unknown argument '$mode' (expected nothing or --source)" ;;
+  *) die "unknown argument '$mode' (expected nothing, --source or --cuda)" ;;
 esac

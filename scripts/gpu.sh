@@ -7,7 +7,7 @@
 #                                   packs the binaries, the libraries they need that a bare CUDA
 #                                   machine may lack, and the vocabulary the benchmark models use
 #                                   into DIR/bundle.tar.xz (default .gpu/, git-ignored; ~40 MiB)
-#   scripts/gpu.sh run OUT [--quick]
+#   scripts/gpu.sh run OUT [--quick|--profile]   (GPU_BUNDLE: another bundle than .gpu/'s)
 #                                   on the GPU machine (CUDA runtime and cuBLAS 13 installed, no
 #                                   -dev packages, no network): unpacks the bundle, lists the
 #                                   devices, runs the `gpu` tests and the CLI devices check, then
@@ -21,7 +21,7 @@ die() { printf '[gpu] error: %s\n' "$*" >&2; exit 1; }
 bundle() {
   set -e
   local dir=${1:-$root/.gpu} stage
-  make -C "$root" cuda >&2
+  make -C "$root" cuda ${CUDA_DIR:+CUDA_DIR=$CUDA_DIR} >&2
   local peer
   peer=$(OFFGRAPH_PEER_CUDA=1 "$here/peer.sh" llama-bench | tail -1)
   local ggml_prefix
@@ -31,7 +31,8 @@ bundle() {
   src=$("$here/deps.sh" --source | tail -1)
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/models" "$dir"
-  cp "$root/build-cuda/bin/offgraph" "$root/build-cuda/bin/gpu_tests" "$stage/bin/"
+  local cuda_dir=$root/${CUDA_DIR:-build-cuda}
+  cp "$cuda_dir/bin/offgraph" "$cuda_dir/bin/gpu_tests" "$stage/bin/"
   cp "$peer/bin/llama-bench" "$stage/bin/"
   cp -P "$ggml_prefix"/lib/*.so* "$stage/lib/"
   cp -P "$peer"/bin/*.so* "$stage/lib/" 2>/dev/null || true
@@ -60,13 +61,15 @@ bundle() {
 
 run() {
   local out=${1:?usage: scripts/gpu.sh run OUT [--quick]} quick=${2:-}
-  local tarball=$root/.gpu/bundle.tar.xz b=/tmp/offgraph-gpu-bundle
-  mkdir -p "$out" "$b"
+  local tarball=${GPU_BUNDLE:-$root/.gpu/bundle.tar.xz} b=/tmp/offgraph-gpu-bundle
   [ -f "$tarball" ] || die "no $tarball: make it with 'scripts/gpu.sh bundle' on a CPU machine"
+  rm -rf "$b" # never a stale binary from an earlier bundle
+  mkdir -p "$out" "$b"
   if command -v xz >/dev/null; then
-    xz -dc "$tarball" | tar -C "$b" -xf -
+    (set -o pipefail; xz -dc "$tarball" | tar -C "$b" -xf -) || die "unpacking $tarball failed"
   else
-    python3 -c 'import lzma,sys,tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])' "$tarball" "$b"
+    python3 -c 'import lzma,sys,tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])' "$tarball" "$b" \
+      || die "unpacking $tarball failed"
   fi
   # The CUDA runtime and cuBLAS of the machine: the toolkit's, or the pip wheels'.
   local cuda_libs=""

@@ -24,7 +24,7 @@ note() { printf '%s %s\n' "$(date -u +%T)" "$*" | tee -a "$log" >&2; }
 mark() { printf '{"engine":"harness","what":"%s","seconds":%s}\n' "$1" "$2" >>"$jsonl"; }
 
 synth() { # type -> path
-  local type=$1 path=$models/glimmer30b-${layers}l-$1.gguf t0=$SECONDS
+  local type=$1 path=$models/glimmer30b-${layers}l-$1${GPU_BENCH_SYNTH:+-custom}.gguf t0=$SECONDS
   if [ ! -f "$path" ]; then
     # shellcheck disable=SC2086 # GPU_BENCH_SYNTH: other shapes for a smoke run on a CPU machine
     "$bundle/bin/offgraph" synth ${GPU_BENCH_SYNTH:---preset 30b --weights --layers $layers} --type "$type" \
@@ -63,9 +63,12 @@ if [ "$quick" = --profile ]; then
       cmd=("$bundle/bin/llama-bench" -m "$q8" -ngl 99 -fa 1 -p 0 -n 128 -r 1 -t 8)
     fi
     t0=$SECONDS
+    rm -f /tmp/ncu-$engine.csv
+    [ -n "$ncu" ] || { note "no ncu on this machine"; break; }
     timeout 150 "$ncu" --clock-control none --csv --metrics gpu__time_duration.sum \
-      --launch-skip 1000 --launch-count 400 --log-file /tmp/ncu-$engine.csv "${cmd[@]}" >/dev/null 2>>"$log"
-    { echo "# engine $engine"; cat /tmp/ncu-$engine.csv; } >>"$out/ncu.csv"
+      --launch-skip 1000 --launch-count 400 --log-file /tmp/ncu-$engine.csv "${cmd[@]}" >/dev/null 2>>"$log" \
+      || note "ncu $engine failed"
+    { echo "# engine $engine"; cat /tmp/ncu-$engine.csv 2>/dev/null; } >>"$out/ncu.csv"
     mark "ncu $engine" $((SECONDS - t0))
   done
 fi
@@ -77,14 +80,18 @@ for where in "-ngl all" "--device none"; do
   timeout 120 "$bundle/bin/offgraph" logits -m "$q8" --random 64 --seed 5 --greedy 16 -t 16 $where \
     2>>"$log" | sed "s/^/$where: /" >>"$out/greedy.txt"
 done
+[ "$(cut -d: -f2- "$out/greedy.txt" | sort -u | wc -l)" = 1 ] \
+  || note "greedy tokens differ between the GPU and the CPU (greedy.txt)"
 both "$q8" 512 128 4096 3 f16
 # CUDA graphs off: the control for the decode rows.
 t0=$SECONDS
-GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 "$bundle/bin/offgraph" bench -m "$q8" -ngl all -p 0 -n 128 -d 0 -r 3 -t 8 \
-  | sed 's/^{"engine":"offgraph"/{"engine":"offgraph","cuda_graphs":false/' >>"$jsonl" 2>>"$log"
+{ GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 "$bundle/bin/offgraph" bench -m "$q8" -ngl all -p 0 -n 128 -d 0 -r 3 -t 8 \
+  2>>"$log" || note "offgraph with CUDA graphs off failed"; } \
+  | sed 's/^{"engine":"offgraph"/{"engine":"offgraph","cuda_graphs":false/' >>"$jsonl"
 mark "offgraph graphs off" $((SECONDS - t0))
-GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 "$bundle/bin/llama-bench" -m "$q8" -ngl 99 -fa 1 -p 0 -n 128 -r 3 -t 8 -o jsonl \
-  | sed 's/^{/{"cuda_graphs":false,/' >>"$jsonl" 2>>"$log"
+{ GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 "$bundle/bin/llama-bench" -m "$q8" -ngl 99 -fa 1 -p 0 -n 128 -r 3 -t 8 -o jsonl \
+  2>>"$log" || note "llama-bench with CUDA graphs off failed"; } \
+  | sed 's/^{/{"cuda_graphs":false,/' >>"$jsonl"
 # The cost of a verify step of k + 1 tokens over a one-token step.
 timeout 120 "$bundle/bin/offgraph" bench -m "$q8" -ngl all --verify 1,2,4,8,16 -d 0 -r 5 -t 8 >>"$jsonl" 2>>"$log" \
   || note "verify failed"

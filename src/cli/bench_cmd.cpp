@@ -196,10 +196,11 @@ std::function<int()> add_bench(CLI::App &app) {
       return std::fgets(line, sizeof line, stdin) != nullptr;
     };
     if (!pace()) return 0;
-    if (o->profile_ops && !o->devices.rpc.empty())
-      return fail("--profile-ops times nodes on the CPU alone; it cannot be used with --rpc");
     auto m = load_placed(o->model, o->devices);
     if (!m.ok()) return fail(m.message());
+    if (o->profile_ops && (*m)->devices().size() > 1)
+      return fail("--profile-ops times nodes on the CPU alone; with GPUs or --rpc, give "
+                  "--device none and no --rpc");
     report_placement(**m);
     const model::Model &model = **m;
     const model::ModelConfig &c = model.config();

@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
+#include <vector>
 
 namespace offgraph::cli {
 
@@ -38,12 +40,22 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
 }
 
 void expand_device_flag_aliases(int argc, char **argv) {
-  // CLI11 takes one-letter short names only; llama.cpp's users type -ngl and -dev.
+  // CLI11 takes one-letter short names only; llama.cpp's users type -ngl N, -ngl=N, -dev X and
+  // -dev=X.
   static char gpu_layers[] = "--gpu-layers", device[] = "--device";
+  static std::vector<std::string> rewritten; // the -x=V forms, alive as long as argv is used
+  rewritten.reserve(size_t(argc));
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) return;
-    if (std::strcmp(argv[i], "-ngl") == 0) argv[i] = gpu_layers;
-    if (std::strcmp(argv[i], "-dev") == 0) argv[i] = device;
+    const std::string a = argv[i];
+    if (a == "--") return;
+    if (a == "-ngl")
+      argv[i] = gpu_layers;
+    else if (a == "-dev")
+      argv[i] = device;
+    else if (a.rfind("-ngl=", 0) == 0)
+      argv[i] = rewritten.emplace_back("--gpu-layers" + a.substr(4)).data();
+    else if (a.rfind("-dev=", 0) == 0)
+      argv[i] = rewritten.emplace_back("--device" + a.substr(4)).data();
   }
 }
 
@@ -64,6 +76,7 @@ Result<model::DeviceOptions> device_options(const DeviceFlags &f) {
       }
     }
   }
+  if (f.gpu_layers == "all") o.n_gpu_layers = std::numeric_limits<int32_t>::max();
   if (!f.gpu_layers.empty() && f.gpu_layers != "all") {
     size_t used = 0;
     long v = -1;
@@ -107,7 +120,7 @@ Result<std::unique_ptr<model::Model>> load_placed(const std::string &path, const
     // Nothing to offload to: said when the flags asked for a GPU, so that it is not a surprise.
     if ((!f.gpu_layers.empty() && f.gpu_layers != "0") || !f.split.empty())
       std::fprintf(stderr, "offgraph: no GPU (%s): every layer runs on the CPU\n",
-                   model::Devices::why_no_gpu().c_str());
+                   f.device == "none" ? "--device none" : model::Devices::why_no_gpu().c_str());
     return model::Model::load(path, progress);
   }
   int last_percent = -1;

@@ -157,17 +157,14 @@ Result<std::unique_ptr<KvStore>> KvStore::create(std::shared_ptr<const cache::La
       const int64_t bytes = int64_t(layout->page_rows()) * int64_t(k_row_bytes(*layout, c, types) +
                                                                    v_row_bytes(*layout, c, types));
       page_bytes += bytes;
-      if (bufts[size_t(c)] != ggml_backend_cpu_buffer_type())
-        device_page_bytes[bufts[size_t(c)]] += bytes;
+      if (is_device_storage(bufts[size_t(c)])) device_page_bytes[bufts[size_t(c)]] += bytes;
     }
   if (max_pages == 0 && page_bytes > 0) {
     const int64_t ram = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
     max_pages = int32_t(std::clamp<int64_t>(ram / page_bytes, 1, 1 << 30));
-    // On a device, room for a read widened to kDeviceReadRowMultiple rows, too (Step).
     if (!device_page_bytes.empty())
-      max_pages = std::min(
-          max_pages, 4 * PageTable::pages_for(std::max(layout->capacity(), kDeviceReadRowMultiple),
-                                              layout->page_rows()));
+      max_pages =
+          std::min(max_pages, 4 * PageTable::pages_for(layout->capacity(), layout->page_rows()));
   }
   // A device's pool is allocated in full: at most half of what it has free.
   for (const auto &[buft, bytes] : device_page_bytes) {
@@ -203,7 +200,7 @@ Status KvStore::make_page_pool() {
       // On a device, kDeviceReadRowMultiple zero rows past the pages (never handed out): a
       // read padded past the pool's last page stays inside, and a gather pads with them (Step).
       const int64_t with_slack =
-          rows + (ggml_backend_buft_is_host(bufts_[size_t(c)]) ? 0 : kDeviceReadRowMultiple);
+          rows + (is_device_storage(bufts_[size_t(c)]) ? kDeviceReadRowMultiple : 0);
       tensors.push_back({&pages_.k[size_t(c)], bufts_[size_t(c)], types_.k,
                          s.k_elements_per_token(), with_slack, "cache_k_" + i});
       tensors.push_back({&pages_.v[size_t(c)], bufts_[size_t(c)], types_.v,
@@ -260,11 +257,18 @@ Status KvStore::set_ring_order(RingOrder order) {
   return ok_status();
 }
 
+int32_t KvStore::ring_allocated_rows(CacheId c) const {
+  // On a device, the ring is padded to the multiple of rows that the device's attention
+  // prefers (rows never written: zeros, and masked, Step reads them as empty slots).
+  const int32_t n = layout_->cache(c).max_rows;
+  return is_device_storage(bufts_[size_t(c)]) ? int32_t(GGML_PAD(n, kDeviceReadRowMultiple)) : n;
+}
+
 int64_t KvStore::ring_pool_bytes() const {
   int64_t bytes = 0;
   for (CacheId c = 0; c < layout_->n_caches(); ++c)
     if (layout_->cache(c).ring())
-      bytes += int64_t(layout_->cache(c).max_rows) *
+      bytes += int64_t(ring_allocated_rows(c)) *
                int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
   return bytes;
 }
@@ -292,11 +296,7 @@ Result<Pool> KvStore::make_ring_pool() {
   for (CacheId c = 0; c < layout_->n_caches(); ++c) {
     if (!layout_->cache(c).ring()) continue;
     const cache::CacheSpec &s = layout_->cache(c).spec;
-    // On a device, the ring is padded to the multiple of rows that the device's attention
-    // prefers (rows never written: zeros, and masked, Step reads them as empty slots).
-    int32_t n = layout_->cache(c).max_rows;
-    if (!ggml_backend_buft_is_host(bufts_[size_t(c)]))
-      n = int32_t(GGML_PAD(n, kDeviceReadRowMultiple));
+    const int32_t n = ring_allocated_rows(c);
     const std::string i = std::to_string(c);
     tensors.push_back({&pool.k[size_t(c)], bufts_[size_t(c)], types_.k, s.k_elements_per_token(), n,
                        "cache_k_" + i});
@@ -590,7 +590,7 @@ MemoryUse KvStore::memory() const {
   m.v = m.pages * p * flat_row_v;
   for (CacheId c = 0; c < layout_->n_caches(); ++c)
     if (layout_->cache(c).ring()) {
-      const int64_t seqs = int64_t(entries_.size()) * layout_->cache(c).max_rows;
+      const int64_t seqs = int64_t(entries_.size()) * ring_allocated_rows(c);
       m.k += seqs * int64_t(k_row_bytes(*layout_, c, types_));
       m.v += seqs * int64_t(v_row_bytes(*layout_, c, types_));
     }

@@ -31,6 +31,11 @@ using SeqId = int32_t;
 // multiple of 256 (FATTN_KQ_STRIDE); other rows fall back to slower ones. Rings on devices are
 // allocated padded to it, and flat reads are widened to it (the extra rows masked).
 inline constexpr int32_t kDeviceReadRowMultiple = 256;
+// Storage in this buffer type is a device's (not host memory): read with stock ops, padded as
+// above. One test for the store and the step alike.
+inline bool is_device_storage(ggml_backend_buffer_type_t buft) {
+  return !ggml_backend_buft_is_host(buft);
+}
 
 // How attention reads a ring. Physical (the default): every written slot in slot order, masked by
 // each slot's position; no copy. Logical: the window's rows oldest first, joined by a copy when
@@ -208,6 +213,8 @@ private:
   // The ring caches of one sequence, each at its ring size.
   Result<Pool> make_ring_pool();
   int64_t ring_pool_bytes() const;
+  // Rows allocated for ring cache c: max_rows, padded to kDeviceReadRowMultiple on a device.
+  int32_t ring_allocated_rows(cache::CacheId c) const;
   // Refuses `more` bytes beyond what is in use when they would pass the budget.
   Status check_budget(int64_t more, const char *what) const;
   int64_t bytes_in_use() const;

@@ -363,9 +363,10 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
   }
   ggml_tensor *qp = ggml_permute(ctx, q, 0, 2, 1, 3); // [D_k, T, H_q]
   if (!host && w.k->type == GGML_TYPE_F32 && w.v->type == GGML_TYPE_F32) {
-    // f32 storage on a device: products, softmax and products in f32, not flash attention
-    // (ggml-cuda's rounds Q and f32 K/V through f16: 1.7e-3 relative on the logits, and greedy
-    // tokens differed from the CPU's). f32 storage is for exactness, so it gets it.
+    // f32 storage on a device: products and a softmax, not flash attention (ggml-cuda's converts
+    // f32 K/V to f16 and rounds Q through it). The products are f32 for spans of up to 3 tokens
+    // (ggml-cuda's vector kernels); longer spans get its TF32 tensor-core products, as the
+    // model's own f32 weights do (docs/gpu.md): f32 storage is as exact as the device allows.
     ggml_tensor *kq = ggml_mul_mat(ctx, w.k, qp); // [n_kv, T, H_q]
     ggml_prec_set_acc(kq, GGML_PREC_F32);
     kq = ggml_soft_max_ext(ctx, kq, w.mask, scale, 0.0f);

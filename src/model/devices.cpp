@@ -109,18 +109,33 @@ namespace {
 // first use goes through here, with ggml's log captured, so that the reason can be told.
 const std::string &registry_log() {
   static const std::string log = [] {
+    // Whoever set a logger before (a test silencing ggml) keeps it; else ggml's messages go to
+    // stderr without its debug ones (ggml-cuda reports every CUDA graph it replays, a line a
+    // step).
+    ggml_log_callback before = nullptr;
+    void *before_data = nullptr;
+    ggml_log_get(&before, &before_data);
+    ggml_log_callback ggml_default = nullptr;
+    void *unused = nullptr;
+    ggml_log_set(nullptr, nullptr); // installs ggml's default: its address tells it apart
+    ggml_log_get(&ggml_default, &unused);
     static std::string captured;
     ggml_log_set(
         [](ggml_log_level level, const char *text, void *) {
-          if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) captured += text;
+          thread_local bool kept = false; // CONT continues the message before it
+          if (level != GGML_LOG_LEVEL_CONT)
+            kept = level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN;
+          if (kept) captured += text;
         },
         nullptr);
     (void)ggml_backend_dev_count();
-    // Then ggml's own messages, without its debug ones (ggml-cuda reports every CUDA graph it
-    // replays, one line a step).
+    if (before != ggml_default) {
+      ggml_log_set(before, before_data);
+      return captured;
+    }
     ggml_log_set(
         [](ggml_log_level level, const char *text, void *) {
-          static bool debug = false; // CONT continues the message before it
+          thread_local bool debug = false;
           if (level != GGML_LOG_LEVEL_CONT) debug = level == GGML_LOG_LEVEL_DEBUG;
           if (!debug) std::fputs(text, stderr);
         },
@@ -208,6 +223,12 @@ Result<std::shared_ptr<const Devices>> Devices::open(const DeviceOptions &option
     gpus = local_gpus();
   }
   const size_t n_rpc = options.rpc.size(), n_off = gpus.size() + n_rpc;
+  // Proportions for RPC servers meant servers (and the CPU) before GPUs joined the list: where
+  // GPUs were found rather than named, their order would change silently.
+  if (!options.gpus && !gpus.empty() && n_rpc > 0 && !options.split.empty())
+    return Status::error("tensor split with --rpc on a machine with GPUs: name the GPUs with "
+                         "--device (or --device none), so that the proportions are read as the "
+                         "named GPUs', then the servers'");
   // Everything that can be checked without a connection first.
   const bool cpu_share = options.split.size() == n_off + 1;
   if (!options.split.empty() && options.split.size() != n_off && !cpu_share)

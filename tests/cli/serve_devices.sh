@@ -7,15 +7,18 @@ set -euo pipefail
 offgraph=$1 model=$2 dir=$3
 mkdir -p "$dir"
 log=$dir/serve-devices.log
-port=$((20000 + RANDOM % 20000))
-"$offgraph" serve -m "$model" --port "$port" -ngl all -c 512 --parallel 1 >"$log" 2>&1 &
+"$offgraph" serve -m "$model" --port 0 -ngl all -c 512 --parallel 1 >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ] && break
+# The port the server took is in its ready line.
+port=
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9]*\), ready.*|\1|p' "$log")
+  [ -n "$port" ] && break
   kill -0 $pid 2>/dev/null || { cat "$log"; echo "serve exited before it was ready"; exit 1; }
   sleep 0.1
 done
+[ -n "$port" ] || { cat "$log"; echo "serve was not ready in 60 s"; exit 1; }
 answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" \
   -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0}')
 echo "$answer"

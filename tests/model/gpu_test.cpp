@@ -1,9 +1,9 @@
 // Layers on local GPUs (ggml's CUDA backend, the CUDA build: docs/gpu.md). Where this machine has
-// no GPU every test here skips and says why; model.gpu_absent (a CLI test) checks that a build
-// with the CUDA backend starts and runs on the CPU then. Where it has one: the same steps on the
-// CPU alone and with every layer (or the last few, -ngl) on the GPU give the same logits and the
-// same greedy tokens, with the rings wrapping, across forks, rewinds and snapshots, and each
-// layer's weights and KV storage live on its layer's device.
+// no GPU every test here skips and says why; cli.devices_without_a_gpu and cli.serve_devices check
+// that a build with the CUDA backend starts and runs on the CPU then. Where it has one: the same
+// steps on the CPU alone and with every layer (or the last few, -ngl) on the GPU give the same
+// logits and the same greedy tokens, with the rings wrapping, across forks, rewinds and snapshots,
+// and each layer's weights and KV storage live on its layer's device.
 #include "device_compare.h"
 
 #include <gtest/gtest.h>
