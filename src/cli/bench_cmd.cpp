@@ -352,6 +352,8 @@ std::function<int()> add_bench(CLI::App &app) {
           return std::pair{to, from};
         };
         const auto wire0 = wire();
+        int32_t rpc_devices = 0; // servers only: local GPUs are devices too
+        for (int32_t i = 0; i < devs.size(); ++i) rpc_devices += !devs.endpoint(i).empty();
         fwd.reset_phase_times();
         for (int32_t r = 0; r < o->reps; ++r) {
           if (!pace()) return 0;
@@ -398,7 +400,7 @@ std::function<int()> add_bench(CLI::App &app) {
                     "\"rpc_bytes_sent_per_token\":%.1f,\"rpc_bytes_received_per_token\":%.1f}\n",
                     head.c_str(), t.name, t.n, d, o->batch, list.c_str(), sum / double(ts.size()),
                     fill_s, (long long)mu.held, (long long)mu.minimum, (long long)mu.buffers,
-                    (long long)peak_rss_bytes(), devs.size() - 1,
+                    (long long)peak_rss_bytes(), rpc_devices,
                     double(wire1.first - wire0.first) / tokens_run,
                     double(wire1.second - wire0.second) / tokens_run);
         std::fflush(stdout);

@@ -10,13 +10,19 @@
 namespace offgraph::cli {
 
 void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
+  // An empty value would read as the default: refused instead.
+  const auto not_empty = [](const std::string &v) {
+    return v.empty() ? std::string("an empty value; give one (see --help)") : std::string();
+  };
   cmd.add_option("--gpu-layers,--n-gpu-layers", f.gpu_layers,
                  "how many of the layers (the output head counts as one more) run on the GPUs "
                  "and --rpc servers, taken from the end as llama.cpp does: a count or 'all' "
-                 "(default: all; the rest run on the CPU)");
+                 "(default: all; the rest run on the CPU)")
+      ->check(not_empty);
   cmd.add_option("--device", f.device,
                  "the local GPUs to use, comma-separated (names as --list-devices shows them, "
-                 "e.g. CUDA0), or 'none' for the CPU alone (default: every GPU found)");
+                 "e.g. CUDA0), or 'none' for the CPU alone (default: every GPU found)")
+      ->check(not_empty);
   cmd.add_flag_callback(
       "--list-devices",
       [] {

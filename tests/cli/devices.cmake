@@ -45,7 +45,7 @@ else()
 endif()
 # Each refusal names what it refuses.
 foreach(case "-ngl;many|-ngl: 'many'" "-ngl=-2|-ngl: '-2'" "--device;CUDA7|device 'CUDA7'"
-             "--device;none,CUDA0|--device: 'none,CUDA0'")
+             "--device;none,CUDA0|--device: 'none,CUDA0'" "--device;|--device" "-ngl;|--gpu-layers")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts -1 want)
   list(REMOVE_AT parts -1)
