@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Installs the official `openai` npm package, pinned, into a cache outside the checkout (for the
-# server's real-client test) and prints the directory that holds its node_modules. Runs npm only
+# Installs the official `openai` and `@anthropic-ai/sdk` npm packages, pinned, into a cache outside
+# the checkout (for the server's real-client tests) and prints the directory that holds their
+# node_modules. Runs npm only
 # the first time; afterwards it only prints the directory.
 set -euo pipefail
 VERSION=6.49.0
 # zod: what the client's zodResponseFormat / zodFunction helpers build schemas from.
 ZOD_VERSION=3.25.76
+ANTHROPIC_VERSION=1.17.0
 CACHE=${OFFGRAPH_CACHE:-$HOME/.cache/offgraph}
-DIR=$CACHE/npm-openai-$VERSION-zod-$ZOD_VERSION
+DIR=$CACHE/npm-openai-$VERSION-zod-$ZOD_VERSION-anthropic-$ANTHROPIC_VERSION
 if [ -f "$DIR/.installed" ]; then echo "$DIR"; exit 0; fi
 if ! command -v npm >/dev/null; then
   echo "npm-client: installing Node.js and npm (Debian packages)" >&2
@@ -17,11 +19,11 @@ fi
 mkdir -p "$CACHE"
 tmp=$(mktemp -d "$CACHE/npm-openai.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "npm-client: npm install openai@$VERSION zod@$ZOD_VERSION" >&2
+echo "npm-client: npm install openai@$VERSION zod@$ZOD_VERSION @anthropic-ai/sdk@$ANTHROPIC_VERSION" >&2
 (cd "$tmp" && npm init -y >/dev/null && npm install --no-audit --no-fund --ignore-scripts \
-  --loglevel=error "openai@$VERSION" "zod@$ZOD_VERSION" >&2)
-node -e "require('$tmp/node_modules/openai'); require('$tmp/node_modules/zod')" ||
-  { echo "npm-client: openai or zod does not load" >&2; exit 1; }
+  --loglevel=error "openai@$VERSION" "zod@$ZOD_VERSION" "@anthropic-ai/sdk@$ANTHROPIC_VERSION" >&2)
+node -e "require('$tmp/node_modules/openai'); require('$tmp/node_modules/zod'); require('$tmp/node_modules/@anthropic-ai/sdk')" ||
+  { echo "npm-client: openai, zod or @anthropic-ai/sdk does not load" >&2; exit 1; }
 rm -rf "$DIR"
 mv "$tmp" "$DIR"
 trap - EXIT

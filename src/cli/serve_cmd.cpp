@@ -25,7 +25,8 @@ void on_signal(int) { stop_requested = 1; }
 
 std::function<int()> add_serve(CLI::App &app) {
   struct Opts {
-    std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", name, api_key, cors;
+    std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", api_key, cors;
+    std::vector<std::string> aliases;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
     int snapshot_every = 0, kv_page = 64;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
@@ -42,7 +43,11 @@ std::function<int()> add_serve(CLI::App &app) {
   cmd->add_option("-m,--model", o->model, "the GGUF model (default: the shipped model)");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port")->capture_default_str();
-  cmd->add_option("--alias", o->name, "model id in responses (default: the file's general.name)");
+  cmd->add_option("--alias", o->aliases,
+                  "model id in responses (default: the file's general.name); repeat it for more "
+                  "names requests may give; a trailing * takes every name that begins so "
+                  "('claude-*': the names Claude Code sends for its side tasks)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--api-key", o->api_key,
                   "require 'Authorization: Bearer KEY' on every route but /health (also "
                   "$OFFGRAPH_API_KEY)")
@@ -122,7 +127,11 @@ std::function<int()> add_serve(CLI::App &app) {
     server::ServerOptions so;
     so.host = o->host;
     so.port = o->port;
-    so.model_name = o->name;
+    for (const std::string &a : o->aliases)
+      if (a.empty() || a == "*") return fail("--alias: a name (or a prefix before *) is needed");
+    // The first is the id answers carry, unless it is a pattern.
+    if (!o->aliases.empty() && o->aliases.front().back() != '*') so.model_name = o->aliases.front();
+    so.model_aliases = o->aliases;
     so.api_key = o->api_key;
     so.cors_origin = o->cors;
     so.timeout_seconds = o->timeout;

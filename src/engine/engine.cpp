@@ -379,6 +379,11 @@ void Engine::admit_queued() {
       continue;
     }
     stats_.prompt_tokens += int64_t(a->request.prompt.size());
+    if (a->request.report_admission && a->on_event) {
+      Event e;
+      e.request = a->id, e.choice = a->choice, e.cached_tokens = a->reused;
+      a->on_event(e);
+    }
     active_.push_back(std::move(a));
   }
 }
@@ -625,7 +630,7 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
   const bool length =
       a.generated >= a.request.max_tokens || int32_t(a.tokens.size()) + 1 > options_.context;
   Event e;
-  e.request = a.id, e.token = *token, e.choice = a.choice;
+  e.request = a.id, e.token = *token, e.choice = a.choice, e.cached_tokens = a.reused;
   if (a.request.top_logprobs >= 0)
     e.logprobs = sample::token_logprobs(model_logits, *token, a.request.top_logprobs);
   attach_prompt_logprobs(a, e);

@@ -102,6 +102,10 @@ struct Request {
   // drafts from them as from the context (they never enter the context). A request with a
   // prediction speculates with n-gram drafts even where its options say none.
   std::vector<int32_t> prediction;
+  // An event without a token or a finish once the request is admitted, carrying cached_tokens
+  // (the prefix it reuses): what an API that reports the cache before the answer's first token
+  // (Anthropic's message_start) waits for.
+  bool report_admission = false;
   // Embedding rows in the prompt (images, placed by engine/images.h): prompt[at, at + n_rows)
   // take these rows in place of token embeddings, ascending and disjoint. The prompt's ids there
   // are not looked up: they key the rows for prefix reuse (image_row_ids), so two different
@@ -124,8 +128,8 @@ struct Event {
   int32_t token = -1;                       // a generated token, or -1 when only finishing
   FinishReason finish = FinishReason::None; // set on the request's last event
   std::string error;                        // with FinishReason::Error
-  int32_t cached_tokens = 0;                // on the last event: prompt tokens reused, not computed
-  int32_t choice = 0;                       // which of the request's n choices
+  int32_t cached_tokens = 0; // prompt tokens reused, not computed (admission, token, last events)
+  int32_t choice = 0;        // which of the request's n choices
   // With Request::top_logprobs >= 0, on a token's event: that token's.
   std::optional<sample::TokenLogprobs> logprobs;
   // With Request::prompt_logprobs, on each choice's first event: one per prompt token after the

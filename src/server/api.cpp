@@ -113,6 +113,8 @@ std::optional<ApiError> parse_logprobs(const json &body, bool chat, Job &job) {
   return std::nullopt;
 }
 
+} // namespace
+
 // Sampling fields and limits shared by both routes. `max_tokens` comes back -1 when not given;
 // 0 only where `zero_ok` (an echoed prompt scored without an answer).
 std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts, Job &job,
@@ -191,6 +193,8 @@ std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts
   job.request.stop_tokens = facts.tokenizer->end_of_generation_ids();
   return std::nullopt;
 }
+
+namespace {
 
 // llama-server's per-request draft fields (speculative.n_max, speculative.n_min), spelled as it
 // spells them, and offgraph's speculative.type and speculative.adaptive beside them: any of them
@@ -294,31 +298,83 @@ std::optional<ApiError> parse_prediction(const json &body, const ModelFacts &fac
   return std::nullopt;
 }
 
+} // namespace
+
 std::optional<ApiError> check_model(const json &body, const ModelFacts &facts) {
   if (!body.contains("model") || body["model"].is_null()) return std::nullopt;
   if (!body["model"].is_string()) return bad("model", "'model' must be a string", "invalid_type");
   const std::string name = body["model"].get<std::string>();
   for (const std::string &n : facts.model_names)
-    if (n == name) return std::nullopt;
+    if (n == name ||
+        (!n.empty() && n.back() == '*' && name.compare(0, n.size() - 1, n, 0, n.size() - 1) == 0))
+      return std::nullopt;
   std::string known;
   for (const std::string &n : facts.model_names) known += (known.empty() ? "'" : ", '") + n + "'";
   return ApiError{404, "the model '" + name + "' does not exist; this server serves " + known,
                   "model", "model_not_found"};
 }
 
-// messages, tools and reasoning effort into the template's context.
-// Image parts' bytes go to `job` (null: only checked, as /apply-template renders them).
-std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, json &ctx,
-                                     json &tools_out, std::string &tool_choice,
-                                     std::string &named_tool, Job *job) {
-  if (!facts.chat_template)
-    return bad("messages", "the model has no chat template; use /v1/completions", "no_template");
+namespace {
+
+// Chat Completions' body into the wire-neutral conversation: the fields are the template's own
+// shapes already, so this reads where they are and parses tool_choice's forms.
+std::optional<ApiError> openai_conversation(const json &body, Conversation &conv) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return bad("messages", "'messages' must be a non-empty list");
+  conv.messages = body["messages"];
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    if (!body["tools"].is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
+    conv.tools = body["tools"];
+  }
+  if (body.contains("reasoning_effort") && !body["reasoning_effort"].is_null()) {
+    if (!body["reasoning_effort"].is_string())
+      return bad("reasoning_effort",
+                 "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
+    conv.reasoning_effort = body["reasoning_effort"];
+  }
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const json &tc = body["tool_choice"];
+    if (tc.is_string()) {
+      conv.tool_choice = tc.get<std::string>();
+      if (conv.tool_choice != "auto" && conv.tool_choice != "none" &&
+          conv.tool_choice != "required")
+        return bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      conv.tool_choice = "named";
+      conv.named_tool = tc["function"]["name"];
+    } else {
+      return bad("tool_choice", "'tool_choice' must be auto, none, required or "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+  }
+  if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null()) {
+    if (!body["parallel_tool_calls"].is_boolean())
+      return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false",
+                 "invalid_type");
+    conv.parallel_tool_calls = body["parallel_tool_calls"].get<bool>();
+  }
+  if (body.contains("response_format")) conv.response_format = body["response_format"];
+  if (body.contains("grammar")) conv.grammar = body["grammar"];
+  return std::nullopt;
+}
+
+} // namespace
+
+// The conversation's messages, tools and reasoning effort into the template's context; `tools_out`
+// the tools the answer may call (none with tool_choice none). Image parts' bytes go to `job` (null:
+// only checked, as /apply-template renders them).
+static std::optional<ApiError> chat_context(const Conversation &conv, const ModelFacts &facts,
+                                            json &ctx, json &tools_out, Job *job) {
+  const std::string &field = conv.messages_field;
+  if (!facts.chat_template)
+    return bad(field, "the model has no chat template; use /v1/completions", "no_template");
+  if (!conv.messages.is_array() || conv.messages.empty())
+    return bad(field, "'" + field + "' must be a non-empty list");
   json messages = json::array();
   size_t i = 0;
-  for (const auto &m : body["messages"]) {
-    const std::string where = "messages[" + std::to_string(i++) + "]";
+  for (const auto &m : conv.messages) {
+    const std::string where = field + "[" + std::to_string(i++) + "]";
     if (!m.is_object()) return bad(where, where + " must be an object", "invalid_type");
     if (!m.contains("role") || !m["role"].is_string())
       return bad(where + ".role", where + " needs a 'role' string");
@@ -375,67 +431,64 @@ std::optional<ApiError> chat_context(const json &body, const ModelFacts &facts, 
         }
       }
     }
+    // ATEM templates write an assistant message's calls and not its text when it has both: the
+    // text goes first as a message of its own within the turn (what the model writes).
+    const bool calls =
+        msg.contains("tool_calls") && msg["tool_calls"].is_array() && !msg["tool_calls"].empty();
+    const bool text = msg.contains("content") &&
+                      ((msg["content"].is_string() && !msg["content"].get<std::string>().empty()) ||
+                       (msg["content"].is_array() && !msg["content"].empty()));
+    if (facts.atem && role == "assistant" && calls && text) {
+      json said = msg;
+      said.erase("tool_calls");
+      said["end_turn"] = false;
+      msg.erase("content");
+      msg.erase("reasoning_content"); // written once, before the first message
+      messages.push_back(std::move(said));
+    }
     messages.push_back(std::move(msg));
   }
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
-  json effort = body.contains("reasoning_effort") ? body["reasoning_effort"] : json("high");
-  if (effort.is_null()) effort = "high";
-  const std::string e = effort.is_string() ? effort.get<std::string>() : "";
+  const std::string &e = conv.reasoning_effort;
   if (e != "low" && e != "medium" && e != "high" && e != "xhigh" && e != "minimal" && e != "none")
     return bad("reasoning_effort",
                "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
   ctx["reasoning_strength"] = (e == "minimal" || e == "none") ? "low" : e; // no "off" exists
 
-  tool_choice = "auto";
-  if (body.contains("tools") && !body["tools"].is_null()) {
-    const json &tools = body["tools"];
-    if (!tools.is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
-    for (const auto &t : tools)
-      if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
-          !t.contains("function") || !t["function"].is_object() ||
-          !t["function"].contains("name") || !t["function"]["name"].is_string() ||
-          t["function"]["name"].get<std::string>().empty())
-        return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", "
-                            "\"parameters\"}}");
-    // OpenAI makes a function's description and parameters optional; templates print them.
-    tools_out = tools;
-    for (auto &t : tools_out) {
-      json &fn = t["function"];
-      if (!fn.contains("description") || fn["description"].is_null()) fn["description"] = "";
-      if (!fn.contains("parameters") || fn["parameters"].is_null())
-        fn["parameters"] = {{"type", "object"}, {"properties", json::object()}};
-    }
+  tools_out = json::array();
+  if (!conv.tools.is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
+  for (const auto &t : conv.tools)
+    if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
+        !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+        !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
+      return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\", "
+                          "\"parameters\"}}");
+  // OpenAI makes a function's description and parameters optional; templates print them.
+  tools_out = conv.tools;
+  for (auto &t : tools_out) {
+    json &fn = t["function"];
+    if (!fn.contains("description") || fn["description"].is_null()) fn["description"] = "";
+    if (!fn.contains("parameters") || fn["parameters"].is_null())
+      fn["parameters"] = {{"type", "object"}, {"properties", json::object()}};
   }
-  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
-    const json &tc = body["tool_choice"];
-    if (tc.is_string()) {
-      tool_choice = tc.get<std::string>();
-      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
-        return bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
-    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
-               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
-      tool_choice = "named";
-      named_tool = tc["function"]["name"];
-    } else {
-      return bad("tool_choice", "'tool_choice' must be auto, none, required or "
-                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-    }
-    if (tool_choice != "auto" && tool_choice != "none" && tools_out.empty())
-      return bad("tool_choice", "'tool_choice' " + tool_choice + " needs 'tools'");
-    if (tool_choice == "named") {
-      bool found = false;
-      for (const auto &t : tools_out) found = found || t["function"]["name"] == named_tool;
-      if (!found)
-        return bad("tool_choice",
-                   "'tool_choice' names '" + named_tool + "', which is not among the tools");
-    }
+  const std::string &choice = conv.tool_choice;
+  if (choice != "auto" && choice != "none" && tools_out.empty())
+    return bad("tool_choice", "'tool_choice' " + choice + " needs 'tools'");
+  if (choice == "named") {
+    bool found = false;
+    for (const auto &t : tools_out) found = found || t["function"]["name"] == conv.named_tool;
+    if (!found)
+      return bad("tool_choice",
+                 "'tool_choice' names '" + conv.named_tool + "', which is not among the tools");
   }
-  if (!tools_out.empty() && tool_choice != "none") ctx["tools"] = tools_out;
-  if (tool_choice == "none") tools_out = json::array();
+  if (!tools_out.empty() && choice != "none") ctx["tools"] = tools_out;
+  if (choice == "none") tools_out = json::array();
   text::add_token_variables(*facts.tokenizer, ctx);
   return std::nullopt;
 }
+
+namespace {
 
 // Fields of OpenAI's API (and llama-server's, vLLM's) that would change the answer and that this
 // server does not honour: refused by name, never ignored.
@@ -501,13 +554,30 @@ std::optional<ApiError> completion_prompt(const json &body, const ModelFacts &fa
 std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &facts,
                                            std::string &prompt) {
   if (!body.is_object()) return bad("", "the request body is not a JSON object");
+  Conversation conv;
+  if (auto e = openai_conversation(body, conv)) return e;
   json ctx, tools;
-  std::string tool_choice, named;
-  if (auto e = chat_context(body, facts, ctx, tools, tool_choice, named, nullptr)) return e;
+  if (auto e = chat_context(conv, facts, ctx, tools, nullptr)) return e;
   auto r = facts.chat_template->render(ctx);
   if (!r.ok()) return bad("messages", "the chat template failed: " + r.message(), "template_error");
   prompt = std::move(r).value();
   return std::nullopt;
+}
+
+std::optional<ApiError> build_chat_job(const Conversation &conv, const ModelFacts &facts,
+                                       Job &job) {
+  job.chat = true;
+  json ctx;
+  if (auto e = chat_context(conv, facts, ctx, job.tools, &job)) return e;
+  auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
+  if (!tokens.ok())
+    return bad(conv.messages_field, "the chat template failed: " + tokens.message(),
+               "template_error");
+  job.request.prompt = std::move(tokens->tokens);
+  job.request.message_starts = std::move(tokens->message_starts);
+  if (auto e = parse_structured(conv, true, facts, job)) return e;
+  // A prompt with images is measured once they are in it (attach_images).
+  return job.images.empty() ? check_prompt_budget(facts, job) : std::nullopt;
 }
 
 std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFacts &facts,
@@ -521,25 +591,19 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
   if (auto e = parse_sampling(body, facts, job, max_tokens, !chat && job.echo)) return e;
   if (auto e = parse_speculation(body, facts, job)) return e;
   if (auto e = parse_prediction(body, facts, job)) return e;
-  job.chat = chat;
-  if (chat) {
-    json ctx;
-    std::string tool_choice, named;
-    if (auto e = chat_context(body, facts, ctx, job.tools, tool_choice, named, &job)) return e;
-    auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
-    if (!tokens.ok())
-      return bad("messages", "the chat template failed: " + tokens.message(), "template_error");
-    job.request.prompt = std::move(tokens->tokens);
-    job.request.message_starts = std::move(tokens->message_starts);
-    if (auto e = parse_structured(body, true, facts, {&job.tools, tool_choice, named}, job))
-      return e;
-  } else {
-    if (auto e = completion_prompt(body, facts, job)) return e;
-    if (auto e = parse_structured(body, false, facts, {}, job)) return e;
-  }
   job.max_tokens_asked = max_tokens;
-  // A prompt with images is measured once they are in it (attach_images).
-  return job.images.empty() ? check_prompt_budget(facts, job) : std::nullopt;
+  if (chat) {
+    Conversation conv;
+    if (auto e = openai_conversation(body, conv)) return e;
+    return build_chat_job(conv, facts, job);
+  }
+  job.chat = false;
+  if (auto e = completion_prompt(body, facts, job)) return e;
+  Conversation constraints; // the answer's format only
+  if (body.contains("response_format")) constraints.response_format = body["response_format"];
+  if (body.contains("grammar")) constraints.grammar = body["grammar"];
+  if (auto e = parse_structured(constraints, false, facts, job)) return e;
+  return check_prompt_budget(facts, job);
 }
 
 std::optional<ApiError> check_prompt_budget(const ModelFacts &facts, Job &job,

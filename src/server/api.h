@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "engine/images.h"
+#include "server/request.h"
 #include "server/structured.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -81,6 +82,20 @@ struct Job {
 // here; callers serialize calls that share a tokenizer or template if those are not thread-safe.
 std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFacts &facts,
                                       Job &job);
+
+// A conversation (request.h) read by any chat API into `job`, whose sampling fields and
+// max_tokens_asked the API's parser has set: the conversation checked, the chat template
+// rendered, the answer's constraints built, the prompt measured against the context.
+std::optional<ApiError> build_chat_job(const Conversation &conv, const ModelFacts &facts, Job &job);
+
+// Parts every API's parser shares. `model` against the names the server answers to (404
+// model_not_found otherwise).
+std::optional<ApiError> check_model(const json &body, const ModelFacts &facts);
+// max_tokens (or max_completion_tokens), temperature, top_p, top_k, min_p, penalties, seed,
+// logit_bias, n, stream_options, stop: into job.request.sampling, job.stop_strings and
+// `max_tokens` (-1 when not given; 0 only where `zero_ok`).
+std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts, Job &job,
+                                       int32_t &max_tokens, bool zero_ok);
 
 // The exact prompt text the model would see for a chat body (messages, tools, reasoning_effort),
 // as /apply-template returns it.

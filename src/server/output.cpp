@@ -40,6 +40,7 @@ ChoiceOutput::Delta ChoiceOutput::absorb(const std::string &piece) {
     auto u = matcher_->push(piece);
     text = u.emit;
     stopped_ = u.stop_string.has_value();
+    if (stopped_) stop_string_ = stops_->stop_strings()[*u.stop_string];
   }
   if (!use_atem_) {
     d.content = text;
@@ -66,7 +67,7 @@ ChoiceOutput::Delta ChoiceOutput::feed(int32_t token, const sample::TokenLogprob
   return absorb(piece);
 }
 
-ChoiceOutput::Delta ChoiceOutput::finish() {
+ChoiceOutput::Delta ChoiceOutput::finish(bool cut) {
   if (finished_) return {};
   Delta d;
   auto add = [&d](Delta x) {
@@ -83,7 +84,11 @@ ChoiceOutput::Delta ChoiceOutput::finish() {
     for (const auto &e : atem_.finish()) {
       if (e.kind == text::AtemEvent::Kind::Reasoning) d.reasoning += e.text;
       if (e.kind == text::AtemEvent::Kind::Content) d.content += e.text;
-      if (e.kind == text::AtemEvent::Kind::ToolCall) d.tool_calls.push_back(call(e.call));
+      if (e.kind != text::AtemEvent::Kind::ToolCall) continue;
+      if (cut && !stopped_) // the block never closed: its arguments are a guess
+        dropped_cut_call_ = true;
+      else
+        d.tool_calls.push_back(call(e.call));
     }
   return d;
 }
@@ -187,8 +192,8 @@ nlohmann::ordered_json CompletionLogprobs::shape(std::span<const sample::TokenLo
 
 std::string finish_reason(const ChoiceOutput &out, bool cut_by_length) {
   if (out.stopped()) return "stop";
-  if (!out.tool_calls().empty()) return "tool_calls";
-  return cut_by_length ? "length" : "stop";
+  if (cut_by_length) return "length";
+  return out.tool_calls().empty() ? "stop" : "tool_calls";
 }
 
 nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, int cached_tokens) {

@@ -40,9 +40,15 @@ public:
   // once a stop string matched (stopped()).
   Delta feed(int32_t token, const sample::TokenLogprobs *logprobs = nullptr);
   // The end of generation: what the detokenizer, the stop matcher and the parser held back.
-  Delta finish();
+  // `cut`: max_tokens or the context ended it, so a tool call still open is unfinished: it is
+  // left out (never reported as a call whose arguments were cut short or guessed at).
+  Delta finish(bool cut = false);
 
   bool stopped() const { return stopped_; }
+  // The stop string that ended the answer (stopped()), as the request gave it.
+  const std::string &stop_string() const { return stop_string_; }
+  // An unfinished tool call was left out at a cut (finish(true)).
+  bool dropped_cut_call() const { return dropped_cut_call_; }
   int completion_tokens() const { return completion_; }
   // The whole answer, for non-streaming responses (after finish()).
   std::string content() const;
@@ -67,7 +73,8 @@ private:
   std::vector<int32_t> stop_tokens_;
   std::string content_, reasoning_; // without ATEM: the text; with it the parser aggregates
   json calls_ = json::array();
-  bool stopped_ = false, finished_ = false;
+  bool stopped_ = false, finished_ = false, dropped_cut_call_ = false;
+  std::string stop_string_;
   int completion_ = 0;
   std::vector<sample::TokenLogprobs> logprobs_;
   size_t logprobs_taken_ = 0;
@@ -81,8 +88,8 @@ struct ResponseHead {
   int64_t created = 0; // Unix seconds
   std::string model;
 };
-// "stop" (a stop string, or the turn ended), "tool_calls" (the answer holds calls), "length"
-// (max_tokens or the context cut it).
+// "length" (max_tokens or the context cut it, whatever it holds), "stop" (a stop string, or the
+// turn ended), "tool_calls" (the answer holds calls).
 std::string finish_reason(const ChoiceOutput &out, bool cut_by_length);
 nlohmann::ordered_json usage_shape(size_t prompt_tokens, int completion_tokens, int cached_tokens);
 // usage.completion_tokens_details of a request with a prediction (OpenAI's Predicted Outputs):

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include "server/anthropic.h"
 #include "server/connection.h"
 #include "server/image_parts.h"
 #include "server/metrics.h"
@@ -94,6 +95,9 @@ void send(httplib::Response &res, int status, const json &body) {
 
 constexpr auto kPoll = std::chrono::milliseconds(200);
 
+// Anthropic's routes answer errors in Anthropic's shape (its clients read nothing else).
+bool is_anthropic_route(const std::string &path) { return path.rfind("/v1/messages", 0) == 0; }
+
 // True every kPoll: how often a waiting handler looks at its connection.
 class Deadline {
 public:
@@ -114,36 +118,39 @@ private:
 struct Routes {
   Server &s;
 
-  bool loading(httplib::Response &res) {
+  bool loading(httplib::Response &res, bool anthropic = false) {
+    auto shape = [anthropic](const ApiError &e) {
+      return anthropic ? anthropic::error_body(e) : error_body(e);
+    };
     if (!s.ready_) {
       send(res, 503,
-           error_body(
-               {503, "the model is still loading", "", "model_loading", "unavailable_error"}));
+           shape({503, "the model is still loading", "", "model_loading", "unavailable_error"}));
       return true;
     }
     // A split model whose device stopped cannot compute a step: new work is refused until the
     // server is restarted (the device's weights and KV went with it).
     if (std::string gone = s.model_->devices().failure(); !gone.empty()) {
       send(res, 503,
-           error_body({503,
-                       "a device of the model is gone (" + gone +
-                           "); restart the "
-                           "server once it is back",
-                       "", "device_lost", "unavailable_error"}));
+           shape({503,
+                  "a device of the model is gone (" + gone +
+                      "); restart the "
+                      "server once it is back",
+                  "", "device_lost", "unavailable_error"}));
       return true;
     }
     return false;
   }
 
-  void fail(httplib::Response &res, const ApiError &e) {
+  void fail(httplib::Response &res, const ApiError &e, bool anthropic = false) {
     (e.status >= 500 ? s.counters_.server_errors : s.counters_.client_errors)++;
-    send(res, e.status, error_body(e));
+    send(res, e.status, anthropic ? anthropic::error_body(e) : error_body(e));
   }
 
-  std::optional<json> body_of(const httplib::Request &req, httplib::Response &res) {
+  std::optional<json> body_of(const httplib::Request &req, httplib::Response &res,
+                              bool anthropic = false) {
     json body;
     if (auto e = parse_body(req.body, body)) {
-      fail(res, *e);
+      fail(res, *e, anthropic);
       return std::nullopt;
     }
     return body;
@@ -201,7 +208,7 @@ struct Routes {
       call.cached = std::max(call.cached, e.cached_tokens);
       call.drafted += e.drafted, call.accepted += e.accepted;
       if (e.finish == engine::FinishReason::Error && call.error.empty()) call.error = e.error;
-      d.append(o.finish());
+      d.append(o.finish(e.finish == engine::FinishReason::Length));
     }
     return d;
   }
@@ -229,6 +236,47 @@ struct Routes {
     return call.offsets[size_t(c)].shape(pending);
   }
 
+  // The call's outputs and channel, and the job handed to the engine; false when it was refused
+  // (the answer is written).
+  bool submit(httplib::Response &res, Call &call, bool atem_output, bool anthropic) {
+    const int32_t n = call.job.request.n;
+    call.channel = std::make_shared<Channel>(n);
+    for (int32_t c = 0; c < n; ++c)
+      call.outs.push_back(std::make_unique<ChoiceOutput>(*s.tokenizer_, atem_output, call.job.tools,
+                                                         call.job.stop_strings,
+                                                         call.job.request.stop_tokens));
+    call.reasons.assign(size_t(n), engine::FinishReason::None);
+    for (int32_t c = 0; c < n; ++c) call.offsets.push_back(CompletionLogprobs{*s.tokenizer_, 0});
+    if (s.stopping_) {
+      fail(res, {503, "the server is shutting down", "", "shutting_down", "unavailable_error"},
+           anthropic);
+      return false;
+    }
+    auto channel = call.channel;
+    // Events come from step() on the engine thread (engine.h).
+    auto submitted = s.engine_->submit(call.job.request, [this, channel](const engine::Event &e) {
+      if (!channel->push(e)) return;
+      std::lock_guard lock(s.stepped_mutex_);
+      if (s.stepped_.empty() || s.stepped_.back() != channel) s.stepped_.push_back(channel);
+    });
+    if (!submitted.ok()) {
+      // A full queue is a moment, not a mistake: 429 and when to come back.
+      const ApiError e = api_error(submitted.status());
+      if (e.status == 429) {
+        res.set_header("Retry-After", "1");
+        ++s.counters_.rejected;
+        send(res, 429, anthropic ? anthropic::error_body(e) : error_body(e));
+        return false;
+      }
+      fail(res, e, anthropic);
+      return false;
+    }
+    ++s.counters_.requests;
+    call.id = *submitted;
+    s.wake_engine();
+    return true;
+  }
+
   void completion(const httplib::Request &req, httplib::Response &res, bool chat) {
     if (loading(res)) return;
     auto body = body_of(req, res);
@@ -239,40 +287,7 @@ struct Routes {
       if (auto e = parse_request(*body, chat, s.facts_, call->job)) return fail(res, *e);
     }
     if (auto e = attach_images(s.facts_, call->job)) return fail(res, *e);
-    const int32_t n = call->job.request.n;
-    call->channel = std::make_shared<Channel>(n);
-    for (int32_t c = 0; c < n; ++c)
-      call->outs.push_back(std::make_unique<ChoiceOutput>(*s.tokenizer_, chat && s.facts_.atem,
-                                                          call->job.tools, call->job.stop_strings,
-                                                          call->job.request.stop_tokens));
-    call->reasons.assign(size_t(n), engine::FinishReason::None);
-    for (int32_t c = 0; c < n; ++c) call->offsets.push_back(CompletionLogprobs{*s.tokenizer_, 0});
-    if (s.stopping_)
-      return fail(res,
-                  {503, "the server is shutting down", "", "shutting_down", "unavailable_error"});
-    {
-      auto channel = call->channel;
-      // Events come from step() on the engine thread (engine.h).
-      auto submitted =
-          s.engine_->submit(call->job.request, [this, channel](const engine::Event &e) {
-            if (!channel->push(e)) return;
-            std::lock_guard lock(s.stepped_mutex_);
-            if (s.stepped_.empty() || s.stepped_.back() != channel) s.stepped_.push_back(channel);
-          });
-      if (!submitted.ok()) {
-        // A full queue is a moment, not a mistake: 429 and when to come back.
-        const ApiError e = api_error(submitted.status());
-        if (e.status == 429) {
-          res.set_header("Retry-After", "1");
-          ++s.counters_.rejected;
-          return send(res, 429, error_body(e));
-        }
-        return fail(res, e);
-      }
-      ++s.counters_.requests;
-      call->id = *submitted;
-    }
-    s.wake_engine();
+    if (!submit(res, *call, chat && s.facts_.atem, false)) return;
     call->head = {(chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id), chat, now_seconds(),
                   s.options_.model_name};
     if (call->job.stream)
@@ -281,26 +296,33 @@ struct Routes {
       whole(req, res, call, chat);
   }
 
-  // Non-streaming: wait for every choice, then answer once. A client that goes away meanwhile
-  // cancels its request.
-  void whole(const httplib::Request &req, httplib::Response &res, const std::shared_ptr<Call> &call,
-             bool chat) {
+  // Waits for every choice's last event, applying each; false when the client went away (its
+  // request is then cancelled).
+  bool wait_all(const httplib::Request &req, Call &call) {
     const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
     std::vector<engine::Event> events;
     bool gone = false;
     Deadline check;
     for (;;) {
       events.clear();
-      const auto r = call->channel->pop_all(events, kPoll);
+      const auto r = call.channel->pop_all(events, kPoll);
       if (r == Channel::Pop::Done) break;
       if (!gone && check.due() && (peer_closed(sock) || s.stopping_)) {
         gone = true;
         if (!s.stopping_) ++s.counters_.disconnects;
-        cancel(call->id);
+        cancel(call.id);
       }
-      for (const engine::Event &e : events) apply(*call, e);
+      for (const engine::Event &e : events) apply(call, e);
     }
-    if (gone) return fail(res, {499, "the client closed the connection", "", "client_closed"});
+    return !gone;
+  }
+
+  // Non-streaming: wait for every choice, then answer once. A client that goes away meanwhile
+  // cancels its request.
+  void whole(const httplib::Request &req, httplib::Response &res, const std::shared_ptr<Call> &call,
+             bool chat) {
+    if (!wait_all(req, *call))
+      return fail(res, {499, "the client closed the connection", "", "client_closed"});
     bool all_failed = true;
     for (auto r : call->reasons) all_failed = all_failed && r == engine::FinishReason::Error;
     if (all_failed) return fail(res, {500, call->error, "", "engine_error", "server_error"});
@@ -371,6 +393,119 @@ struct Routes {
       if (call->job.include_usage) write(usage_chunk(call->head, usage(*call)));
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
+      sink.done();
+      ++s.counters_.completed;
+      return true;
+    });
+  }
+
+  // POST /v1/messages (Anthropic's Messages API) and /v1/messages/count_tokens.
+  void messages(const httplib::Request &req, httplib::Response &res, bool count_only) {
+    if (loading(res, true)) return;
+    auto body = body_of(req, res, true);
+    if (!body) return;
+    auto call = std::make_shared<Call>();
+    Job &job = call->job;
+    {
+      std::lock_guard lock(s.text_mutex_);
+      auto e = count_only ? anthropic::parse_count_tokens(*body, s.facts_, job)
+                          : anthropic::parse_messages(*body, s.facts_, job);
+      if (e) return fail(res, *e, true);
+    }
+    if (auto e = attach_images(s.facts_, job)) {
+      if (e->code == "context_length_exceeded")
+        e = anthropic::context_error(int64_t(job.request.prompt.size()), job.max_tokens_asked,
+                                     s.facts_.context);
+      return fail(res, *e, true);
+    }
+    if (count_only) return send(res, 200, {{"input_tokens", job.request.prompt.size()}});
+    job.request.report_admission = job.stream; // message_start tells the cache before the answer
+    if (!submit(res, *call, s.facts_.atem, true)) return;
+    const anthropic::MessageHead head{"msg_" + std::to_string(call->id), s.options_.model_name};
+    if (job.stream) return message_stream(req, res, call, head);
+    if (!wait_all(req, *call))
+      return fail(res, {499, "the client closed the connection", "", "client_closed"}, true);
+    if (call->reasons[0] == engine::FinishReason::Error)
+      return fail(res, {500, call->error, "", "engine_error", "api_error"}, true);
+    const ChoiceOutput &out = *call->outs[0];
+    anthropic::MessageBuilder blocks(std::to_string(call->id));
+    ChoiceOutput::Delta all;
+    all.reasoning = out.reasoning(), all.content = out.content();
+    for (json c : out.tool_calls()) all.tool_calls.push_back(std::move(c));
+    (void)blocks.add(all);
+    (void)blocks.close();
+    ++s.counters_.completed;
+    send(res, 200,
+         anthropic::message_body(
+             head, blocks.content(),
+             anthropic::stop_reason(out, call->reasons[0] == engine::FinishReason::Length),
+             out.stop_string(),
+             anthropic::usage(job.request.prompt.size(), call->cached, out.completion_tokens())));
+  }
+
+  // Anthropic's event grammar: message_start once the request is admitted (its cached prefix
+  // known) or after kStartWait, pings while nothing else is written, the blocks as they grow,
+  // message_delta with the cumulative usage, message_stop.
+  void message_stream(const httplib::Request &req, httplib::Response &res,
+                      const std::shared_ptr<Call> &call, const anthropic::MessageHead &head) {
+    res.set_header("Cache-Control", "no-cache");
+    const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
+    res.set_chunked_content_provider("text/event-stream", [this, call, head,
+                                                           sock](size_t, httplib::DataSink &sink) {
+      using Clock = std::chrono::steady_clock;
+      constexpr auto kStartWait = std::chrono::seconds(2), kPingEvery = std::chrono::seconds(5);
+      auto last_write = Clock::now();
+      const auto began = last_write;
+      auto write = [&](const anthropic::Event &e) {
+        const std::string text = anthropic::sse(e);
+        last_write = Clock::now();
+        return sink.write(text.data(), text.size());
+      };
+      auto gone = [&] {
+        if (!s.stopping_) ++s.counters_.disconnects;
+        cancel(call->id);
+        return false;
+      };
+      const size_t prompt = call->job.request.prompt.size();
+      bool started = false;
+      auto start = [&](int cached) {
+        started = true;
+        return write(anthropic::message_start(head, anthropic::usage(prompt, cached, 0))) &&
+               write(anthropic::ping());
+      };
+      anthropic::MessageBuilder blocks(std::to_string(call->id));
+      std::vector<engine::Event> events;
+      Deadline check;
+      for (;;) {
+        events.clear();
+        const auto r = call->channel->pop_all(events, kPoll);
+        if (r == Channel::Pop::Done) break;
+        if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
+        bool ok = true;
+        if (!started && (!events.empty() || Clock::now() - began >= kStartWait))
+          ok = start(events.empty() ? 0 : events.front().cached_tokens);
+        ChoiceOutput::Delta delta;
+        for (const engine::Event &e : events) {
+          delta.append(apply(*call, e));
+          if (e.finish == engine::FinishReason::None) continue;
+          for (const auto &ev : blocks.add(delta)) ok = ok && write(ev);
+          delta = {};
+          if (e.finish == engine::FinishReason::Error) {
+            ok = ok && write({"error", anthropic::error_body({500, e.error, "", "", "api_error"})});
+            continue;
+          }
+          for (const auto &ev : blocks.close()) ok = ok && write(ev);
+          const ChoiceOutput &out = *call->outs[0];
+          for (const auto &ev : anthropic::message_end(
+                   anthropic::stop_reason(out, e.finish == engine::FinishReason::Length),
+                   out.stop_string(),
+                   anthropic::usage(prompt, call->cached, out.completion_tokens())))
+            ok = ok && write(ev);
+        }
+        for (const auto &ev : blocks.add(delta)) ok = ok && write(ev);
+        if (started && Clock::now() - last_write >= kPingEvery) ok = ok && write(anthropic::ping());
+        if (!ok) return gone();
+      }
       sink.done();
       ++s.counters_.completed;
       return true;
@@ -668,23 +803,27 @@ void Server::routes() {
   http.set_pre_routing_handler([this](const httplib::Request &req, httplib::Response &res) {
     if (!options_.cors_origin.empty()) {
       res.set_header("Access-Control-Allow-Origin", options_.cors_origin);
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Allow-Headers",
+                     "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
       res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     }
     if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
       return httplib::Server::HandlerResponse::Unhandled;
+    // Bearer (OpenAI's clients) or x-api-key (Anthropic's).
     const std::string auth = req.get_header_value("Authorization");
+    const std::string x_api_key = req.get_header_value("x-api-key");
     const std::string prefix = "Bearer ";
-    const std::string given = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : "";
+    const std::string given = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : x_api_key;
     if (constant_time_equal(given, options_.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     ++counters_.unauthorized;
     res.set_header("WWW-Authenticate", "Bearer");
-    send(res, 401,
-         error_body({401,
-                     auth.empty() ? "an API key is required: Authorization: Bearer <key>"
-                                  : "the API key is not valid",
-                     "", "invalid_api_key"}));
+    const ApiError e{401,
+                     auth.empty() && x_api_key.empty()
+                         ? "an API key is required: Authorization: Bearer <key> or x-api-key"
+                         : "the API key is not valid",
+                     "", "invalid_api_key"};
+    send(res, 401, is_anthropic_route(req.path) ? anthropic::error_body(e) : error_body(e));
     return httplib::Server::HandlerResponse::Handled;
   });
   if (!options_.cors_origin.empty())
@@ -701,12 +840,17 @@ void Server::routes() {
   });
   http.Get("/v1/models", [this, r](const httplib::Request &, httplib::Response &res) {
     if (r->loading(res)) return;
+    // The id first, then every other name the model answers to (patterns as given).
+    json aliases = json::array();
+    for (const std::string &n : options_.model_aliases)
+      if (n != options_.model_name) aliases.push_back(n);
     send(res, 200,
          {{"object", "list"},
           {"data", json::array({{{"id", options_.model_name},
                                  {"object", "model"},
                                  {"owned_by", "offgraph"},
                                  {"created", now_seconds()},
+                                 {"aliases", aliases},
                                  {"meta",
                                   {{"n_ctx", facts_.context},
                                    {"n_vocab", facts_.n_vocab},
@@ -718,6 +862,12 @@ void Server::routes() {
   http.Post("/v1/completions", [r](const httplib::Request &req, httplib::Response &res) {
     r->completion(req, res, false);
   });
+  http.Post("/v1/messages", [r](const httplib::Request &req, httplib::Response &res) {
+    r->messages(req, res, false);
+  });
+  http.Post("/v1/messages/count_tokens", [r](const httplib::Request &req, httplib::Response &res) {
+    r->messages(req, res, true);
+  });
   http.Post("/tokenize",
             [r](const httplib::Request &req, httplib::Response &res) { r->tokenize(req, res); });
   http.Post("/detokenize",
@@ -727,24 +877,24 @@ void Server::routes() {
   });
 
   // httplib's own refusals (no route, body too large, ...) get a JSON body that says why.
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request &req, httplib::Response &res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        ApiError e{res.status, "HTTP " + std::to_string(res.status), "", ""};
-        if (res.status == 404)
-          e = {404, "no route " + req.method + " " + req.path, "", "not_found"};
-        if (res.status == 413)
-          e = {413,
-               "the request body is larger than the limit of " +
-                   std::to_string(options_.max_body_bytes) + " bytes",
-               "", "body_too_large"};
-        if (res.status == 405) e = {405, req.method + " is not allowed on " + req.path, "", ""};
-        (e.status >= 500 ? counters_.server_errors : counters_.client_errors)++;
-        res.set_content(dump(error_body(e)), "application/json");
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request &req,
+                                                                     httplib::Response &res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e{res.status, "HTTP " + std::to_string(res.status), "", ""};
+    if (res.status == 404) e = {404, "no route " + req.method + " " + req.path, "", "not_found"};
+    if (res.status == 413)
+      e = {413,
+           "the request body is larger than the limit of " +
+               std::to_string(options_.max_body_bytes) + " bytes",
+           "", "body_too_large"};
+    if (res.status == 405) e = {405, req.method + " is not allowed on " + req.path, "", ""};
+    (e.status >= 500 ? counters_.server_errors : counters_.client_errors)++;
+    res.set_content(dump(is_anthropic_route(req.path) ? anthropic::error_body(e) : error_body(e)),
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   http.set_exception_handler(
-      [this](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+      [this](const httplib::Request &req, httplib::Response &res, std::exception_ptr ep) {
         std::string what = "internal error";
         try {
           if (ep) std::rethrow_exception(ep);
@@ -753,7 +903,8 @@ void Server::routes() {
         } catch (...) {
         }
         ++counters_.server_errors;
-        send(res, 500, error_body({500, what, "", "internal_error", "server_error"}));
+        const ApiError e{500, what, "", "internal_error", "server_error"};
+        send(res, 500, is_anthropic_route(req.path) ? anthropic::error_body(e) : error_body(e));
       });
 }
 

@@ -49,9 +49,8 @@ ApiError bad(const std::string &param, const std::string &message,
 
 bool given(const json &body, const char *key) { return body.contains(key) && !body[key].is_null(); }
 
-std::optional<ApiError> read_response_format(const json &body, text::AtemTurnSpec &spec) {
-  if (!given(body, "response_format")) return std::nullopt;
-  const json &rf = body["response_format"];
+std::optional<ApiError> read_response_format(const json &rf, text::AtemTurnSpec &spec) {
+  if (rf.is_null()) return std::nullopt;
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
     return bad("response_format", "'response_format' must be an object with a 'type'",
                "invalid_type");
@@ -102,11 +101,10 @@ std::optional<ApiError> read_response_format(const json &body, text::AtemTurnSpe
   return std::nullopt;
 }
 
-std::optional<ApiError> read_grammar(const json &body, const ModelFacts &facts,
+std::optional<ApiError> read_grammar(const json &grammar, const ModelFacts &facts,
                                      text::AtemTurnSpec &spec) {
-  if (!given(body, "grammar")) return std::nullopt;
-  if (!body["grammar"].is_string())
-    return bad("grammar", "'grammar' must be GBNF text", "invalid_type");
+  if (grammar.is_null()) return std::nullopt;
+  if (!grammar.is_string()) return bad("grammar", "'grammar' must be GBNF text", "invalid_type");
   if (spec.content != Content::kText)
     return bad("grammar", "'grammar' and 'response_format' cannot both constrain the answer");
   const text::Tokenizer &t = *facts.tokenizer;
@@ -118,18 +116,17 @@ std::optional<ApiError> read_grammar(const json &body, const ModelFacts &facts,
     if (auto id = t.find_token(ref); id && t.is_control(*id)) return id;
     return std::nullopt;
   };
-  auto g = sample::parse_gbnf(body["grammar"].get<std::string>(), options);
+  auto g = sample::parse_gbnf(grammar.get<std::string>(), options);
   if (!g.ok()) return bad("grammar", "'grammar': " + g.message(), "invalid_grammar");
   spec.grammar = std::move(g).value();
   spec.content = Content::kGrammar;
   return std::nullopt;
 }
 
-std::optional<ApiError> read_tools(const OutputShape &shape, text::AtemTurnSpec &spec,
-                                   bool &strict_any) {
-  if (!shape.tools) return std::nullopt;
-  for (size_t i = 0; i < shape.tools->size(); ++i) {
-    const json &fn = (*shape.tools)[i]["function"];
+std::optional<ApiError> read_tools(const json &tools, const Conversation &conv,
+                                   text::AtemTurnSpec &spec, bool &strict_any) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json &fn = tools[i]["function"];
     const std::string name = fn["name"];
     const bool strict_given = fn.contains("strict") && !fn["strict"].is_null();
     if (strict_given && !fn["strict"].is_boolean())
@@ -137,7 +134,7 @@ std::optional<ApiError> read_tools(const OutputShape &shape, text::AtemTurnSpec 
                  "invalid_type");
     const bool strict = strict_given && fn["strict"] == true;
     strict_any |= strict;
-    if (shape.tool_choice == "named" && name != shape.named) continue;
+    if (conv.tool_choice == "named" && name != conv.named_tool) continue;
     spec.tools.push_back({name, fn["parameters"], strict});
   }
   return std::nullopt;
@@ -163,21 +160,22 @@ std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<boo
   });
 }
 
-std::optional<ApiError> parse_structured(const json &body, bool chat, const ModelFacts &facts,
-                                         const OutputShape &shape, Job &job) {
+std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
+                                         const ModelFacts &facts, Job &job) {
   text::AtemTurnSpec spec;
-  if (auto e = read_response_format(body, spec)) return e;
-  if (auto e = read_grammar(body, facts, spec)) return e;
+  if (auto e = read_response_format(conv.response_format, spec)) {
+    if (e->param.rfind("response_format", 0) == 0) // in the API's own name
+      e->param = conv.format_field + e->param.substr(std::string("response_format").size());
+    return e;
+  }
+  if (auto e = read_grammar(conv.grammar, facts, spec)) return e;
   bool strict_any = false;
+  const json &tools = job.tools;
   if (chat)
-    if (auto e = read_tools(shape, spec, strict_any)) return e;
-  const bool forced = chat && (shape.tool_choice == "required" || shape.tool_choice == "named");
-  if (given(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
-    return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false",
-               "invalid_type");
+    if (auto e = read_tools(tools, conv, spec, strict_any)) return e;
+  const bool forced = chat && (conv.tool_choice == "required" || conv.tool_choice == "named");
   // One call at most: enforced by the grammar, so it makes one.
-  const bool single = chat && shape.tools && !shape.tools->empty() &&
-                      given(body, "parallel_tool_calls") && body["parallel_tool_calls"] == false;
+  const bool single = chat && !tools.empty() && conv.parallel_tool_calls == false;
   spec.parallel_calls = !single;
   if (spec.content == Content::kText && !strict_any && !forced && !single) return std::nullopt;
   if (!facts.vocabulary) return ApiError{500, "no grammar vocabulary", "", "internal_error"};
@@ -195,18 +193,17 @@ std::optional<ApiError> parse_structured(const json &body, bool chat, const Mode
                           "format",
                "unsupported");
   // The key is everything the grammar is built from.
-  json key = {
-      {"atem", atem},
-      {"response_format", given(body, "response_format") ? body["response_format"] : json()},
-      {"grammar", given(body, "grammar") ? body["grammar"] : json()},
-      {"stop", job.request.stop_tokens}};
+  json key = {{"atem", atem},
+              {"response_format", conv.response_format},
+              {"grammar", conv.grammar},
+              {"stop", job.request.stop_tokens}};
   if (atem) {
     key["tools"] = json::array();
     for (const auto &t : spec.tools)
       key["tools"].push_back({t.name, t.strict, t.strict ? t.parameters : json()});
     key["answer"] = !forced;
     key["parallel"] = spec.parallel_calls;
-    key["reasoning"] = !(given(body, "reasoning_effort") && body["reasoning_effort"] == "none");
+    key["reasoning"] = conv.reasoning_effort != "none";
   }
   const std::string k = key.dump();
   if (auto hit = facts.grammars ? facts.grammars->find(k) : nullptr) {
@@ -215,7 +212,7 @@ std::optional<ApiError> parse_structured(const json &body, bool chat, const Mode
   }
   spec.answer = !forced;
   // The model has no "off" (MUSE_GLIMMER.md section 10); under a grammar, none can be enforced.
-  spec.reasoning = !(given(body, "reasoning_effort") && body["reasoning_effort"] == "none");
+  spec.reasoning = conv.reasoning_effort != "none";
   auto grammar =
       atem ? text::atem_turn_grammar(*facts.tokenizer, spec) : text::plain_answer_grammar(spec);
   if (!grammar.ok()) {

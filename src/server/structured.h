@@ -19,6 +19,7 @@ namespace offgraph::server {
 struct ApiError;
 struct ModelFacts;
 struct Job;
+struct Conversation;
 
 // Compiled grammars by key, least recently used dropped first. Thread-safe.
 class GrammarCache {
@@ -36,14 +37,6 @@ private:
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
 };
 
-// What the request asks of its output's shape. `tools` are the request's tools after tool_choice
-// (none: empty); `tool_choice` is auto, none, required or named (then `named` is the tool).
-struct OutputShape {
-  const nlohmann::ordered_json *tools = nullptr;
-  std::string tool_choice = "auto";
-  std::string named;
-};
-
 // Makes, on a thread of its own, the mask tables most constrained answers reach (JSON strings,
 // numbers and whitespace; on ATEM models also the free text of reasoning and the escaped JSON of
 // answers), so that the first such request does not pay their full-vocabulary walks on the
@@ -52,11 +45,13 @@ struct OutputShape {
 // (a bug in the samples) is written to stderr.
 std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<bool> &cancel);
 
-// Sets job.request.grammar when the body asks for a constrained answer. Errors: 400 naming the
-// field, with code invalid_json_schema for a schema that cannot be enforced and invalid_grammar
-// for bad GBNF.
-std::optional<ApiError> parse_structured(const nlohmann::ordered_json &body, bool chat,
-                                         const ModelFacts &facts, const OutputShape &shape,
-                                         Job &job);
+// Sets job.request.grammar when the conversation asks for a constrained answer: its
+// response_format, grammar, parallel_tool_calls, tool_choice and reasoning effort, and the strict
+// ones among job.tools (the tools the answer may call, after tool_choice). `chat` false: only
+// response_format and grammar count (a completion's whole text). Errors: 400 naming the field,
+// with code invalid_json_schema for a schema that cannot be enforced and invalid_grammar for bad
+// GBNF.
+std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
+                                         const ModelFacts &facts, Job &job);
 
 } // namespace offgraph::server

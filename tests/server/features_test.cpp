@@ -104,21 +104,23 @@ TEST(ServerFeatures, ChoicesForkThePromptOnce) {
   EXPECT_EQ(content[1], b["choices"][1]["message"]["content"]);
 }
 
+// Strict, with enums: a random model's forced call then always completes within the tokens the
+// tests give it (a free string argument may run past max_tokens, and a cut call is no call).
 json weather_tools() {
-  return json::array(
-      {{{"type", "function"},
-        {"function",
-         {{"name", "get_weather"},
-          {"description", "Weather of a city"},
-          {"parameters",
-           {{"type", "object"},
-            {"properties", {{"city", {{"type", "string"}}}}},
-            {"required", {"city"}}}}}}},
-       {{"type", "function"},
-        {"function",
-         {{"name", "get_time"},
-          {"parameters",
-           {{"type", "object"}, {"properties", {{"zone", {{"type", "string"}}}}}}}}}}});
+  auto strict = [](const char *name, const char *param, json values) {
+    return json{{"type", "function"},
+                {"function",
+                 {{"name", name},
+                  {"description", "Weather of a city"},
+                  {"strict", true},
+                  {"parameters",
+                   {{"type", "object"},
+                    {"properties", {{param, {{"type", "string"}, {"enum", values}}}}},
+                    {"required", {param}},
+                    {"additionalProperties", false}}}}}};
+  };
+  return json::array({strict("get_weather", "city", {"Paris", "Oslo"}),
+                      strict("get_time", "zone", {"UTC", "CET"})});
 }
 
 // tool_choice: a named tool is called whatever the (random) model would rather write; required
@@ -128,7 +130,8 @@ TEST(ServerFeatures, ToolChoiceNamedRequiredAndNone) {
   // A random model at temperature 1 spells the forced header in any pieces the grammar allows.
   json req = chat(120, "What's the weather in Paris?");
   req["tools"] = weather_tools();
-  req["reasoning_effort"] = "none"; // the call at once: under a grammar, no reasoning first
+  req["reasoning_effort"] = "none";   // the call at once: under a grammar, no reasoning first
+  req["parallel_tool_calls"] = false; // one call, then the turn ends (not cut by max_tokens)
   for (int seed = 0; seed < 3; ++seed) {
     req["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
     req["temperature"] = 1.0, req["seed"] = seed;

@@ -20,7 +20,11 @@ const tools = [
     function: {
       name: 'get_weather',
       description: 'Weather of a city',
-      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+      // Strict, the city one of a few: the forced call completes within max_tokens (a call cut
+      // short is reported as a cut, finish_reason "length", never as a call).
+      strict: true,
+      parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Oslo', 'Paris'] } },
+        required: ['city'], additionalProperties: false },
     },
   },
 ];
@@ -79,7 +83,7 @@ const checks = [
     const r = await client.chat.completions.create({
       model: 'openai-test', messages: [{ role: 'user', content: 'Weather in Oslo?' }],
       tools, tool_choice: { type: 'function', function: { name: 'get_weather' } },
-      max_tokens: 24, temperature: 0, reasoning_effort: 'none',
+      max_tokens: 80, temperature: 0, reasoning_effort: 'none', parallel_tool_calls: false,
     });
     const call = r.choices[0].message.tool_calls[0];
     assert.equal(call.type, 'function');
@@ -90,8 +94,8 @@ const checks = [
   ['tool call, streamed, and a tool result sent back', async () => {
     const stream = await client.chat.completions.create({
       model: 'openai-test', messages: [{ role: 'user', content: 'Weather in Oslo?' }],
-      tools, tool_choice: 'required', max_tokens: 24, temperature: 0, stream: true,
-      reasoning_effort: 'none',
+      tools, tool_choice: 'required', max_tokens: 80, temperature: 0, stream: true,
+      reasoning_effort: 'none', parallel_tool_calls: false,
     });
     let name = '', args = '', id = '';
     for await (const chunk of stream) {

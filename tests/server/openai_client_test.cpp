@@ -95,5 +95,26 @@ TEST(OpenAiClient, OfficialNpmClientSendsAnImage) {
   fs::remove(photo);
 }
 
+// Anthropic's own SDK against the Messages API: create, stream accumulated, a forced tool call
+// whose input validates and its tool_result turn, countTokens against the usage of the answer,
+// stop sequences, errors.
+TEST(AnthropicClient, OfficialSdkDrivesTheMessagesApi) {
+  const std::string npm_dir = npm_client_dir();
+  ASSERT_FALSE(npm_dir.empty());
+  const std::string path = make_model(16, 8, "anthropic");
+  auto model = std::move(model::Model::load(path)).value();
+  ServerOptions so = opts("anthropic-test");
+  so.api_key = "sk-ant-offgraph-test";
+  Running run(*model, small_engine(1024), so);
+  auto [status, out] = run_command("node " + std::string(OFFGRAPH_SOURCE_DIR) +
+                                   "/tests/server/anthropic_client.cjs " + npm_dir +
+                                   " http://127.0.0.1:" + std::to_string(run.server->port()) + " " +
+                                   so.api_key + " anthropic-test");
+  std::printf("%s", out.c_str());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("7 of 7 checks passed"), std::string::npos);
+  fs::remove(path);
+}
+
 } // namespace
 } // namespace offgraph::server::testing

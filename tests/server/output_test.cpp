@@ -69,7 +69,8 @@ TEST(OutputShapes, ToolCallsAndTheirStreamedDeltas) {
                      "</atem:function_calls><|eot|>",
                      true);
   EXPECT_EQ(finish_reason(*f.out, false), "tool_calls");
-  EXPECT_EQ(finish_reason(*f.out, true), "tool_calls"); // calls were made: not "length"
+  // Cut by max_tokens after its calls: a cut all the same (the answer may have gone on).
+  EXPECT_EQ(finish_reason(*f.out, true), "length");
   EXPECT_EQ(f.out->tool_calls().dump(),
             R"([{"id":"call_0","type":"function","function":{"name":"get_weather",)"
             R"("arguments":"{\"city\":\"Lyon\",\"days\":3}"}}])");
