@@ -248,6 +248,38 @@ def request_seeds():
     seeds["not_json"] = b"\0" + b'{"messages": [{"role": "user", "content": "a"'
     seeds["deep"] = b"\0" + b"[" * 70
     seeds["escapes"] = b"\0" + b'{"messages": [{"role": "user", "content": "\\u00e9\\ud83c\\udf89\\u0000"}]}'
+    # Mode byte 2: Anthropic's Messages API; 6: its count_tokens.
+    weather = {"name": "get_weather", "description": "Weather", "strict": True,
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"], "additionalProperties": False}}
+    messages = {
+        "hello": {"model": "offgraph", "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]},
+        "agent": {"model": "offgraph", "max_tokens": 64, "stream": True, "temperature": 0.5,
+                  "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"},
+                             {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+                  "tools": [weather, dict(weather, name="later", defer_loading=True)],
+                  "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+                  "thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "max"},
+                  "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                  "metadata": {"user_id": "u"}, "stop_sequences": ["END"],
+                  "messages": [{"role": "user", "content": "Weather?"},
+                               {"role": "assistant", "content": [
+                                   {"type": "thinking", "thinking": "Ask.", "signature": "s"},
+                                   {"type": "text", "text": "Checking."},
+                                   {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                               {"role": "user", "content": [
+                                   {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                    "content": [{"type": "text", "text": "timeout"}]},
+                                   {"type": "text", "text": "Try again"}]},
+                               {"role": "system", "content": "Answer in French."}]},
+        "format": {"model": "offgraph", "max_tokens": 16, "messages": [{"role": "user", "content": "JSON"}],
+                   "thinking": {"type": "enabled", "budget_tokens": 1024},
+                   "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+        "bad": {"max_tokens": "x", "messages": [{"role": "tool", "content": 5}], "tools": [{"type": "bash_20250124"}]},
+    }
+    for name, body in messages.items():
+        seeds["messages_" + name] = b"\2" + json.dumps(body, ensure_ascii=False).encode()
+    seeds["count_tokens"] = b"\6" + json.dumps({"model": "offgraph", "messages": [{"role": "user", "content": "Hi"}]}).encode()
     return seeds
 
 

@@ -1,5 +1,6 @@
 // Request JSON to engine parameters: the server's own parsing (server/api.h: parse_body, then
-// parse_request for /v1/chat/completions or /v1/completions) on arbitrary bodies, with the Muse
+// parse_request for /v1/chat/completions or /v1/completions; server/anthropic.h for
+// /v1/messages and /v1/messages/count_tokens: mode bits 1 and 2) on arbitrary bodies, with the Muse
 // Glimmer vocabulary and template. Properties: no crash or hang; a refusal has a message, an HTTP
 // status in 400..599 and an error body that serializes; an accepted request is one the engine
 // can run as is: prompt ids in the vocabulary, 1 <= max_tokens, prompt + max_tokens within the
@@ -8,6 +9,7 @@
 #include "muse_fixture.h"
 
 #include "sample/sampler.h"
+#include "server/anthropic.h"
 #include "server/api.h"
 #include "text/atem/atem_grammar.h"
 
@@ -52,7 +54,8 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const Fixture &f = fixture();
   fuzz::Input in(data, size);
-  const bool chat = !(in.byte() & 1);
+  const uint8_t mode = in.byte();
+  const bool chat = !(mode & 1), anthropic = mode & 2, count_only = mode & 4;
   const std::string text = in.rest();
 
   auto refused = [](const server::ApiError &e) {
@@ -67,9 +70,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   server::Job job;
-  std::optional<server::ApiError> bad_request = server::parse_request(body, chat, f.facts, job);
+  std::optional<server::ApiError> bad_request =
+      !anthropic   ? server::parse_request(body, chat, f.facts, job)
+      : count_only ? server::anthropic::parse_count_tokens(body, f.facts, job)
+                   : server::anthropic::parse_messages(body, f.facts, job);
   if (bad_request) {
     refused(*bad_request);
+    (void)server::anthropic::error_body(*bad_request).dump(
+        -1, ' ', false, server::json::error_handler_t::replace);
+    return 0;
+  }
+  if (anthropic && count_only) {
+    FUZZ_CHECK(!job.request.prompt.empty(), "an empty prompt was counted");
+    FUZZ_CHECK(int64_t(job.request.prompt.size()) < f.facts.context, "a count over the context");
     return 0;
   }
   const engine::Request &r = job.request;
