@@ -33,6 +33,8 @@ std::function<int()> add_serve(CLI::App &app) {
         max_tokens = 0;
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 0;
     int max_images = 8;
+    int responses_store = 64;
+    bool drop_hosted_tools = false;
     ImageFlags images;
     bool no_prefix_reuse = false;
     SpeculationFlags spec;
@@ -84,6 +86,14 @@ std::function<int()> add_serve(CLI::App &app) {
                   "KV memory in all; requests wait until theirs fits (0: no limit)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
+  cmd->add_option("--responses-store", o->responses_store,
+                  "Responses API: responses kept in memory for previous_response_id and GET "
+                  "/v1/responses/{id}, least recently used dropped first (0: none; store: true "
+                  "is then refused)")
+      ->capture_default_str();
+  cmd->add_flag("--drop-hosted-tools", o->drop_hosted_tools,
+                "Responses API: leave hosted tools (web_search, file_search, ...) out of requests "
+                "instead of refusing them; each answer names them in X-Offgraph-Dropped-Tools");
   cmd->add_option(
          "--snapshot-every", o->snapshot_every,
          "also keep a ring snapshot every N prompt tokens, and at the end of each "
@@ -141,6 +151,9 @@ std::function<int()> add_serve(CLI::App &app) {
     so.max_tokens_cap = o->max_tokens;
     so.max_body_bytes = size_t(o->max_body_mib * 1024 * 1024);
     so.max_images = o->max_images;
+    if (o->responses_store < 0) return fail("--responses-store must not be negative");
+    so.responses_store = size_t(o->responses_store);
+    so.drop_hosted_tools = o->drop_hosted_tools;
     auto s = server::Server::create_loading(so);
     if (!s.ok()) return fail(s.message());
     // Listening first: /health says 503 while the model loads.

@@ -45,6 +45,12 @@ ApiError bad(const std::string &param, const std::string &message,
 
 bool given(const json &body, const char *key) { return body.contains(key) && !body[key].is_null(); }
 
+// A string field, or "" when absent or of another type (nlohmann's value() throws on a type it
+// did not expect, and bodies are the client's).
+std::string str(const json &j, const char *key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
 // Top-level fields each route takes; anything else is refused by name (Anthropic refuses unknown
 // fields too). metadata and service_tier change nothing an answer holds on one server.
 const std::set<std::string> kMessageFields = {
@@ -84,7 +90,7 @@ std::optional<ApiError> read_image_block(const json &block, const std::string &w
   if (!given(block, "source") || !block["source"].is_object())
     return bad(where + ".source", where + ".source: Field required", "invalid_type");
   const json &src = block["source"];
-  const std::string type = src.value("type", "");
+  const std::string type = str(src, "type");
   if (type != "base64")
     return bad(where + ".source.type",
                where + ".source.type: '" + type +
@@ -116,10 +122,10 @@ std::optional<ApiError> read_tool_result(const json &block, const std::string &w
                where + ".tool_use_id: '" + id +
                    "' answers no tool_use block of an earlier assistant message");
   json parts = json::array();
-  if (block.value("is_error", false) == true)
-    parts.push_back({{"type", "text"}, {"text", "Error: "}});
   if (given(block, "is_error") && !block["is_error"].is_boolean())
     return bad(where + ".is_error", where + ".is_error must be a boolean", "invalid_type");
+  if (given(block, "is_error") && block["is_error"] == true)
+    parts.push_back({{"type", "text"}, {"text", "Error: "}});
   if (given(block, "content")) {
     const json &c = block["content"];
     if (c.is_string()) {
@@ -128,11 +134,10 @@ std::optional<ApiError> read_tool_result(const json &block, const std::string &w
       size_t k = 0;
       for (const json &b : c) {
         const std::string at = where + ".content[" + std::to_string(k++) + "]";
-        if (!b.is_object() || b.value("type", "") != "text")
-          return bad(at,
-                     at + ": tool results hold text blocks only here (type '" +
-                         (b.is_object() ? b.value("type", "") : std::string()) + "')",
-                     "unsupported");
+        if (str(b, "type") != "text")
+          return bad(
+              at, at + ": tool results hold text blocks only here (type '" + str(b, "type") + "')",
+              "unsupported");
         json part;
         if (auto e = read_text_block(b, at, part)) return e;
         parts.push_back(part);
@@ -235,6 +240,8 @@ std::optional<ApiError> read_assistant(const json &content, const std::string &w
   return std::nullopt;
 }
 
+constexpr const char *kBillingHeader = "x-anthropic-billing-header:";
+
 std::optional<ApiError> read_system(const json &body, Conversation &conv) {
   if (!given(body, "system")) return std::nullopt;
   const json &s = body["system"];
@@ -250,10 +257,14 @@ std::optional<ApiError> read_system(const json &body, Conversation &conv) {
   size_t k = 0;
   for (const json &block : s) {
     const std::string at = "system[" + std::to_string(k++) + "]";
-    if (!block.is_object() || block.value("type", "") != "text")
+    if (str(block, "type") != "text")
       return bad(at, at + ": system blocks must be text blocks", "invalid_type");
     json part;
     if (auto e = read_text_block(block, at, part)) return e;
+    // Claude Code's attribution line (its version and entry point, for Anthropic's billing) is
+    // metadata, not an instruction: left out, so that it never splits the prefix two sessions
+    // or two versions share.
+    if (part["text"].get<std::string>().rfind(kBillingHeader, 0) == 0) continue;
     parts.push_back(part);
   }
   if (!parts.empty()) conv.messages.push_back({{"role", "system"}, {"content", parts}});
@@ -288,7 +299,7 @@ std::optional<ApiError> read_messages(const json &body, const ModelFacts &facts,
       for (const json &block : content) {
         const std::string at = where + ".content[" + std::to_string(k++) + "]";
         json part;
-        if (!block.is_object() || block.value("type", "") != "text")
+        if (str(block, "type") != "text")
           return bad(at, at + ": system messages hold text blocks", "invalid_type");
         if (auto e = read_text_block(block, at, part)) return e;
         parts.push_back(part);
@@ -299,6 +310,19 @@ std::optional<ApiError> read_messages(const json &body, const ModelFacts &facts,
                  where + ".role: '" + role + "' is not one of user, assistant, system");
     }
   }
+  return std::nullopt;
+}
+
+// A last assistant message asks the model to continue it (Anthropic's prefill), which the chat
+// template cannot render (it closes every message it writes): refused, not answered as a new
+// turn.
+std::optional<ApiError> refuse_prefill(const Conversation &conv) {
+  const json &m = conv.messages;
+  if (!m.empty() && m.back()["role"] == "assistant" && !m.back().contains("tool_calls"))
+    return bad("messages",
+               "messages: a final assistant message (prefill) is not supported: the "
+               "answer would start a new turn instead of continuing it",
+               "unsupported");
   return std::nullopt;
 }
 
@@ -330,7 +354,7 @@ std::optional<ApiError> read_tools(const json &body, Conversation &conv) {
       return bad(at + ".defer_loading", at + ".defer_loading must be a boolean", "invalid_type");
     // A deferred tool is not shown to the model until a tool search finds it, which happens on
     // Anthropic's side; here nothing finds it, so it stays out of the prompt.
-    if (t.value("defer_loading", false)) continue;
+    if (given(t, "defer_loading") && t["defer_loading"] == true) continue;
     json fn = {{"name", t["name"]},
                {"description", given(t, "description") ? t["description"] : json("")},
                {"parameters", t["input_schema"]}};
@@ -374,8 +398,13 @@ std::optional<ApiError> read_tool_choice(const json &body, Conversation &conv) {
 // thinking and output_config.effort to the model's reasoning strength: thinking disabled is the
 // least the model allows (it always reasons: under a grammar, none), a budget picks the level its
 // size suggests, output_config.effort names it (max is the highest).
-std::optional<ApiError> read_reasoning(const json &body, int32_t max_tokens, Conversation &conv) {
+std::optional<ApiError> read_reasoning(const json &body, int32_t max_tokens, Conversation &conv,
+                                       Job *job) {
   std::string effort = "high";
+  // Thinking blocks are answered only to a request that asks for thinking, as Anthropic does:
+  // clients without it read content[0] as the text. The model reasons either way.
+  if (job)
+    job->show_reasoning = given(body, "thinking") && str(body["thinking"], "type") != "disabled";
   if (given(body, "thinking")) {
     const json &t = body["thinking"];
     if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
@@ -426,7 +455,7 @@ std::optional<ApiError> read_reasoning(const json &body, int32_t max_tokens, Con
     }
     if (given(oc, "format")) {
       const json &f = oc["format"];
-      if (!f.is_object() || f.value("type", "") != "json_schema" || !given(f, "schema"))
+      if (str(f, "type") != "json_schema" || !given(f, "schema"))
         return bad("output_config.format",
                    "output_config.format: must be {\"type\": \"json_schema\", \"schema\": {...}}",
                    "invalid_type");
@@ -458,7 +487,7 @@ std::optional<ApiError> read_context_management(const json &body) {
   size_t i = 0;
   for (const json &edit : cm["edits"]) {
     const std::string at = "context_management.edits[" + std::to_string(i++) + "]";
-    const std::string type = edit.is_object() ? edit.value("type", "") : "";
+    const std::string type = str(edit, "type");
     const bool keep_all = edit.is_object() && edit.contains("keep") && edit["keep"] == "all";
     if (type.rfind("clear_thinking_", 0) == 0 && keep_all) continue;
     return bad(at,
@@ -476,9 +505,10 @@ std::optional<ApiError> read_conversation(const json &body, const ModelFacts &fa
   if (auto e = read_context_management(body)) return e;
   if (auto e = read_system(body, conv)) return e;
   if (auto e = read_messages(body, facts, job, conv)) return e;
+  if (auto e = refuse_prefill(conv)) return e;
   if (auto e = read_tools(body, conv)) return e;
   if (auto e = read_tool_choice(body, conv)) return e;
-  return read_reasoning(body, max_tokens, conv);
+  return read_reasoning(body, max_tokens, conv, job);
 }
 
 } // namespace
@@ -540,7 +570,11 @@ std::optional<ApiError> parse_messages(const json &body, const ModelFacts &facts
     sampling["stop"] = body["stop_sequences"];
   }
   int32_t max_tokens = -1;
-  if (auto e = parse_sampling(sampling, facts, job, max_tokens, false)) {
+  // Where the only cap is the context, a max_tokens over it is answered in the words clients act
+  // on ("input length and `max_tokens` exceed context limit", below), not as a range error.
+  ModelFacts uncapped = facts;
+  if (uncapped.max_tokens_cap >= uncapped.context) uncapped.max_tokens_cap = INT32_MAX / 2;
+  if (auto e = parse_sampling(sampling, uncapped, job, max_tokens, false)) {
     if (e->param == "stop") e->param = "stop_sequences";
     e->message = (e->param.empty() ? "" : e->param + ": ") + e->message;
     return e;
@@ -561,10 +595,8 @@ std::optional<ApiError> parse_count_tokens(const json &body, const ModelFacts &f
   Conversation conv;
   if (auto e = read_conversation(body, facts, &job, -1, conv)) return e;
   job.max_tokens_asked = 0; // counted, not answered: the prompt may fill the context
-  if (auto e = build_chat_job(conv, facts, job)) {
-    if (e->code == "context_length_exceeded") return overflow(job, facts);
-    return e;
-  }
+  if (auto e = build_chat_job(conv, facts, job))
+    if (e->code != "context_length_exceeded") return e; // a prompt over the context: counted too
   return std::nullopt;
 }
 
@@ -625,7 +657,7 @@ std::vector<Event> MessageBuilder::add(const ChoiceOutput::Delta &delta) {
         {"content_block_delta",
          {{"type", "content_block_delta"}, {"index", content_.size() - 1}, {"delta", d}}});
   };
-  if (!delta.reasoning.empty()) {
+  if (!delta.reasoning.empty() && show_thinking_) {
     open(Open::Thinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, out);
     content_.back()["thinking"] = content_.back()["thinking"].get<std::string>() + delta.reasoning;
     delta_event({{"type", "thinking_delta"}, {"thinking", delta.reasoning}});

@@ -54,7 +54,9 @@ struct Event {
 class MessageBuilder {
 public:
   // `tool_id_prefix` makes tool_use ids unique across a conversation (toolu_<request>_<i>).
-  explicit MessageBuilder(std::string tool_id_prefix) : prefix_(std::move(tool_id_prefix)) {}
+  // `show_thinking` false: reasoning is left out (Job::show_reasoning).
+  MessageBuilder(std::string tool_id_prefix, bool show_thinking)
+      : prefix_(std::move(tool_id_prefix)), show_thinking_(show_thinking) {}
   std::vector<Event> add(const ChoiceOutput::Delta &delta);
   // Closes the open block (the stream's last content events).
   std::vector<Event> close();
@@ -66,6 +68,7 @@ private:
   Open open_ = Open::None;
   json content_ = json::array();
   std::string prefix_;
+  bool show_thinking_ = true;
   int tools_ = 0;
 };
 

@@ -483,6 +483,8 @@ static std::optional<ApiError> chat_context(const Conversation &conv, const Mode
                  "'tool_choice' names '" + conv.named_tool + "', which is not among the tools");
   }
   if (!tools_out.empty() && choice != "none") ctx["tools"] = tools_out;
+  if (!tools_out.empty() && choice != "none" && !conv.namespace_descriptions.empty())
+    ctx["tool_namespace_descriptions"] = conv.namespace_descriptions;
   if (choice == "none") tools_out = json::array();
   text::add_token_variables(*facts.tokenizer, ctx);
   return std::nullopt;
@@ -599,6 +601,10 @@ std::optional<ApiError> parse_request(const json &body, bool chat, const ModelFa
   }
   job.chat = false;
   if (auto e = completion_prompt(body, facts, job)) return e;
+  if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() &&
+      !body["parallel_tool_calls"].is_boolean())
+    return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false",
+               "invalid_type");
   Conversation constraints; // the answer's format only
   if (body.contains("response_format")) constraints.response_format = body["response_format"];
   if (body.contains("grammar")) constraints.grammar = body["grammar"];

@@ -62,6 +62,8 @@ struct Job {
   engine::Request request;
   bool chat = true;
   bool stream = false;
+  // The model's reasoning shown in the answer (Anthropic's: only when `thinking` asks for it).
+  bool show_reasoning = true;
   bool include_usage = false; // stream_options.include_usage
   std::vector<std::string> stop_strings;
   json tools = json::array();

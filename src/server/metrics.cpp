@@ -68,6 +68,9 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         double(http.unauthorized));
   w.one("offgraph_client_disconnects_total", "counter",
         "requests cancelled because their client went away", double(http.disconnects));
+  w.one("offgraph_dropped_tools_total", "counter",
+        "hosted tools left out of Responses requests (--drop-hosted-tools)",
+        double(http.dropped_tools));
   w.one("offgraph_prompt_tokens_total", "counter", "prompt tokens of admitted requests (in)",
         double(e.prompt_tokens));
   w.one("offgraph_prompt_tokens_computed_total", "counter", "prompt tokens computed",

@@ -32,6 +32,9 @@ struct Conversation {
   // "json_schema": {"name", "schema", "strict"}} (structured.h).
   json response_format;
   json grammar; // null, or GBNF text binding the answer
+  // Descriptions of tool namespaces (tools named namespace.function), for templates that print
+  // them (tool_namespace_descriptions).
+  json namespace_descriptions = json::object();
   // Where errors about each part point, in the API's own field names.
   std::string messages_field = "messages", format_field = "response_format";
 };

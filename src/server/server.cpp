@@ -5,6 +5,7 @@
 #include "server/image_parts.h"
 #include "server/metrics.h"
 #include "server/output.h"
+#include "server/responses.h"
 #include "text/atem/atem_grammar.h"
 #include "text/chat/chat_prompt.h"
 
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <random>
 
 namespace offgraph::server {
 
@@ -174,6 +176,10 @@ struct Routes {
     std::shared_ptr<const std::vector<sample::TokenLogprobs>> prompt_logprobs; // echo's
     std::vector<CompletionLogprobs> offsets; // per choice, of streamed completion logprobs
     ResponseHead head;
+    // Choice 0's deltas in the order they came (keep_deltas): a non-streaming answer built from
+    // them has its blocks or items in the order a stream shows them.
+    bool keep_deltas = false;
+    std::vector<ChoiceOutput::Delta> deltas;
     bool finished(int32_t c) const { return reasons[size_t(c)] != engine::FinishReason::None; }
   };
 
@@ -210,6 +216,7 @@ struct Routes {
       if (e.finish == engine::FinishReason::Error && call.error.empty()) call.error = e.error;
       d.append(o.finish(e.finish == engine::FinishReason::Length));
     }
+    if (call.keep_deltas && e.choice == 0 && !d.empty()) call.deltas.push_back(d);
     return d;
   }
 
@@ -420,19 +427,18 @@ struct Routes {
     }
     if (count_only) return send(res, 200, {{"input_tokens", job.request.prompt.size()}});
     job.request.report_admission = job.stream; // message_start tells the cache before the answer
+    call->keep_deltas = !job.stream;
     if (!submit(res, *call, s.facts_.atem, true)) return;
-    const anthropic::MessageHead head{"msg_" + std::to_string(call->id), s.options_.model_name};
+    const anthropic::MessageHead head{"msg_" + s.boot_id_ + std::to_string(call->id),
+                                      s.options_.model_name};
     if (job.stream) return message_stream(req, res, call, head);
     if (!wait_all(req, *call))
       return fail(res, {499, "the client closed the connection", "", "client_closed"}, true);
     if (call->reasons[0] == engine::FinishReason::Error)
       return fail(res, {500, call->error, "", "engine_error", "api_error"}, true);
     const ChoiceOutput &out = *call->outs[0];
-    anthropic::MessageBuilder blocks(std::to_string(call->id));
-    ChoiceOutput::Delta all;
-    all.reasoning = out.reasoning(), all.content = out.content();
-    for (json c : out.tool_calls()) all.tool_calls.push_back(std::move(c));
-    (void)blocks.add(all);
+    anthropic::MessageBuilder blocks(s.boot_id_ + std::to_string(call->id), job.show_reasoning);
+    for (const ChoiceOutput::Delta &d : call->deltas) (void)blocks.add(d);
     (void)blocks.close();
     ++s.counters_.completed;
     send(res, 200,
@@ -473,7 +479,8 @@ struct Routes {
         return write(anthropic::message_start(head, anthropic::usage(prompt, cached, 0))) &&
                write(anthropic::ping());
       };
-      anthropic::MessageBuilder blocks(std::to_string(call->id));
+      anthropic::MessageBuilder blocks(s.boot_id_ + std::to_string(call->id),
+                                       call->job.show_reasoning);
       std::vector<engine::Event> events;
       Deadline check;
       for (;;) {
@@ -484,12 +491,10 @@ struct Routes {
         bool ok = true;
         if (!started && (!events.empty() || Clock::now() - began >= kStartWait))
           ok = start(events.empty() ? 0 : events.front().cached_tokens);
-        ChoiceOutput::Delta delta;
         for (const engine::Event &e : events) {
-          delta.append(apply(*call, e));
+          // One event at a time: the blocks keep the order the model wrote them in.
+          for (const auto &ev : blocks.add(apply(*call, e))) ok = ok && write(ev);
           if (e.finish == engine::FinishReason::None) continue;
-          for (const auto &ev : blocks.add(delta)) ok = ok && write(ev);
-          delta = {};
           if (e.finish == engine::FinishReason::Error) {
             ok = ok && write({"error", anthropic::error_body({500, e.error, "", "", "api_error"})});
             continue;
@@ -502,7 +507,6 @@ struct Routes {
                    anthropic::usage(prompt, call->cached, out.completion_tokens())))
             ok = ok && write(ev);
         }
-        for (const auto &ev : blocks.add(delta)) ok = ok && write(ev);
         if (started && Clock::now() - last_write >= kPingEvery) ok = ok && write(anthropic::ping());
         if (!ok) return gone();
       }
@@ -510,6 +514,187 @@ struct Routes {
       ++s.counters_.completed;
       return true;
     });
+  }
+
+  // POST /v1/responses (OpenAI's Responses API).
+  void responses_post(const httplib::Request &req, httplib::Response &res) {
+    if (loading(res)) return;
+    auto body = body_of(req, res);
+    if (!body) return;
+    auto call = std::make_shared<Call>();
+    Job &job = call->job;
+    auto meta = std::make_shared<responses::Request>();
+    const responses::Options options{s.responses_store_.get(), s.options_.drop_hosted_tools, 0};
+    std::optional<ApiError> e;
+    {
+      std::lock_guard lock(s.text_mutex_);
+      e = responses::parse(*body, s.facts_, options, job, *meta);
+    }
+    if (!e) e = attach_images(s.facts_, job);
+    if (!meta->dropped_tools.empty()) {
+      std::string names;
+      for (const std::string &n : meta->dropped_tools) names += (names.empty() ? "" : ", ") + n;
+      res.set_header("X-Offgraph-Dropped-Tools", names);
+      s.counters_.dropped_tools += int64_t(meta->dropped_tools.size());
+    }
+    if (e) {
+      // A stream that overflows the context fails as a stream (Codex compacts on it).
+      if (job.stream && e->code == "context_length_exceeded")
+        return overflow_stream(res, *e, *meta);
+      return fail(res, *e);
+    }
+    call->keep_deltas = !job.stream;
+    if (!submit(res, *call, s.facts_.atem, false)) return;
+    const std::string id = "resp_" + s.boot_id_ + std::to_string(call->id);
+    const int64_t created = now_seconds();
+    if (job.stream) return responses_stream(req, res, call, meta, id, created);
+    if (!wait_all(req, *call))
+      return fail(res, {499, "the client closed the connection", "", "client_closed"});
+    const ChoiceOutput &out = *call->outs[0];
+    (void)out;
+    responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id), meta->encrypted_reasoning,
+                                   meta->summary, meta->echo["namespaced"]);
+    for (const ChoiceOutput::Delta &d : call->deltas) (void)items.add(d);
+    (void)items.close();
+    const responses::Outcome outcome = responses_outcome(*call);
+    json response = responses::response_object(id, created, s.options_.model_name, *meta,
+                                               items.output(), &outcome);
+    if (outcome.status != "failed") keep_response(id, *meta, items.output(), response);
+    ++s.counters_.completed;
+    send(res, 200, response);
+  }
+
+  responses::Outcome responses_outcome(const Call &call) {
+    const ChoiceOutput &out = *call.outs[0];
+    responses::Outcome o;
+    int reasoning = 0;
+    {
+      std::lock_guard lock(s.text_mutex_);
+      reasoning = int(s.tokenizer_->encode(out.reasoning(), false, false).size());
+    }
+    o.usage = responses::usage(call.job.request.prompt.size(), call.cached, out.completion_tokens(),
+                               std::min(reasoning, out.completion_tokens()));
+    const engine::FinishReason r = call.reasons[0];
+    o.status = r == engine::FinishReason::Error    ? "failed"
+               : r == engine::FinishReason::Length ? "incomplete"
+                                                   : "completed";
+    if (r == engine::FinishReason::Length) o.incomplete = "max_output_tokens";
+    if (r == engine::FinishReason::Error) o.error = call.error;
+    return o;
+  }
+
+  void keep_response(const std::string &id, const responses::Request &meta, const json &output,
+                     const json &response) {
+    if (!meta.store || !s.responses_store_) return;
+    responses::Stored stored;
+    stored.input = meta.input, stored.output = output, stored.instructions = meta.instructions;
+    stored.response = response;
+    s.responses_store_->put(id, std::move(stored));
+  }
+
+  void overflow_stream(httplib::Response &res, const ApiError &e, const responses::Request &meta) {
+    ++s.counters_.client_errors;
+    responses::OutputBuilder items("overflow", false, false, json::object());
+    responses::Outcome outcome;
+    outcome.status = "failed", outcome.incomplete = "context_length_exceeded";
+    outcome.error = e.message;
+    const std::string id = "resp_failed_" + std::to_string(now_seconds());
+    const json failed = responses::response_object(id, now_seconds(), s.options_.model_name, meta,
+                                                   json::array(), &outcome);
+    std::string text;
+    for (const json &ev :
+         {items.event(
+              {{"type", "response.created"},
+               {"response", responses::response_object(id, now_seconds(), s.options_.model_name,
+                                                       meta, json::array(), nullptr)}}),
+          items.event({{"type", "response.failed"}, {"response", failed}})})
+      text += "event: " + ev["type"].get<std::string>() + "\ndata: " + dump(ev) + "\n\n";
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(text, "text/event-stream");
+  }
+
+  // The Responses stream: response.created and response.in_progress, the output items as they
+  // grow (responses.h), response.in_progress again after kKeepAlive without another event (long
+  // prefills), then response.completed, .incomplete or .failed with the whole response.
+  void responses_stream(const httplib::Request &req, httplib::Response &res,
+                        const std::shared_ptr<Call> &call,
+                        const std::shared_ptr<responses::Request> &meta, const std::string &id,
+                        int64_t created) {
+    res.set_header("Cache-Control", "no-cache");
+    const int sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
+    res.set_chunked_content_provider("text/event-stream", [this, call, meta, id, created,
+                                                           sock](size_t, httplib::DataSink &sink) {
+      using Clock = std::chrono::steady_clock;
+      constexpr auto kKeepAlive = std::chrono::seconds(15);
+      auto last_write = Clock::now();
+      responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id),
+                                     meta->encrypted_reasoning, meta->summary,
+                                     meta->echo["namespaced"]);
+      auto write = [&](const json &ev) {
+        const std::string text =
+            "event: " + ev["type"].get<std::string>() + "\ndata: " + dump(ev) + "\n\n";
+        last_write = Clock::now();
+        return sink.write(text.data(), text.size());
+      };
+      auto gone = [&] {
+        if (!s.stopping_) ++s.counters_.disconnects;
+        cancel(call->id);
+        return false;
+      };
+      const json pending = responses::response_object(id, created, s.options_.model_name, *meta,
+                                                      json::array(), nullptr);
+      if (!write(items.event({{"type", "response.created"}, {"response", pending}})) ||
+          !write(items.event({{"type", "response.in_progress"}, {"response", pending}})))
+        return gone();
+      std::vector<engine::Event> events;
+      Deadline check;
+      for (;;) {
+        events.clear();
+        const auto r = call->channel->pop_all(events, kPoll);
+        if (r == Channel::Pop::Done) break;
+        if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
+        bool ok = true;
+        for (const engine::Event &e : events) {
+          for (const json &ev : items.add(apply(*call, e))) ok = ok && write(ev);
+          if (e.finish == engine::FinishReason::None) continue;
+          for (const json &ev : items.close()) ok = ok && write(ev);
+          const responses::Outcome outcome = responses_outcome(*call);
+          const json response = responses::response_object(id, created, s.options_.model_name,
+                                                           *meta, items.output(), &outcome);
+          if (outcome.status != "failed") keep_response(id, *meta, items.output(), response);
+          ok = ok &&
+               write(items.event({{"type", "response." + outcome.status}, {"response", response}}));
+        }
+        if (Clock::now() - last_write >= kKeepAlive)
+          ok = ok && write(items.event({{"type", "response.in_progress"}, {"response", pending}}));
+        if (!ok) return gone();
+      }
+      sink.done();
+      ++s.counters_.completed;
+      return true;
+    });
+  }
+
+  void responses_get(const httplib::Request &req, httplib::Response &res, bool erase) {
+    if (loading(res)) return;
+    const std::string id = req.matches[1];
+    auto missing = [&] {
+      fail(res, {404,
+                 "no stored response '" + id +
+                     "' (never stored, deleted, or evicted: the server "
+                     "keeps the last " +
+                     std::to_string(s.responses_store_ ? s.responses_store_->capacity() : 0) + ")",
+                 "", "not_found"});
+    };
+    if (!s.responses_store_) return missing();
+    if (erase) {
+      if (!s.responses_store_->erase(id)) return missing();
+      return send(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+    }
+    auto stored = s.responses_store_->get(id);
+    if (!stored) return missing();
+    send(res, 200, stored->response);
   }
 
   void tokenize(const httplib::Request &req, httplib::Response &res) {
@@ -583,6 +768,11 @@ Result<std::unique_ptr<Server>> Server::create_loading(ServerOptions options) {
   std::unique_ptr<Server> s(new Server());
   s->options_ = std::move(options);
   if (s->options_.http_threads < 1) return Status::error("server: http_threads must be >= 1");
+  {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x_", unsigned(std::random_device{}()));
+    s->boot_id_ = buf;
+  }
   auto http = std::make_unique<httplib::Server>();
   const int threads = s->options_.http_threads;
   http->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
@@ -648,6 +838,8 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.grammars = std::make_shared<GrammarCache>();
   warm_thread_ = start_grammar_warm_up(facts_, stopping_);
   published_kv_ = kv_metrics(engine_->store());
+  if (options_.responses_store > 0)
+    responses_store_ = std::make_unique<responses::Store>(options_.responses_store);
   ready_ = true;
   wake_.notify_all();
   return ok_status();
@@ -805,7 +997,7 @@ void Server::routes() {
       res.set_header("Access-Control-Allow-Origin", options_.cors_origin);
       res.set_header("Access-Control-Allow-Headers",
                      "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     }
     if (options_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
       return httplib::Server::HandlerResponse::Unhandled;
@@ -813,9 +1005,11 @@ void Server::routes() {
     const std::string auth = req.get_header_value("Authorization");
     const std::string x_api_key = req.get_header_value("x-api-key");
     const std::string prefix = "Bearer ";
-    const std::string given = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : x_api_key;
-    if (constant_time_equal(given, options_.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string bearer = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : "";
+    // Either may carry the key (both compared, in constant time).
+    const bool bearer_ok = constant_time_equal(bearer, options_.api_key);
+    const bool x_api_key_ok = constant_time_equal(x_api_key, options_.api_key);
+    if (bearer_ok || x_api_key_ok) return httplib::Server::HandlerResponse::Unhandled;
     ++counters_.unauthorized;
     res.set_header("WWW-Authenticate", "Bearer");
     const ApiError e{401,
@@ -868,6 +1062,17 @@ void Server::routes() {
   http.Post("/v1/messages/count_tokens", [r](const httplib::Request &req, httplib::Response &res) {
     r->messages(req, res, true);
   });
+  http.Post("/v1/responses", [r](const httplib::Request &req, httplib::Response &res) {
+    r->responses_post(req, res);
+  });
+  http.Get("/v1/responses/([A-Za-z0-9_]+)",
+           [r](const httplib::Request &req, httplib::Response &res) {
+             r->responses_get(req, res, false);
+           });
+  http.Delete("/v1/responses/([A-Za-z0-9_]+)",
+              [r](const httplib::Request &req, httplib::Response &res) {
+                r->responses_get(req, res, true);
+              });
   http.Post("/tokenize",
             [r](const httplib::Request &req, httplib::Response &res) { r->tokenize(req, res); });
   http.Post("/detokenize",

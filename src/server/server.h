@@ -40,6 +40,12 @@ struct ServerOptions {
   // 0 or less: never give up.
   int device_stop_grace_seconds = 10;
   int32_t max_images = 8; // image parts one request may hold
+  // Responses kept for previous_response_id and GET /v1/responses/{id} (the least recently used
+  // dropped first); 0: none, and `store: true` is refused.
+  size_t responses_store = 64;
+  // Hosted tools of the Responses API (web_search, ...) this server cannot run: refused, or with
+  // this set left out and reported (X-Offgraph-Dropped-Tools, offgraph_dropped_tools_total).
+  bool drop_hosted_tools = false;
 };
 
 // Images in (--mmproj): the encoder (not owned; it outlives the server) and the tokens an image
@@ -51,6 +57,9 @@ struct ImageServing {
 
 // A request's events on their way from the engine thread to its HTTP handler (server.cpp).
 class Channel;
+namespace responses {
+class Store;
+}
 
 class Server {
 public:
@@ -108,6 +117,10 @@ private:
   // Templates and the tokenizer are used by one handler at a time.
   std::mutex text_mutex_;
   HttpCounters counters_;
+  std::unique_ptr<responses::Store> responses_store_;
+  // Random per start, in answer ids (msg_, toolu_, resp_): ids of two runs never collide in a
+  // conversation that outlives one.
+  std::string boot_id_;
 
   friend struct Routes;
 };

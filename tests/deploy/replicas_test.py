@@ -124,6 +124,14 @@ def main():
             replica, _ = turn(s, f"unrelated opening {k}", {"X-Session-Id": "agent-42"})
             session_home = session_home or replica
             check(replica == session_home, f"session turn {k} went to {replica}, not {session_home}")
+        # So do the agents' own session headers (Claude Code's, Codex's).
+        for header in ("X-Claude-Code-Session-Id", "session-id"):
+            pinned = None
+            for k in range(3):
+                s = dict(name=f"{header}{k}", messages=[])
+                replica, _ = turn(s, f"another unrelated opening {k}", {header: "agent-7"})
+                pinned = pinned or replica
+                check(replica == pinned, f"{header} turn {k} went to {replica}, not {pinned}")
 
         # Each replica's own /metrics counts its own requests.
         for addr, p in replicas.items():

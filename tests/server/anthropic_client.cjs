@@ -42,6 +42,20 @@ async function expectError(promise, status, type, says) {
 let forced; // the forced call's message, answered in a later check
 
 const checks = [
+  ['without thinking asked for, no thinking blocks', async () => {
+    const m = await client.messages.create({
+      model, max_tokens: 24, temperature: 0, messages: [{ role: 'user', content: 'Say hello' }],
+    });
+    assert.ok(m.content.every((b) => b.type !== 'thinking'), JSON.stringify(m.content));
+    const t = await client.messages.create({
+      model, temperature: 0, thinking: { type: 'enabled', budget_tokens: 1024 },
+      messages: [{ role: 'user', content: 'Say hello' }], max_tokens: 1030,
+    }).catch((e) => e);
+    // 1030 tokens do not fit beside the prompt in this server's context of 1024: the SDK gets the
+    // error Claude Code lowers max_tokens on.
+    assert.ok(t instanceof Anthropic.BadRequestError, String(t));
+    assert.ok(t.message.includes('input length and `max_tokens` exceed context limit'), t.message);
+  }],
   ['messages.create: a message with usage', async () => {
     const m = await client.messages.create({
       model, max_tokens: 24, temperature: 0, messages: [{ role: 'user', content: 'Say hello' }],
@@ -102,13 +116,14 @@ const checks = [
   }],
   ['stop_sequences end the answer with stop_sequence', async () => {
     const full = await client.messages.create({
-      model, max_tokens: 40, temperature: 0, messages: [{ role: 'user', content: 'Count to ten' }],
+      model, max_tokens: 40, temperature: 0, thinking: { type: 'adaptive' },
+      messages: [{ role: 'user', content: 'Count to ten' }],
     });
     const said = full.content.map((b) => b.thinking ?? b.text ?? '').join('');
     assert.ok(said.length >= 12, JSON.stringify(full.content));
     const stop = said.slice(6, 10);
     const m = await client.messages.create({
-      model, max_tokens: 40, temperature: 0, stop_sequences: [stop],
+      model, max_tokens: 40, temperature: 0, stop_sequences: [stop], thinking: { type: 'adaptive' },
       messages: [{ role: 'user', content: 'Count to ten' }],
     });
     assert.equal(m.stop_reason, 'stop_sequence');

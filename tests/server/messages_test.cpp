@@ -26,10 +26,12 @@ json weather_tool() {
             {"required", {"city"}}}}};
 }
 
+// Thinking asked for: the answers show the model's reasoning as thinking blocks.
 json message(int max_tokens, const std::string &user = "Hello there") {
   return {{"model", "messages-test"},
           {"max_tokens", max_tokens},
           {"temperature", 0},
+          {"thinking", {{"type", "adaptive"}}},
           {"messages", {{{"role", "user"}, {"content", user}}}}};
 }
 
@@ -340,6 +342,73 @@ TEST(Messages, ErrorsInAnthropicsShape) {
   expect("/v1/messages", message(250).dump(), 400, "invalid_request_error",
          "input length and `max_tokens` exceed context limit: ", key);
   expect("/v1/messages/nothing", ok, 404, "not_found_error", "no route", key);
+  // Values of the wrong type are 400s naming them, never a 500 (nlohmann's value() throws).
+  for (const auto &[bad_body, says] : std::vector<std::pair<json, std::string>>{
+           {{{"role", "user"}, {"content", {{{"type", "image"}, {"source", {{"type", 5}}}}}}},
+            "source.type"},
+           {{{"role", "user"},
+             {"content", {{{"type", "tool_result"}, {"tool_use_id", "t"}, {"is_error", "yes"}}}}},
+            "tool_use_id"}}) {
+    json b = message(4);
+    b["messages"] = {bad_body};
+    expect("/v1/messages", b.dump(), 400, "invalid_request_error", says, key);
+  }
+  json typed = message(4);
+  typed["system"] = {{{"type", 7}, {"text", "x"}}};
+  expect("/v1/messages", typed.dump(), 400, "invalid_request_error", "system[0]", key);
+  typed = {{"model", "messages-test"}, {"messages", message(4)["messages"]}};
+  typed["tools"] = {{{"name", "t"}, {"input_schema", json::object()}, {"defer_loading", nullptr}}};
+  EXPECT_EQ(
+      run.client->Post("/v1/messages/count_tokens", key, typed.dump(), "application/json")->status,
+      200);
+  typed["tools"][0]["defer_loading"] = "yes";
+  expect("/v1/messages/count_tokens", typed.dump(), 400, "invalid_request_error", "defer_loading",
+         key);
+  typed = message(4);
+  typed["output_config"] = {{"format", {{"type", 3}}}};
+  expect("/v1/messages", typed.dump(), 400, "invalid_request_error", "output_config.format", key);
+  typed = message(4);
+  typed["context_management"] = {{"edits", {{{"type", 1}}}}};
+  expect("/v1/messages", typed.dump(), 400, "invalid_request_error", "context_management", key);
+  // A prefill (a last assistant message) is refused, not answered as a new turn.
+  json prefill = message(4);
+  prefill["messages"].push_back({{"role", "assistant"}, {"content", "The answer is"}});
+  expect("/v1/messages", prefill.dump(), 400, "invalid_request_error", "prefill", key);
+  // count_tokens counts a prompt over the context too.
+  json count = {{"model", "messages-test"}, {"messages", {{{"role", "user"}, {"content", words}}}}};
+  auto counted =
+      run.client->Post("/v1/messages/count_tokens", key, count.dump(), "application/json");
+  ASSERT_TRUE(counted);
+  EXPECT_EQ(counted->status, 200) << counted->body;
+  EXPECT_GT(json::parse(counted->body)["input_tokens"].get<int>(), 256);
+  // A max_tokens over the context is the context error Claude Code lowers max_tokens on.
+  expect("/v1/messages", message(100000).dump(), 400, "invalid_request_error",
+         "input length and `max_tokens` exceed context limit: ", key);
+}
+
+// Claude Code's attribution line is metadata: two versions of it give the prompt without it, so
+// sessions of different versions share their system prompt in the cache.
+TEST(Messages, ClaudeCodesAttributionLineIsLeftOut) {
+  Running run(*shared().model, small_engine(1024), opts("messages-test"));
+  auto count = [&](const json &system) {
+    json body = {{"model", "messages-test"},
+                 {"system", system},
+                 {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+    auto [s, b] = run.post("/v1/messages/count_tokens", body);
+    EXPECT_EQ(s, 200) << b.dump();
+    return b["input_tokens"].get<int64_t>();
+  };
+  const json rules = {{"type", "text"}, {"text", "You are an agent."}};
+  auto line = [](const std::string &version) {
+    return json{
+        {"type", "text"},
+        {"text", "x-anthropic-billing-header: cc_version=" + version + "; cc_entrypoint=sdk-cli;"}};
+  };
+  const int64_t plain = count(json::array({rules}));
+  EXPECT_EQ(count(json::array({line("2.1.332.1c9"), rules})), plain);
+  EXPECT_EQ(count(json::array({line("2.2.0.abc"), rules})), plain);
+  // Only that line: the same words elsewhere are the user's.
+  EXPECT_GT(count(json::array({rules, {{"type", "text"}, {"text", "billing header"}}})), plain);
 }
 
 // A follow-up turn reads the conversation so far from the cache.

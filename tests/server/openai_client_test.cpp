@@ -112,7 +112,7 @@ TEST(AnthropicClient, OfficialSdkDrivesTheMessagesApi) {
                                    so.api_key + " anthropic-test");
   std::printf("%s", out.c_str());
   EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("7 of 7 checks passed"), std::string::npos);
+  EXPECT_NE(out.find("8 of 8 checks passed"), std::string::npos);
   fs::remove(path);
 }
 
