@@ -20,6 +20,8 @@ deps:
 	@mkdir -p $(BUILD_DIR) && scripts/deps.sh > $(BUILD_DIR)/ggml-dir
 	@scripts/peer.sh > $(BUILD_DIR)/peer-dir
 	@scripts/npm-client.sh > $(BUILD_DIR)/npm-dir
+	@scripts/npm-client.sh agents-sdk > $(BUILD_DIR)/npm-agents-sdk-dir
+	@scripts/agent-clients.sh > $(BUILD_DIR)/agent-clients-dir
 
 configure: deps
 	@gen=; command -v ninja >/dev/null && [ ! -f $(BUILD_DIR)/Makefile ] && gen="-G Ninja"; \

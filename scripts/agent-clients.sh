@@ -2,10 +2,12 @@
 # Installs the agent clients the `agents` tests drive, pinned, into a cache outside the checkout,
 # and prints the directory whose node_modules/.bin holds them. Runs npm only the first time.
 #   Claude Code: @anthropic-ai/claude-code (its native binary comes in a platform package)
+#   Codex: @openai/codex (likewise)
 set -euo pipefail
 CLAUDE_CODE_VERSION=2.1.332
+CODEX_VERSION=0.171.0
 CACHE=${OFFGRAPH_CACHE:-$HOME/.cache/offgraph}
-DIR=$CACHE/npm-agents-claude-code-$CLAUDE_CODE_VERSION
+DIR=$CACHE/npm-agents-claude-code-$CLAUDE_CODE_VERSION-codex-$CODEX_VERSION
 if [ -f "$DIR/.installed" ]; then echo "$DIR"; exit 0; fi
 if ! command -v npm >/dev/null; then
   echo "agent-clients: installing Node.js and npm (Debian packages)" >&2
@@ -15,12 +17,14 @@ fi
 mkdir -p "$CACHE"
 tmp=$(mktemp -d "$CACHE/npm-agents.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "agent-clients: npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >&2
+echo "agent-clients: npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION @openai/codex@$CODEX_VERSION" >&2
 # Install scripts stay on: Claude Code's picks its platform's binary.
 (cd "$tmp" && npm init -y >/dev/null && npm install --no-audit --no-fund --loglevel=error \
-  "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >&2)
+  "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" >&2)
 HOME=$tmp "$tmp/node_modules/.bin/claude" --version >&2 ||
   { echo "agent-clients: claude does not start" >&2; exit 1; }
+HOME=$tmp "$tmp/node_modules/.bin/codex" --version >&2 ||
+  { echo "agent-clients: codex does not start" >&2; exit 1; }
 rm -rf "$DIR"
 mv "$tmp" "$DIR"
 trap - EXIT

@@ -24,10 +24,11 @@ std::pair<int, std::string> run_command(const std::string &command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-// The directory scripts/npm-client.sh installed the client into (its output's last line).
-std::string npm_client_dir() {
+// The directory scripts/npm-client.sh installed the client into (its output's last line);
+// `which` "agents-sdk" for the OpenAI Agents SDK's.
+std::string npm_client_dir(const std::string &which = "") {
   auto [npm_status, npm_dir] =
-      run_command(std::string(OFFGRAPH_SOURCE_DIR) + "/scripts/npm-client.sh");
+      run_command(std::string(OFFGRAPH_SOURCE_DIR) + "/scripts/npm-client.sh " + which);
   EXPECT_EQ(npm_status, 0) << npm_dir;
   if (npm_status != 0) return "";
   while (!npm_dir.empty() && (npm_dir.back() == '\n' || npm_dir.back() == '\r')) npm_dir.pop_back();
@@ -93,6 +94,27 @@ TEST(OpenAiClient, OfficialNpmClientSendsAnImage) {
         << "encoder rows " << stats.rows;
   }
   fs::remove(photo);
+}
+
+// openai-node's Responses API (create, stream, parse with zod, previous_response_id, a hosted tool
+// refused) and the OpenAI Agents SDK running a function tool through it.
+TEST(OpenAiClient, ResponsesApiAndTheAgentsSdk) {
+  const std::string npm_dir = npm_client_dir(), agents_dir = npm_client_dir("agents-sdk");
+  ASSERT_FALSE(npm_dir.empty());
+  ASSERT_FALSE(agents_dir.empty());
+  const std::string path = make_model(16, 5, "responses-client");
+  auto model = std::move(model::Model::load(path)).value();
+  ServerOptions so = opts("responses-client");
+  so.api_key = "sk-offgraph-test";
+  Running run(*model, small_engine(1024), so);
+  auto [status, out] = run_command("node " + std::string(OFFGRAPH_SOURCE_DIR) +
+                                   "/tests/server/openai_responses_client.cjs " + npm_dir +
+                                   " http://127.0.0.1:" + std::to_string(run.server->port()) + " " +
+                                   so.api_key + " responses-client " + agents_dir);
+  std::printf("%s", out.c_str());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("6 of 6 checks passed"), std::string::npos);
+  fs::remove(path);
 }
 
 // Anthropic's own SDK against the Messages API: create, stream accumulated, a forced tool call

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Codex CLI, the real client (pinned by scripts/agent-clients.sh), against `offgraph serve` on the
+# shipped model through the Responses API: `codex exec --json` completes a turn, and a second
+# exec resuming the session completes one too, its prompt read from the cache up to what the
+# first turn sent. Codex sends a hosted web_search tool: the server runs with
+# --drop-hosted-tools, and its metrics must count the tool left out. As in claude_code.sh, both
+# run in a loopback-only network namespace where the kernel allows one.
+#   codex.sh OFFGRAPH MODEL WORKDIR SOURCE_DIR
+set -euo pipefail
+offgraph=$1 model=$2 dir=$3 src=$4
+if [ -z "${OFFGRAPH_AGENTS_CLIENTS:-}" ]; then
+  clients=$("$src/scripts/agent-clients.sh" | tail -1)
+  if unshare -rn true 2>/dev/null; then
+    exec env OFFGRAPH_AGENTS_CLIENTS="$clients" OFFGRAPH_AGENTS_NETNS=1 unshare -rn bash "$0" "$@"
+  fi
+  echo "codex: no network namespace here (unshare -rn refused): loopback by configuration only"
+  export OFFGRAPH_AGENTS_CLIENTS=$clients
+fi
+if [ -n "${OFFGRAPH_AGENTS_NETNS:-}" ]; then
+  ip link set lo up
+  echo "codex: in a network namespace with loopback only"
+fi
+codex=$OFFGRAPH_AGENTS_CLIENTS/node_modules/.bin/codex
+rm -rf "$dir/codex"
+mkdir -p "$dir/codex/home" "$dir/codex/work"
+log=$dir/codex/serve.log
+"$offgraph" serve -m "$model" --port 0 -c 131072 --alias agents-test --drop-hosted-tools \
+  >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
+port=
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9]*\), ready.*|\1|p' "$log")
+  [ -n "$port" ] && break
+  kill -0 $pid 2>/dev/null || { cat "$log"; echo "serve exited before it was ready"; exit 1; }
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$log"; echo "serve was not ready in 60 s"; exit 1; }
+
+# Codex's own settings: a custom provider on the Responses wire, no update check, no analytics.
+cat >"$dir/codex/home/config.toml" <<TOML
+model = "agents-test"
+model_provider = "offgraph"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.offgraph]
+name = "offgraph"
+base_url = "http://127.0.0.1:$port/v1"
+wire_api = "responses"
+env_key = "OFFGRAPH_AGENTS_KEY"
+TOML
+export CODEX_HOME=$dir/codex/home HOME=$dir/codex/home OFFGRAPH_AGENTS_KEY=sk-offgraph-agents
+cd "$dir/codex/work"
+check() { # turn file, turn number
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, sys
+path, turn = sys.argv[1], int(sys.argv[2])
+done = failed = None
+for line in open(path):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    if e.get("type") == "turn.completed":
+        done = e
+    if e.get("type") in ("turn.failed", "error"):
+        failed = e
+if failed or not done:
+    sys.exit(open(path).read()[-3000:] + "\nturn %d: not completed" % turn)
+u = done["usage"]
+print("turn %d: completed, input %d tokens, %d cached, %d out" % (
+    turn, u["input_tokens"], u.get("cached_input_tokens", 0), u["output_tokens"]))
+if turn > 1 and u.get("cached_input_tokens", 0) <= 0:
+    sys.exit("turn %d: nothing read from the cache" % turn)
+PY
+}
+timeout 600 "$codex" exec --json --skip-git-repo-check "Say hello" </dev/null \
+  >"$dir/codex/turn1.jsonl" 2>&1 || true
+check "$dir/codex/turn1.jsonl" 1
+timeout 600 "$codex" exec --json --skip-git-repo-check resume --last "And goodbye" </dev/null \
+  >"$dir/codex/turn2.jsonl" 2>&1 || true
+check "$dir/codex/turn2.jsonl" 2
+metrics=$(curl -s "http://127.0.0.1:$port/metrics")
+echo "$metrics" | grep -E '^offgraph_(prompt_tokens_(total|computed_total|cached_total)|dropped_tools_total) '
+dropped=$(echo "$metrics" | sed -n 's/^offgraph_dropped_tools_total \([0-9.e+]*\)$/\1/p')
+[ "${dropped%.*}" -ge 2 ] || { echo "the hosted tools Codex sent were not counted as dropped"; exit 1; }
+echo "codex: 2 turns ok"
