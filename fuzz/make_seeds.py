@@ -280,6 +280,28 @@ def request_seeds():
     for name, body in messages.items():
         seeds["messages_" + name] = b"\2" + json.dumps(body, ensure_ascii=False).encode()
     seeds["count_tokens"] = b"\6" + json.dumps({"model": "offgraph", "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    # Mode byte 8: the Responses API (24: hosted tools dropped).
+    fn = {"type": "function", "name": "get_weather", "strict": True,
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"], "additionalProperties": False}}
+    responses = {
+        "hello": {"model": "offgraph", "input": "Hello", "max_output_tokens": 16},
+        "codex": {"model": "offgraph", "stream": True, "store": False, "include": ["reasoning.encrypted_content"],
+                  "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto", "effort": "low"},
+                  "prompt_cache_key": "k", "client_metadata": {"a": "b"},
+                  "tools": [fn, {"type": "namespace", "name": "mcp", "description": "d", "tools": [dict(fn, name="read")]},
+                            {"type": "web_search", "external_web_access": False}],
+                  "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+                            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                            {"type": "reasoning", "summary": [], "encrypted_content": "offgraph:SG1t"},
+                            {"type": "function_call", "call_id": "c1", "name": "read", "namespace": "mcp", "arguments": "{\"city\": \"Oslo\"}"},
+                            {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}]},
+        "format": {"model": "offgraph", "input": "JSON", "instructions": "Answer in JSON.", "previous_response_id": "resp_fuzz",
+                   "text": {"format": {"type": "json_schema", "name": "f", "strict": True,
+                                       "schema": {"type": "object", "properties": {}, "additionalProperties": False}}}},
+    }
+    for name, body in responses.items():
+        seeds["responses_" + name] = (b"\x18" if name == "codex" else b"\x08") + json.dumps(body, ensure_ascii=False).encode()
     return seeds
 
 

@@ -1,6 +1,7 @@
 // Request JSON to engine parameters: the server's own parsing (server/api.h: parse_body, then
 // parse_request for /v1/chat/completions or /v1/completions; server/anthropic.h for
-// /v1/messages and /v1/messages/count_tokens: mode bits 1 and 2) on arbitrary bodies, with the Muse
+// /v1/messages and /v1/messages/count_tokens: mode bits 1 and 2; server/responses.h for
+// /v1/responses: mode bit 3, with a store of two) on arbitrary bodies, with the Muse
 // Glimmer vocabulary and template. Properties: no crash or hang; a refusal has a message, an HTTP
 // status in 400..599 and an error body that serializes; an accepted request is one the engine
 // can run as is: prompt ids in the vocabulary, 1 <= max_tokens, prompt + max_tokens within the
@@ -11,6 +12,7 @@
 #include "sample/sampler.h"
 #include "server/anthropic.h"
 #include "server/api.h"
+#include "server/responses.h"
 #include "text/atem/atem_grammar.h"
 
 #include "ggml.h"
@@ -55,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const Fixture &f = fixture();
   fuzz::Input in(data, size);
   const uint8_t mode = in.byte();
-  const bool chat = !(mode & 1), anthropic = mode & 2, count_only = mode & 4;
+  const bool chat = !(mode & 1), anthropic = mode & 2, count_only = mode & 4, responses = mode & 8;
   const std::string text = in.rest();
 
   auto refused = [](const server::ApiError &e) {
@@ -70,17 +72,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   server::Job job;
+  static server::responses::Store store(2);
+  server::responses::Request meta;
+  const server::responses::Options options{&store, bool(mode & 16), 0};
   std::optional<server::ApiError> bad_request =
-      !anthropic   ? server::parse_request(body, chat, f.facts, job)
+      responses    ? server::responses::parse(body, f.facts, options, job, meta)
+      : !anthropic ? server::parse_request(body, chat, f.facts, job)
       : count_only ? server::anthropic::parse_count_tokens(body, f.facts, job)
                    : server::anthropic::parse_messages(body, f.facts, job);
   if (bad_request) {
     refused(*bad_request);
-    (void)server::anthropic::error_body(*bad_request).dump(
-        -1, ' ', false, server::json::error_handler_t::replace);
+    (void)server::anthropic::error_body(*bad_request)
+        .dump(-1, ' ', false, server::json::error_handler_t::replace);
     return 0;
   }
-  if (anthropic && count_only) {
+  if (responses && meta.store) { // what a later request's previous_response_id continues
+    server::responses::Stored kept;
+    kept.input = meta.input;
+    store.put("resp_fuzz", kept);
+  }
+  if (anthropic && count_only && !responses) {
     FUZZ_CHECK(!job.request.prompt.empty(), "an empty prompt was counted");
     FUZZ_CHECK(int64_t(job.request.prompt.size()) < f.facts.context, "a count over the context");
     return 0;

@@ -45,7 +45,8 @@ std::string http_request(const std::string &route, const std::string &body) {
          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-// Hang-ups at every phase: before sending, inside the headers, before the body, inside the body,
+// Hang-ups at every phase (Chat Completions, Messages and Responses alike): before sending, inside
+// the headers, before the body, inside the body,
 // after the request (waiting for a whole answer), inside a stream. None leaves a sequence behind.
 TEST(Hostile, HangUpsAtEveryPhase) {
   engine::EngineOptions eo = small_engine(2048, 32);
@@ -64,7 +65,7 @@ TEST(Hostile, HangUpsAtEveryPhase) {
     std::string name, bytes;
     bool accepted; // the server read a whole request
   };
-  const std::vector<Phase> phases = {
+  std::vector<Phase> phases = {
       {"connect only", "", false},
       {"inside the headers", full.substr(0, 20), false},
       {"before the body", full.substr(0, full.find("\r\n\r\n") + 4), false},
@@ -72,6 +73,22 @@ TEST(Hostile, HangUpsAtEveryPhase) {
       {"waiting for the answer", full, true},
       {"inside a stream", http_request("/v1/chat/completions", streamed.dump()), true},
   };
+  // The agents' APIs alike, waiting and streaming. Greedy (they take no logit_bias): this model
+  // does not end its turn within the 1500 tokens, the same every run.
+  json anthropic = {{"model", "hangups"},
+                    {"max_tokens", 1500},
+                    {"temperature", 0},
+                    {"messages", {{{"role", "user"}, {"content", "Tell me everything"}}}}};
+  json responses = {{"model", "hangups"},
+                    {"max_output_tokens", 1500},
+                    {"temperature", 0},
+                    {"input", "Tell me everything"}};
+  for (bool stream : {false, true}) {
+    anthropic["stream"] = stream, responses["stream"] = stream;
+    const std::string how = stream ? "inside a stream" : "waiting for the answer";
+    phases.push_back({"messages, " + how, http_request("/v1/messages", anthropic.dump()), true});
+    phases.push_back({"responses, " + how, http_request("/v1/responses", responses.dump()), true});
+  }
   double accepted = 0;
   for (const Phase &phase : phases) {
     const int fd = connect_to(run.server->port());
@@ -91,11 +108,11 @@ TEST(Hostile, HangUpsAtEveryPhase) {
     close(fd);
     EXPECT_TRUE(quiescent(run, accepted)) << phase.name;
   }
-  EXPECT_EQ(run.metric("offgraph_requests_total"), 2);
+  EXPECT_EQ(run.metric("offgraph_requests_total"), 6);
   EXPECT_EQ(run.metric("offgraph_requests_completed_total"), 0);
-  EXPECT_EQ(run.metric("offgraph_client_disconnects_total"), 2); // the two that were accepted
+  EXPECT_EQ(run.metric("offgraph_client_disconnects_total"), 6); // the six that were accepted
   EXPECT_EQ(run.metric("offgraph_sequences_held"), 0);
-  EXPECT_LT(run.metric("offgraph_generated_tokens_total"), 1500);
+  EXPECT_LT(run.metric("offgraph_generated_tokens_total"), 6 * 1500);
   EXPECT_EQ(run.post("/v1/chat/completions", chat(3)).first, 200);
 }
 
