@@ -29,6 +29,8 @@ std::function<int()> add_serve(CLI::App &app) {
     std::vector<std::string> aliases;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
     int snapshot_every = 0, kv_page = 64;
+    bool no_start_snapshots = false;
+    double snapshot_budget_mib = 0;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
     double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 0;
@@ -102,6 +104,14 @@ std::function<int()> add_serve(CLI::App &app) {
          "start nothing before the edit (0: at prompt ends only; each costs window - 1 + "
          "its reach rows per sliding layer, a reach of 16 to max_write: "
          "docs/prefix-cache.md)")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--no-start-snapshots", o->no_start_snapshots,
+      "keep no ring snapshots at message starts unless --snapshot-every asks for them (by "
+      "default they are kept, so that an edited or regenerated message resumes there)");
+  cmd->add_option("--snapshot-mib", o->snapshot_budget_mib,
+                  "MiB the ring snapshots may hold together, least recently used dropped first (0: "
+                  "the KV of one sequence the length of the context; -1: no limit)")
       ->capture_default_str();
   add_speculation_flags(*cmd, o->spec);
   add_device_flags(*cmd, o->devices);
@@ -194,6 +204,11 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.page_rows = o->kv_page;
     eo.kv_budget = int64_t(o->kv_budget_mib * 1024 * 1024);
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
+    eo.start_snapshots = !o->no_start_snapshots;
+    if (o->snapshot_budget_mib < 0 && o->snapshot_budget_mib != -1)
+      return fail("--snapshot-mib must be -1 (no limit), 0 (the default) or positive");
+    eo.snapshot_budget =
+        o->snapshot_budget_mib < 0 ? -1 : int64_t(o->snapshot_budget_mib * 1024 * 1024);
     eo.types = {*ctk, *ctv};
     eo.threads = o->threads;
     eo.speculation = *spec;

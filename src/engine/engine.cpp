@@ -565,8 +565,9 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (prefill && publish_prefix(a)) evict_over_budget(); // for requests waiting on this prefix
     const size_t every = size_t(std::max(0, options_.snapshot_every));
     const bool periodic = prefill && every > 0 && a.computed % every == 0;
-    int32_t start =
-        prefill && every > 0 ? message_start_near(a, a.computed - size_t(p.n), a.computed) : -1;
+    int32_t start = prefill && (every > 0 || options_.start_snapshots)
+                        ? message_start_near(a, a.computed - size_t(p.n), a.computed)
+                        : -1;
     if (start >= 0) { // at most kSnapshotsPerStart for one start (what admission counted)
       if (start != a.near_start) a.near_start = start, a.near_start_snapshots = 0;
       if (a.near_start_snapshots++ >= kSnapshotsPerStart) start = -1;

@@ -55,6 +55,15 @@ struct EngineOptions {
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that
   // renders the prompt's generation header ("<|start|>assistant") as another role's message.
   int32_t snapshot_reach = 16;
+  // Snapshots at message starts (the chunk-end ones above) also without snapshot_every: the
+  // branch points of agent traffic (an edited tool result, a regenerated turn) resume at the
+  // message, not at the prompt end before it. They and every other snapshot share
+  // snapshot_budget.
+  bool start_snapshots = true;
+  // Bytes the snapshots inside prompts (message starts, snapshot_every) may hold together, the
+  // least recently used dropped first (a prompt end's goes with its conversation): 0, the bytes
+  // of one sequence the length of the context; -1: no limit.
+  int64_t snapshot_budget = 0;
   bool prefix_reuse = true; // off: every prompt is computed from scratch (a reference)
   size_t max_queue = 64;    // waiting requests; more are refused
   // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit. A request is
@@ -310,6 +319,10 @@ private:
   // Caches a's sequence (with its snapshots) in the tree; false when it was not kept.
   bool cache_sequence(Generation &a);
   void free_snapshots(const std::vector<PrefixTree::SnapshotId> &ids);
+  // EngineOptions::snapshot_budget resolved (-1: none), and what the snapshots inside prompts
+  // hold.
+  int64_t snapshot_budget() const;
+  int64_t snapshot_bytes() const;
   // Drops a cached sequence, with the snapshots no other sequence passes through.
   void drop_cached(kv::SeqId s);
   // Puts a snapshot taken after `prefix` into the tree. Of two at one depth the one reaching

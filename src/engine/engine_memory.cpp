@@ -70,6 +70,35 @@ void Engine::evict_over_budget() {
   while ((!cached_.empty() || !saved_.empty()) && options_.cache_budget > 0 &&
          cached_bytes() > options_.cache_budget)
     evict_lru();
+  // Snapshots inside prompts (at message starts, periodic) on their own budget, the least
+  // recently used first; those at prompt ends (with their logits) go with their conversations.
+  const int64_t budget = snapshot_budget();
+  if (budget < 0) return;
+  int64_t held = snapshot_bytes();
+  while (held > budget) {
+    auto snap = saved_.end();
+    for (auto it = saved_.begin(); it != saved_.end(); ++it)
+      if (it->second.logits.empty() &&
+          (snap == saved_.end() || it->second.last_used < snap->second.last_used))
+        snap = it;
+    if (snap == saved_.end()) break;
+    held -= snap->second.snapshot->bytes();
+    tree_.remove_snapshot(snap->first);
+    saved_.erase(snap);
+    ++stats_.snapshot_evictions;
+  }
+}
+
+int64_t Engine::snapshot_budget() const {
+  if (options_.snapshot_budget != 0) return options_.snapshot_budget;
+  return store_->peak_bytes_at_length(options_.context);
+}
+
+int64_t Engine::snapshot_bytes() const {
+  int64_t bytes = 0;
+  for (const auto &[id, saved] : saved_)
+    if (saved.logits.empty()) bytes += saved.snapshot->bytes();
+  return bytes;
 }
 
 int64_t Engine::peak_bytes(const Generation &a) const {
@@ -80,12 +109,16 @@ int64_t Engine::peak_bytes(const Generation &a) const {
   const int32_t length = prompt + a.request.max_tokens;
   int64_t snapshots = 0;
   if (store_->layout().has_ring()) {
+    const int64_t starts = options_.snapshot_every > 0 || options_.start_snapshots
+                               ? kSnapshotsPerStart * int64_t(a.request.message_starts.size())
+                               : 0;
     const int64_t count = 1 + int64_t(a.publish_at.size()) +
-                          (options_.snapshot_every > 0
-                               ? prompt / options_.snapshot_every +
-                                     kSnapshotsPerStart * int64_t(a.request.message_starts.size())
-                               : 0);
+                          (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0) +
+                          starts;
     snapshots = count * store_->peak_bytes_at_length(0);
+    // Those past the snapshot budget push older ones out instead of growing the store.
+    if (const int64_t budget = snapshot_budget(); budget >= 0)
+      snapshots = std::min(snapshots, budget + store_->peak_bytes_at_length(0));
   }
   return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
 }

@@ -104,8 +104,8 @@ std::optional<ApiError> read_image_block(const json &block, const std::string &w
           {"image_url",
            {{"url", "data:" + src["media_type"].get<std::string>() + ";base64," +
                         src["data"].get<std::string>()}}}};
-  if (auto e = take_image_part(part, where, facts, job ? &job->images : nullptr)) return e;
-  if (job) job->image_params.push_back(where);
+  // An image_url part of the conversation: build_chat_job takes it like Chat Completions' own.
+  (void)facts, (void)job;
   return std::nullopt;
 }
 

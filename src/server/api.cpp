@@ -422,9 +422,11 @@ static std::optional<ApiError> chat_context(const Conversation &conv, const Mode
           return bad(where + ".tool_calls", "a tool call needs a 'function' with a 'name'");
         json &args = tc["function"]["arguments"];
         if (args.is_string()) {
-          json parsed = json::parse(args.get<std::string>(), nullptr, false);
-          if (parsed.is_discarded() || !parsed.is_object())
-            return bad(where + ".tool_calls", "a tool call's 'arguments' is not a JSON object");
+          // Bounded depth: a string is not covered by the body's own limit.
+          json parsed;
+          if (parse_body(args.get<std::string>(), parsed))
+            return bad(where + ".tool_calls", "a tool call's 'arguments' is not a JSON object "
+                                              "nesting at most 64 levels");
           args = parsed;
         } else if (args.is_null()) {
           args = json::object();

@@ -163,9 +163,8 @@ std::optional<ApiError> read_parts(const json &content, const std::string &where
                    "unsupported");
       json part = {{"type", "image_url"}, {"image_url", {{"url", p["image_url"]}}}};
       if (given(p, "detail")) part["image_url"]["detail"] = p["detail"];
-      if (auto e = take_image_part(part, at, facts, job ? &job->images : nullptr)) return e;
-      if (job) job->image_params.push_back(at + ".image_url");
-      parts.push_back(part);
+      parts.push_back(part); // taken by build_chat_job, as Chat Completions' own
+      (void)facts, (void)job;
     } else {
       return bad(at + ".type", at + ".type '" + type + "' is not supported here", "unsupported");
     }
@@ -181,12 +180,21 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
   std::map<std::string, std::string> names; // call_id -> the tool's name as the template shows it
   std::string reasoning;
   json &messages = conv.messages;
+  // The assistant message a function call joins: the last message when it is the assistant's and
+  // no reasoning came between, else a new one carrying that reasoning.
   auto assistant = [&]() -> json & {
     if (messages.empty() || messages.back()["role"] != "assistant" || !reasoning.empty())
       messages.push_back({{"role", "assistant"}, {"content", ""}});
     if (!reasoning.empty()) messages.back()["reasoning_content"] = reasoning;
     reasoning.clear();
     return messages.back();
+  };
+  // Reasoning that no assistant item followed (a cut response continued) is an assistant
+  // message of its own, where it stood.
+  auto flush_reasoning = [&] {
+    if (reasoning.empty()) return;
+    messages.push_back({{"role", "assistant"}, {"content", ""}, {"reasoning_content", reasoning}});
+    reasoning.clear();
   };
   size_t i = 0;
   for (const json &item : items) {
@@ -203,13 +211,12 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
                               facts, job, role == "user", parts))
         return e;
       if (role == "assistant") {
-        json &m = assistant();
-        if (m.contains("tool_calls")) { // text after calls: a message of its own
-          messages.push_back({{"role", "assistant"}, {"content", parts}});
-        } else {
-          m["content"] = parts;
-        }
+        json m = {{"role", "assistant"}, {"content", parts}};
+        if (!reasoning.empty()) m["reasoning_content"] = reasoning;
+        reasoning.clear();
+        messages.push_back(std::move(m)); // each message its own, as the model wrote them
       } else {
+        flush_reasoning();
         messages.push_back({{"role", role == "developer" ? "system" : role}, {"content", parts}});
       }
     } else if (type == "function_call") {
@@ -219,10 +226,13 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
       const std::string ns = str(item, "namespace");
       const std::string full = ns.empty() ? name : ns + "." + name;
       json args = json::object();
-      if (item.contains("arguments") && item["arguments"].is_string()) {
-        args = json::parse(item["arguments"].get<std::string>(), nullptr, false);
-        if (args.is_discarded() || !args.is_object())
-          return bad(at + ".arguments", at + ".arguments is not a JSON object");
+      if (given(item, "arguments")) {
+        if (!item["arguments"].is_string())
+          return bad(at + ".arguments", at + ".arguments must be a string (JSON)", "invalid_type");
+        // Bounded depth: a string is not covered by the body's own limit.
+        if (parse_body(item["arguments"].get<std::string>(), args))
+          return bad(at + ".arguments",
+                     at + ".arguments is not a JSON object nesting at most 64 levels");
       }
       names[call_id] = full;
       json &m = assistant();
@@ -231,6 +241,7 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
                                  {"type", "function"},
                                  {"function", {{"name", full}, {"arguments", args}}}});
     } else if (type == "function_call_output") {
+      flush_reasoning();
       const std::string call_id = str(item, "call_id");
       const auto found = names.find(call_id);
       if (found == names.end())
@@ -272,6 +283,7 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
                  "unsupported");
     }
   }
+  flush_reasoning();
   return std::nullopt;
 }
 
@@ -301,6 +313,12 @@ std::optional<ApiError> read_tools(const json &body, const Options &options, Con
   for (const json &t : body["tools"]) {
     const std::string at = "tools[" + std::to_string(i++) + "]";
     const std::string type = str(t, "type");
+    if (type == "function" || type == "namespace")
+      for (const auto &[key, value] : t.items())
+        if (key != "type" && key != "name" && key != "description" &&
+            key != (type == "function" ? "parameters" : "tools") &&
+            (type != "function" || key != "strict"))
+          return bad(at + "." + key, at + "." + key + " is not supported", "unsupported");
     if (type == "function") {
       const std::string name = str(t, "name");
       if (name.empty()) return bad(at + ".name", at + " needs a 'name'");
@@ -321,6 +339,10 @@ std::optional<ApiError> read_tools(const json &body, const Options &options, Con
         const std::string in_at = at + ".tools[" + std::to_string(k++) + "]";
         if (str(inner, "type") != "function" || str(inner, "name").empty())
           return bad(in_at, in_at + ": a namespace holds function tools with names", "unsupported");
+        for (const auto &[key, value] : inner.items())
+          if (key != "type" && key != "name" && key != "description" && key != "parameters" &&
+              key != "strict")
+            return bad(in_at + "." + key, in_at + "." + key + " is not supported", "unsupported");
         const std::string full = ns + "." + str(inner, "name");
         json tool = function_tool(inner, full, in_at, &err);
         if (tool.is_null()) return err;
@@ -426,6 +448,17 @@ std::optional<ApiError> read_reasoning_and_text(const json &body, Conversation &
 } // namespace
 
 std::string encrypt_reasoning(const std::string &text) { return kReasoningPrefix + base64(text); }
+
+namespace {
+// The request's tools as the response repeats them: hosted ones that were dropped left out.
+json tools_kept(const json &body) {
+  json out = json::array();
+  if (given(body, "tools") && body["tools"].is_array())
+    for (const json &t : body["tools"])
+      if (!kHosted.count(str(t, "type"))) out.push_back(t);
+  return out;
+}
+} // namespace
 
 std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const Options &options,
                               Job &job, Request &req) {
@@ -536,12 +569,25 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
                        ? json{{"type", "text"}}
                        : json(given(body, "text") ? body["text"]["format"] : json(nullptr))}}},
       {"tool_choice", given(body, "tool_choice") ? body["tool_choice"] : json("auto")},
-      {"tools", given(body, "tools") ? body["tools"] : json::array()},
+      {"tools", tools_kept(body)},
       {"top_p", job.request.sampling.top_p},
       {"truncation", "disabled"},
       {"metadata", given(body, "metadata") ? body["metadata"] : json::object()},
       {"namespaced", namespaced}};
-  return build_chat_job(conv, facts, job);
+  auto e = build_chat_job(conv, facts, job);
+  if (e && e->code == "context_length_exceeded") { // in this API's words
+    const int64_t prompt = int64_t(job.request.prompt.size());
+    if (prompt >= facts.context)
+      e->param = "input";
+    else
+      *e = ApiError{400,
+                    "the input has " + std::to_string(prompt) +
+                        " tokens and max_output_tokens asks for " +
+                        std::to_string(job.max_tokens_asked) + " more; the context holds " +
+                        std::to_string(facts.context),
+                    "max_output_tokens", "max_output_tokens_too_large"};
+  }
+  return e;
 }
 
 json OutputBuilder::event(json e) {

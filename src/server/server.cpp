@@ -545,7 +545,11 @@ struct Routes {
     }
     call->keep_deltas = !job.stream;
     if (!submit(res, *call, s.facts_.atem, false)) return;
-    const std::string id = "resp_" + s.boot_id_ + std::to_string(call->id);
+    // Unguessable: a stored response is read, continued or deleted by its id alone.
+    thread_local std::mt19937_64 random_bits{std::random_device{}()};
+    char nonce[24];
+    std::snprintf(nonce, sizeof nonce, "_%016llx", (unsigned long long)random_bits());
+    const std::string id = "resp_" + s.boot_id_ + std::to_string(call->id) + nonce;
     const int64_t created = now_seconds();
     if (job.stream) return responses_stream(req, res, call, meta, id, created);
     if (!wait_all(req, *call))
@@ -653,7 +657,18 @@ struct Routes {
         events.clear();
         const auto r = call->channel->pop_all(events, kPoll);
         if (r == Channel::Pop::Done) break;
-        if (check.due() && (peer_closed(sock) || s.stopping_)) return gone();
+        if (check.due() && (peer_closed(sock) || s.stopping_)) {
+          if (s.stopping_) { // the stream still ends with a last event
+            responses::Outcome down;
+            down.status = "failed", down.incomplete = "shutting_down";
+            down.error = "the server is shutting down";
+            (void)write(items.event(
+                {{"type", "response.failed"},
+                 {"response", responses::response_object(id, created, s.options_.model_name, *meta,
+                                                         items.output(), &down)}}));
+          }
+          return gone();
+        }
         bool ok = true;
         for (const engine::Event &e : events) {
           for (const json &ev : items.add(apply(*call, e))) ok = ok && write(ev);

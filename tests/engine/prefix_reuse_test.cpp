@@ -115,6 +115,7 @@ TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   EngineOptions o = paged(8);
   o.snapshot_every = 1000; // no grid point inside these prompts
   o.snapshot_reach = 3;
+  o.snapshot_budget = -1; // every snapshot kept (the budget's test is below)
   auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok()) << e.message();
   Request first = greedy(random_tokens(rng, 80), 3);
@@ -140,6 +141,34 @@ TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   EXPECT_EQ(computed_by(**e, plain), 80);
   plain.prompt[53] = (plain.prompt[53] + 1) % 500;
   EXPECT_EQ(computed_by(**e, plain), 80);
+}
+
+// Message-start snapshots are the default (no snapshot_every needed), under the snapshot budget:
+// over it the least recently used start snapshot goes, never a prompt end's; off, an edit after
+// a start recomputes from the prompt's beginning.
+TEST(PrefixReuse, StartSnapshotsByDefaultUnderTheirBudget) {
+  std::mt19937_64 rng(41);
+  const auto prompt = random_tokens(rng, 80);
+  auto run = [&](bool on, int64_t budget) {
+    EngineOptions o = paged(8);
+    o.snapshot_reach = 3;
+    o.start_snapshots = on;
+    o.snapshot_budget = budget;
+    auto e = Engine::create(*fixture().model, o);
+    EXPECT_TRUE(e.ok()) << e.message();
+    Request first = greedy(prompt, 3);
+    first.message_starts = {30, 49};
+    EXPECT_EQ(computed_by(**e, first), 80);
+    Request edited = first;
+    edited.prompt[34] = (edited.prompt[34] + 1) % 500;
+    const int32_t computed = computed_by(**e, edited);
+    // The first prompt again: its end's snapshot (with logits) is never the budget's to drop.
+    EXPECT_EQ(computed_by(**e, first), 0);
+    return computed;
+  };
+  EXPECT_EQ(run(true, -1), 80 - 34); // the default: resumes at the edit
+  EXPECT_EQ(run(false, -1), 80);     // off: the prompt end's snapshot is past the edit
+  EXPECT_EQ(run(true, 1), 80);       // a budget too small for one: none kept
 }
 
 TEST(PrefixReuse, MessageStartsMustAscendInsideThePrompt) {
