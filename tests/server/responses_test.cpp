@@ -123,6 +123,25 @@ TEST(Responses, CutsAreIncompleteAndOverflowFails) {
   EXPECT_EQ(events.back()["response"]["error"]["code"], "context_length_exceeded");
 }
 
+// A call cut by max_output_tokens is a cut: status incomplete, and no function_call item with
+// guessed arguments.
+TEST(Responses, ToolCallCutByMaxOutputTokensIsIncomplete) {
+  Running run(*shared().model, small_engine(1024), opts("responses-test"));
+  json req = request(8, "What's the weather in Oslo?");
+  req["tools"] = {weather_tool()};
+  req["tool_choice"] = {{"type", "function"}, {"name", "get_weather"}};
+  req["reasoning"] = {{"effort", "none"}};
+  for (bool stream : {false, true}) {
+    req["stream"] = stream;
+    auto [s, body] = post_raw(run, req);
+    ASSERT_EQ(s, 200) << body;
+    const json r = stream ? final_of(stream_events(body)) : json::parse(body);
+    EXPECT_EQ(r["status"], "incomplete") << body;
+    EXPECT_EQ(r["incomplete_details"]["reason"], "max_output_tokens");
+    for (const json &item : r["output"]) EXPECT_NE(item["type"], "function_call") << body;
+  }
+}
+
 TEST(Responses, FunctionAndNamespaceToolsAndTheirOutputs) {
   Running run(*shared().model, small_engine(1024), opts("responses-test"));
   json req = request(120, "What's the weather in Oslo?");
