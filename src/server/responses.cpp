@@ -638,8 +638,22 @@ std::vector<json> OutputBuilder::close() {
                          {"output_index", index},
                          {"content_index", 0},
                          {"text", text}}));
-    // No summarizer here: the summary asked for is the reasoning itself.
-    if (summary_) item["summary"] = json::array({{{"type", "summary_text"}, {"text", text}}});
+    // No summarizer here: the summary asked for is the reasoning itself, streamed as one part
+    // (the events clients show reasoning summaries from).
+    if (summary_) {
+      const json part = {{"type", "summary_text"}, {"text", text}};
+      const json at = {{"item_id", item["id"]}, {"output_index", index}, {"summary_index", 0}};
+      auto with = [&](json e) {
+        for (const auto &[k, v] : at.items()) e[k] = v;
+        return event(std::move(e));
+      };
+      out.push_back(with({{"type", "response.reasoning_summary_part.added"},
+                          {"part", {{"type", "summary_text"}, {"text", ""}}}}));
+      out.push_back(with({{"type", "response.reasoning_summary_text.delta"}, {"delta", text}}));
+      out.push_back(with({{"type", "response.reasoning_summary_text.done"}, {"text", text}}));
+      out.push_back(with({{"type", "response.reasoning_summary_part.done"}, {"part", part}}));
+      item["summary"] = json::array({part});
+    }
     if (encrypted_) item["encrypted_content"] = encrypt_reasoning(text);
   } else {
     const json &part = item["content"][0];
