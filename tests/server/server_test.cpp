@@ -30,10 +30,11 @@ struct Live {
   std::unique_ptr<model::Model> model;
   std::unique_ptr<Server> server;
   std::unique_ptr<httplib::Client> client;
-  explicit Live(int32_t snapshot_every = 0) {
+  explicit Live(int32_t snapshot_every = 0, bool start_snapshots = true) {
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    path = (fs::temp_directory_path() / ("offgraph-server-test-" + std::to_string(::getpid()) +
-                                         "-" + std::to_string(snapshot_every) + ".gguf"))
+    path = (fs::temp_directory_path() /
+            ("offgraph-server-test-" + std::to_string(::getpid()) + "-" +
+             std::to_string(snapshot_every) + (start_snapshots ? "" : "-nostart") + ".gguf"))
                .string();
     synth::SynthSpec s = synth::preset("tiny", "muse-glimmer").value();
     s.vocab_path = std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-llama-bpe.gguf";
@@ -45,6 +46,7 @@ struct Live {
     eo.context = 512, eo.max_write = 32, eo.max_active = 4, eo.max_cached = 4;
     eo.types = {GGML_TYPE_F32, GGML_TYPE_F32};
     eo.snapshot_every = snapshot_every;
+    eo.start_snapshots = start_snapshots;
     server = std::move(Server::create(*model, eo, opts("test-model"))).value();
     EXPECT_TRUE(server->start().ok());
     client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
@@ -293,8 +295,11 @@ TEST(Server, SecondTurnReusesTheWholeFirstPrompt) {
 // With periodic snapshots, the server tells the engine where each message's text starts: an edit
 // at the start of a long message recomputes only that message onward, where the default server
 // (snapshots at prompt ends only) recomputes the whole prompt.
-TEST(Server, AnEditedMessageResumesAtItsStartWithPeriodicSnapshots) {
-  static Live snapshots(1000); // message starts only (the grid is longer than the prompts)
+// By default (and with periodic snapshots), an edited message resumes at its start; without
+// message-start snapshots the system prompt before it is computed again.
+TEST(Server, AnEditedMessageResumesAtItsStart) {
+  static Live snapshots(1000); // message starts, and a grid longer than the prompts
+  static Live without(0, false);
   std::string system = "You are a careful travel planner.";
   for (int i = 0; i < 12; ++i) system += " Rule " + std::to_string(i) + ": check the trains.";
   // Longer than the rings' slack (31 tokens here), so that no cached sequence can be rewound to
@@ -319,13 +324,15 @@ TEST(Server, AnEditedMessageResumesAtItsStartWithPeriodicSnapshots) {
   auto [st, t] = snapshots.post("/tokenize", {{"content", edited}});
   ASSERT_EQ(st, 200) << t.dump();
   const int edited_tokens = int(t["tokens"].size());
-  for (Live *l : {&snapshots, &live()}) computed(*l, question);
+  for (Live *l : {&snapshots, &live(), &without}) computed(*l, question);
   // The user text and the template's tokens after it (its end and the generation header: 11 with
   // this template and vocabulary).
-  const int resumed = computed(snapshots, edited);
-  EXPECT_GE(resumed, edited_tokens);
-  EXPECT_LE(resumed, edited_tokens + 12);
-  EXPECT_GT(computed(live(), edited), resumed + 40); // the system prompt again
+  for (Live *l : {&snapshots, &live()}) {
+    const int resumed = computed(*l, edited);
+    EXPECT_GE(resumed, edited_tokens);
+    EXPECT_LE(resumed, edited_tokens + 12);
+  }
+  EXPECT_GT(computed(without, edited), edited_tokens + 12 + 40); // the system prompt again
 }
 
 } // namespace
