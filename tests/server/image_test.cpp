@@ -140,6 +140,42 @@ TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
   EXPECT_EQ(s.encoder->stats().encoded, 2);
 }
 
+// The same image through Anthropic's Messages (a base64 image block) and OpenAI's Responses (an
+// input_image data URL) makes the prompt Chat Completions' image_url part makes, encoded once.
+TEST(ImageServer, MessagesAndResponsesTakeImagesAsChatCompletionsDoes) {
+  ImageServer s;
+  const Bytes a = png(100, 70, 3);
+  auto [st0, chat] = s.post(ask({image_part(data_url(a)), text_part("What is this?")}));
+  ASSERT_EQ(st0, 200) << chat.dump();
+  const int prompt = chat["usage"]["prompt_tokens"];
+  json messages = {
+      {"model", "image"},
+      {"max_tokens", 2},
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "image"},
+            {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", base64(a)}}}},
+           {{"type", "text"}, {"text", "What is this?"}}}}}}}};
+  auto m = s.client->Post("/v1/messages", messages.dump(), "application/json");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200) << m->body;
+  const json mu = json::parse(m->body)["usage"];
+  EXPECT_EQ(mu["input_tokens"].get<int>() + mu["cache_read_input_tokens"].get<int>(), prompt);
+  json responses = {{"model", "image"},
+                    {"max_output_tokens", 2},
+                    {"input",
+                     {{{"role", "user"},
+                       {"content",
+                        {{{"type", "input_image"}, {"image_url", data_url(a)}},
+                         {{"type", "input_text"}, {"text", "What is this?"}}}}}}}};
+  auto r = s.client->Post("/v1/responses", responses.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["input_tokens"].get<int>(), prompt);
+  EXPECT_EQ(s.encoder->stats().encoded, 1); // the same image: encoded once for all three
+}
+
 // Images that cannot fit the context are refused before any is encoded: their rows are counted
 // from the decoded sizes. Each of these fits alone (600 rows in a 1,024 context); together they
 // do not.
