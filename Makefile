@@ -12,7 +12,7 @@ CUDA_TARGETS ?= offgraph gpu_tests
 FUZZ_SECONDS ?= 20
 FUZZ_TIME ?= 600
 
-.PHONY: all deps configure build test run replicas clean bench-kv fuzz-configure fuzz-build fuzz-long test-asan cuda-configure cuda test-cuda
+.PHONY: all deps configure build test run replicas clean bench-kv bench-agents fuzz-configure fuzz-build fuzz-long test-asan cuda-configure cuda test-cuda
 
 all: build
 
@@ -148,6 +148,11 @@ bench-speculative:
 # Paged against contiguous flat KV storage, paced pairs (about 8 min): docs/kv-paging-bench.md.
 bench-pages:
 	python3 bench/pages
+
+# Recorded Claude Code and Codex sessions replayed through offgraph and llama-server (issue 34;
+# about 3 min): docs/agents-bench.md. `python3 bench/agents/run --record` records them anew.
+bench-agents: build
+	python3 bench/agents/run
 
 # Prefix reuse on agent workloads against llama-server (issue 15; about 32 min):
 # docs/prefix-cache-bench.md and docs/plots/prefix_cache.png.
