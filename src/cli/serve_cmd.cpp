@@ -207,8 +207,11 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.start_snapshots = !o->no_start_snapshots;
     if (o->snapshot_budget_mib < 0 && o->snapshot_budget_mib != -1)
       return fail("--snapshot-mib must be -1 (no limit), 0 (the default) or positive");
-    eo.snapshot_budget =
-        o->snapshot_budget_mib < 0 ? -1 : int64_t(o->snapshot_budget_mib * 1024 * 1024);
+    // A tiny positive budget stays positive (0 means the default).
+    eo.snapshot_budget = o->snapshot_budget_mib < 0 ? -1
+                         : o->snapshot_budget_mib > 0
+                             ? std::max<int64_t>(1, int64_t(o->snapshot_budget_mib * 1024 * 1024))
+                             : 0;
     eo.types = {*ctk, *ctv};
     eo.threads = o->threads;
     eo.speculation = *spec;

@@ -586,9 +586,11 @@ void Engine::run_batch(const std::vector<Part> &parts) {
       const int32_t reach =
           std::max(options_.snapshot_reach,
                    start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);
-      if (auto snap = store_->snapshot(a.seq, reach); snap.ok())
+      if (auto snap = store_->snapshot(a.seq, reach); snap.ok()) {
         a.taken.push_back(
             {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
+        trim_taken(a);
+      }
     }
     if (!p.wants_logits) continue;
     // (A prompt scored without an answer ends every choice at once: nothing to fork.)

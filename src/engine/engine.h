@@ -323,6 +323,10 @@ private:
   // hold.
   int64_t snapshot_budget() const;
   int64_t snapshot_bytes() const;
+  // The tree's snapshots inside prompts evicted until `reserve` more bytes fit the budget.
+  void evict_over_budget_minus(int64_t reserve);
+  // A request's own snapshots inside its prompt kept within the budget, as they are taken.
+  void trim_taken(Generation &a);
   // Drops a cached sequence, with the snapshots no other sequence passes through.
   void drop_cached(kv::SeqId s);
   // Puts a snapshot taken after `prefix` into the tree. Of two at one depth the one reaching

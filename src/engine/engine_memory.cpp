@@ -70,12 +70,17 @@ void Engine::evict_over_budget() {
   while ((!cached_.empty() || !saved_.empty()) && options_.cache_budget > 0 &&
          cached_bytes() > options_.cache_budget)
     evict_lru();
-  // Snapshots inside prompts (at message starts, periodic) on their own budget, the least
-  // recently used first; those at prompt ends (with their logits) go with their conversations.
+  evict_over_budget_minus(0);
+}
+
+void Engine::evict_over_budget_minus(int64_t reserve) {
+  // Snapshots inside prompts (at message starts, periodic) on their own budget, less `reserve`,
+  // the least recently used first; those at prompt ends (with their logits) go with their
+  // conversations.
   const int64_t budget = snapshot_budget();
   if (budget < 0) return;
   int64_t held = snapshot_bytes();
-  while (held > budget) {
+  while (held + reserve > budget) {
     auto snap = saved_.end();
     for (auto it = saved_.begin(); it != saved_.end(); ++it)
       if (it->second.logits.empty() &&
@@ -86,6 +91,27 @@ void Engine::evict_over_budget() {
     tree_.remove_snapshot(snap->first);
     saved_.erase(snap);
     ++stats_.snapshot_evictions;
+  }
+}
+
+void Engine::trim_taken(Generation &a) {
+  // A request's own snapshots inside its prompt count against the snapshot budget as they are
+  // taken (a long prompt with many message starts would otherwise hold them all until it ends):
+  // over it, the tree's go first, then the request's shallowest (the deeper ones are nearer the
+  // turns an agent edits).
+  const int64_t budget = snapshot_budget();
+  if (budget < 0) return;
+  int64_t own = 0;
+  for (const Generation::Taken &t : a.taken)
+    if (t.logits.empty()) own += t.snapshot->bytes();
+  if (own + snapshot_bytes() <= budget) return;
+  evict_over_budget_minus(own);
+  while (own + snapshot_bytes() > budget) {
+    auto it = std::find_if(a.taken.begin(), a.taken.end(),
+                           [](const Generation::Taken &t) { return t.logits.empty(); });
+    if (it == a.taken.end()) return;
+    own -= it->snapshot->bytes();
+    a.taken.erase(it);
   }
 }
 
@@ -115,10 +141,15 @@ int64_t Engine::peak_bytes(const Generation &a) const {
     const int64_t count = 1 + int64_t(a.publish_at.size()) +
                           (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0) +
                           starts;
-    snapshots = count * store_->peak_bytes_at_length(0);
-    // Those past the snapshot budget push older ones out instead of growing the store.
+    // The prompt end's and the shared points' are needed; the others (message starts, periodic)
+    // are kept within the snapshot budget, which bounds them (trim_taken).
+    const int64_t per = store_->peak_bytes_at_length(0);
+    const int64_t required = (1 + int64_t(a.publish_at.size())) * per;
+    int64_t optional = (count - 1 - int64_t(a.publish_at.size())) * per;
     if (const int64_t budget = snapshot_budget(); budget >= 0)
-      snapshots = std::min(snapshots, budget + store_->peak_bytes_at_length(0));
+      optional = std::min(optional, budget);
+    if (!options_.prefix_reuse || options_.max_cached == 0) optional = 0; // none are taken
+    snapshots = required + optional;
   }
   return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
 }

@@ -171,6 +171,35 @@ TEST(PrefixReuse, StartSnapshotsByDefaultUnderTheirBudget) {
   EXPECT_EQ(run(true, 1), 80);       // a budget too small for one: none kept
 }
 
+// A request's own start snapshots count against the budget while its prompt is computed: at no
+// step do the store's snapshots exceed the budget by more than the prompt end's (which the budget
+// does not take), however many message starts the prompt has.
+TEST(PrefixReuse, ARequestsOwnStartSnapshotsStayWithinTheBudget) {
+  std::mt19937_64 rng(43);
+  EngineOptions o = paged(8);
+  o.snapshot_reach = 3;
+  o.snapshot_budget = -1;
+  // One start snapshot's bytes, from a run without a budget.
+  auto probe = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(probe.ok()) << probe.message();
+  Request r = greedy(random_tokens(rng, 160), 3);
+  for (int32_t at = 10; at < 150; at += 12) r.message_starts.push_back(at);
+  (void)run(**probe, {r});
+  const int64_t all = (*probe)->store().memory().snapshots;
+  ASSERT_GT(all, 0);
+  o.snapshot_budget = all / 4; // a quarter of what the starts took unbounded
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  int64_t peak = 0;
+  ASSERT_TRUE((*e)->submit(r, [](const Event &) {}).ok());
+  while ((*e)->step()) peak = std::max(peak, (*e)->store().memory().snapshots);
+  EXPECT_GT(peak, 0);
+  // The budget, one snapshot taken before the trim, and the prompt end's (each at most a ring's
+  // reach of max_write + snapshot_reach rows: bounded by `all` / 4 here).
+  EXPECT_LE(peak, o.snapshot_budget + all / 4) << "unbounded: " << all;
+  EXPECT_LT(peak, all);
+}
+
 TEST(PrefixReuse, MessageStartsMustAscendInsideThePrompt) {
   std::mt19937_64 rng(38);
   auto e = Engine::create(*fixture().model, paged(2));
