@@ -74,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   server::Job job;
   static server::responses::Store store(2);
   server::responses::Request meta;
-  const server::responses::Options options{&store, bool(mode & 16), 0};
+  const server::responses::Options options{&store, bool(mode & 16)};
   std::optional<server::ApiError> bad_request =
       responses    ? server::responses::parse(body, f.facts, options, job, meta)
       : !anthropic ? server::parse_request(body, chat, f.facts, job)

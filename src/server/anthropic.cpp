@@ -84,9 +84,8 @@ std::optional<ApiError> read_text_block(const json &block, const std::string &wh
 }
 
 // An image block: base64 PNG or JPEG, as an image part of the chat-template message (encoded by
-// image_parts.h like any other). URL sources are refused: nothing is fetched.
-std::optional<ApiError> read_image_block(const json &block, const std::string &where,
-                                         const ModelFacts &facts, Job *job, json &part) {
+// build_chat_job like any other). URL sources are refused: nothing is fetched.
+std::optional<ApiError> read_image_block(const json &block, const std::string &where, json &part) {
   if (!given(block, "source") || !block["source"].is_object())
     return bad(where + ".source", where + ".source: Field required", "invalid_type");
   const json &src = block["source"];
@@ -105,7 +104,6 @@ std::optional<ApiError> read_image_block(const json &block, const std::string &w
            {{"url", "data:" + src["media_type"].get<std::string>() + ";base64," +
                         src["data"].get<std::string>()}}}};
   // An image_url part of the conversation: build_chat_job takes it like Chat Completions' own.
-  (void)facts, (void)job;
   return std::nullopt;
 }
 
@@ -154,7 +152,6 @@ std::optional<ApiError> read_tool_result(const json &block, const std::string &w
 // One user message's blocks: text and images stay one user message; each tool_result becomes a
 // tool message where it stands.
 std::optional<ApiError> read_user(const json &content, const std::string &where,
-                                  const ModelFacts &facts, Job *job,
                                   const std::map<std::string, std::string> &names, json &out) {
   json parts = json::array();
   auto flush = [&] {
@@ -172,7 +169,7 @@ std::optional<ApiError> read_user(const json &content, const std::string &where,
       if (auto e = read_text_block(block, at, part)) return e;
       parts.push_back(part);
     } else if (type == "image") {
-      if (auto e = read_image_block(block, at, facts, job, part)) return e;
+      if (auto e = read_image_block(block, at, part)) return e;
       parts.push_back(part);
     } else if (type == "tool_result") {
       flush();
@@ -271,8 +268,7 @@ std::optional<ApiError> read_system(const json &body, Conversation &conv) {
   return std::nullopt;
 }
 
-std::optional<ApiError> read_messages(const json &body, const ModelFacts &facts, Job *job,
-                                      Conversation &conv) {
+std::optional<ApiError> read_messages(const json &body, Conversation &conv) {
   if (!given(body, "messages") || !body["messages"].is_array() || body["messages"].empty())
     return bad("messages", "messages: Field required (a non-empty list)");
   std::map<std::string, std::string> names; // tool_use id -> tool name
@@ -290,7 +286,7 @@ std::optional<ApiError> read_messages(const json &body, const ModelFacts &facts,
       return bad(where + ".content", where + ".content must be a string or a list of blocks",
                  "invalid_type");
     if (role == "user") {
-      if (auto e = read_user(content, where, facts, job, names, conv.messages)) return e;
+      if (auto e = read_user(content, where, names, conv.messages)) return e;
     } else if (role == "assistant") {
       if (auto e = read_assistant(content, where, names, conv.messages)) return e;
     } else if (role == "system") { // mid-conversation instructions, where they stand
@@ -499,12 +495,12 @@ std::optional<ApiError> read_context_management(const json &body) {
   return std::nullopt;
 }
 
-std::optional<ApiError> read_conversation(const json &body, const ModelFacts &facts, Job *job,
-                                          int32_t max_tokens, Conversation &conv) {
+std::optional<ApiError> read_conversation(const json &body, Job *job, int32_t max_tokens,
+                                          Conversation &conv) {
   conv.format_field = "output_config.format";
   if (auto e = read_context_management(body)) return e;
   if (auto e = read_system(body, conv)) return e;
-  if (auto e = read_messages(body, facts, job, conv)) return e;
+  if (auto e = read_messages(body, conv)) return e;
   if (auto e = refuse_prefill(conv)) return e;
   if (auto e = read_tools(body, conv)) return e;
   if (auto e = read_tool_choice(body, conv)) return e;
@@ -581,7 +577,7 @@ std::optional<ApiError> parse_messages(const json &body, const ModelFacts &facts
   }
   job.max_tokens_asked = max_tokens;
   Conversation conv;
-  if (auto e = read_conversation(body, facts, &job, max_tokens, conv)) return e;
+  if (auto e = read_conversation(body, &job, max_tokens, conv)) return e;
   if (auto e = build_chat_job(conv, facts, job)) {
     if (e->code == "context_length_exceeded") return overflow(job, facts);
     return e;
@@ -593,7 +589,7 @@ std::optional<ApiError> parse_count_tokens(const json &body, const ModelFacts &f
   if (auto e = common(body, facts)) return e;
   if (auto e = refuse_unknown(body, kCountFields)) return e;
   Conversation conv;
-  if (auto e = read_conversation(body, facts, &job, -1, conv)) return e;
+  if (auto e = read_conversation(body, &job, -1, conv)) return e;
   job.max_tokens_asked = 0; // counted, not answered: the prompt may fill the context
   if (auto e = build_chat_job(conv, facts, job))
     if (e->code != "context_length_exceeded") return e; // a prompt over the context: counted too

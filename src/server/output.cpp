@@ -85,10 +85,7 @@ ChoiceOutput::Delta ChoiceOutput::finish(bool cut) {
       if (e.kind == text::AtemEvent::Kind::Reasoning) d.reasoning += e.text;
       if (e.kind == text::AtemEvent::Kind::Content) d.content += e.text;
       if (e.kind != text::AtemEvent::Kind::ToolCall) continue;
-      if (cut && !stopped_) // the block never closed: its arguments are a guess
-        dropped_cut_call_ = true;
-      else
-        d.tool_calls.push_back(call(e.call));
+      if (!cut || stopped_) d.tool_calls.push_back(call(e.call)); // cut: a guess, left out
     }
   return d;
 }

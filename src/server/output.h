@@ -47,8 +47,6 @@ public:
   bool stopped() const { return stopped_; }
   // The stop string that ended the answer (stopped()), as the request gave it.
   const std::string &stop_string() const { return stop_string_; }
-  // An unfinished tool call was left out at a cut (finish(true)).
-  bool dropped_cut_call() const { return dropped_cut_call_; }
   int completion_tokens() const { return completion_; }
   // The whole answer, for non-streaming responses (after finish()).
   std::string content() const;
@@ -73,7 +71,7 @@ private:
   std::vector<int32_t> stop_tokens_;
   std::string content_, reasoning_; // without ATEM: the text; with it the parser aggregates
   json calls_ = json::array();
-  bool stopped_ = false, finished_ = false, dropped_cut_call_ = false;
+  bool stopped_ = false, finished_ = false;
   std::string stop_string_;
   int completion_ = 0;
   std::vector<sample::TokenLogprobs> logprobs_;

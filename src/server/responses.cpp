@@ -136,10 +136,10 @@ std::optional<std::string> unbase64(const std::string &in) {
   return out;
 }
 
-// A content list's text parts joined (input_text, output_text, text, refusal); images go to
-// `images` when given (user messages), else are refused.
-std::optional<ApiError> read_parts(const json &content, const std::string &where,
-                                   const ModelFacts &facts, Job *job, bool images_ok, json &parts) {
+// A content list's parts as chat-template parts: text (input_text, output_text, text, refusal),
+// and images where `images_ok` (user messages; taken by build_chat_job), else refused.
+std::optional<ApiError> read_parts(const json &content, const std::string &where, bool images_ok,
+                                   json &parts) {
   parts = json::array();
   if (content.is_string()) {
     parts.push_back({{"type", "text"}, {"text", content}});
@@ -164,7 +164,6 @@ std::optional<ApiError> read_parts(const json &content, const std::string &where
       json part = {{"type", "image_url"}, {"image_url", {{"url", p["image_url"]}}}};
       if (given(p, "detail")) part["image_url"]["detail"] = p["detail"];
       parts.push_back(part); // taken by build_chat_job, as Chat Completions' own
-      (void)facts, (void)job;
     } else {
       return bad(at + ".type", at + ".type '" + type + "' is not supported here", "unsupported");
     }
@@ -175,8 +174,7 @@ std::optional<ApiError> read_parts(const json &content, const std::string &where
 // Input items into chat-template messages: messages as they are, function calls onto the
 // assistant message before them, their outputs as tool messages, reasoning onto the assistant
 // message that follows it.
-std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, Job *job,
-                                   Conversation &conv) {
+std::optional<ApiError> read_items(const json &items, Conversation &conv) {
   std::map<std::string, std::string> names; // call_id -> the tool's name as the template shows it
   std::string reasoning;
   json &messages = conv.messages;
@@ -208,7 +206,7 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
         return bad(at + ".role", at + ".role must be user, system, developer or assistant");
       json parts;
       if (auto e = read_parts(item.contains("content") ? item["content"] : json(), at + ".content",
-                              facts, job, role == "user", parts))
+                              role == "user", parts))
         return e;
       if (role == "assistant") {
         json m = {{"role", "assistant"}, {"content", parts}};
@@ -249,7 +247,7 @@ std::optional<ApiError> read_items(const json &items, const ModelFacts &facts, J
                    at + ".call_id '" + call_id + "' answers no function_call before it");
       json parts;
       if (auto e = read_parts(item.contains("output") ? item["output"] : json(""), at + ".output",
-                              facts, nullptr, false, parts))
+                              false, parts))
         return e;
       messages.push_back({{"role", "tool"},
                           {"tool_call_id", call_id},
@@ -506,8 +504,6 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
     if (e->param == "max_tokens") e->param = "max_output_tokens";
     return e;
   }
-  if (max_tokens < 0 && options.default_max_output_tokens > 0)
-    max_tokens = options.default_max_output_tokens;
   job.max_tokens_asked = max_tokens;
 
   Conversation conv;
@@ -545,9 +541,8 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
     for (const json &x : body["input"]) req.input.push_back(x);
   else
     return bad("input", "'input' must be a string or a list of items", "invalid_type");
-  json namespaced = json::object();
-  if (auto e = read_tools(body, options, conv, req, namespaced)) return e;
-  if (auto e = read_items(req.input, facts, &job, conv)) return e;
+  if (auto e = read_tools(body, options, conv, req, req.namespaced)) return e;
+  if (auto e = read_items(req.input, conv)) return e;
   if (auto e = read_choice(body, conv)) return e;
   if (auto e = read_reasoning_and_text(body, conv, req)) return e;
   req.echo = {
@@ -572,8 +567,7 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
       {"tools", tools_kept(body)},
       {"top_p", job.request.sampling.top_p},
       {"truncation", "disabled"},
-      {"metadata", given(body, "metadata") ? body["metadata"] : json::object()},
-      {"namespaced", namespaced}};
+      {"metadata", given(body, "metadata") ? body["metadata"] : json::object()}};
   auto e = build_chat_job(conv, facts, job);
   if (e && e->code == "context_length_exceeded") { // in this API's words
     const int64_t prompt = int64_t(job.request.prompt.size());
@@ -750,8 +744,7 @@ json response_object(const std::string &id, int64_t created, const std::string &
             {"incomplete_details", nullptr},
             {"model", model},
             {"output", output}};
-  for (const auto &[key, value] : req.echo.items())
-    if (key != "namespaced") r[key] = value;
+  for (const auto &[key, value] : req.echo.items()) r[key] = value;
   r["usage"] = outcome ? outcome->usage : json(nullptr);
   if (outcome && outcome->status == "incomplete")
     r["incomplete_details"] = {{"reason", outcome->incomplete}};

@@ -22,7 +22,6 @@ using json = nlohmann::ordered_json;
 struct Stored {
   json input = json::array(); // the items the model read, previous responses' included
   json output = json::array();
-  std::string instructions;
   json response; // the response object
 };
 
@@ -52,12 +51,14 @@ struct Request {
   bool summary = false;                   // reasoning.summary asked
   std::vector<std::string> dropped_tools; // hosted tools left out (drop_hosted_tools)
   json echo = json::object();             // the request's fields the response object repeats
+  // A namespace tool's full name (namespace.function) to {"namespace", "name"}: what calls are
+  // split back into.
+  json namespaced = json::object();
 };
 
 struct Options {
   Store *store = nullptr;         // null or capacity 0: store and previous_response_id refused
   bool drop_hosted_tools = false; // hosted tools (web_search, ...) left out and reported
-  int32_t default_max_output_tokens = 0; // 0: the context's room
 };
 
 // A Responses body into `job` and `req`.
@@ -70,7 +71,7 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
 // output holds.
 class OutputBuilder {
 public:
-  // `namespaced`: Request::echo["namespaced"], the namespace tools' full names to their parts.
+  // `namespaced`: Request::namespaced.
   OutputBuilder(std::string response_id, bool encrypted_reasoning, bool summary, json namespaced)
       : id_(std::move(response_id)), encrypted_(encrypted_reasoning), summary_(summary),
         namespaced_(std::move(namespaced)) {}

@@ -524,7 +524,7 @@ struct Routes {
     auto call = std::make_shared<Call>();
     Job &job = call->job;
     auto meta = std::make_shared<responses::Request>();
-    const responses::Options options{s.responses_store_.get(), s.options_.drop_hosted_tools, 0};
+    const responses::Options options{s.responses_store_.get(), s.options_.drop_hosted_tools};
     std::optional<ApiError> e;
     {
       std::lock_guard lock(s.text_mutex_);
@@ -554,10 +554,8 @@ struct Routes {
     if (job.stream) return responses_stream(req, res, call, meta, id, created);
     if (!wait_all(req, *call))
       return fail(res, {499, "the client closed the connection", "", "client_closed"});
-    const ChoiceOutput &out = *call->outs[0];
-    (void)out;
     responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id), meta->encrypted_reasoning,
-                                   meta->summary, meta->echo["namespaced"]);
+                                   meta->summary, meta->namespaced);
     for (const ChoiceOutput::Delta &d : call->deltas) (void)items.add(d);
     (void)items.close();
     const responses::Outcome outcome = responses_outcome(*call);
@@ -591,7 +589,7 @@ struct Routes {
                      const json &response) {
     if (!meta.store || !s.responses_store_) return;
     responses::Stored stored;
-    stored.input = meta.input, stored.output = output, stored.instructions = meta.instructions;
+    stored.input = meta.input, stored.output = output;
     stored.response = response;
     s.responses_store_->put(id, std::move(stored));
   }
@@ -633,8 +631,7 @@ struct Routes {
       constexpr auto kKeepAlive = std::chrono::seconds(15);
       auto last_write = Clock::now();
       responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id),
-                                     meta->encrypted_reasoning, meta->summary,
-                                     meta->echo["namespaced"]);
+                                     meta->encrypted_reasoning, meta->summary, meta->namespaced);
       auto write = [&](const json &ev) {
         const std::string text =
             "event: " + ev["type"].get<std::string>() + "\ndata: " + dump(ev) + "\n\n";

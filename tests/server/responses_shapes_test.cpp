@@ -81,14 +81,14 @@ TEST(ResponsesShapes, NoSummaryOrSealUnlessAsked) {
 TEST(ResponsesShapes, TheStoreKeepsTheLastAndDropsTheLeastRecentlyUsed) {
   Store store(2);
   Stored a, b, c;
-  a.instructions = "a", b.instructions = "b", c.instructions = "c";
+  a.response = {{"id", "a"}}, b.response = {{"id", "b"}}, c.response = {{"id", "c"}};
   store.put("a", a);
   store.put("b", b);
   ASSERT_TRUE(store.get("a")); // a is now the most recent: b goes next
   store.put("c", c);
   EXPECT_TRUE(store.get("a"));
   EXPECT_FALSE(store.get("b"));
-  EXPECT_EQ(store.get("c")->instructions, "c");
+  EXPECT_EQ(store.get("c")->response["id"], "c");
   EXPECT_TRUE(store.erase("c"));
   EXPECT_FALSE(store.erase("c"));
   Store none(0);
