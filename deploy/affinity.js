@@ -3,10 +3,11 @@
 // sends every turn of a conversation to the replica holding its KV cache.
 //   1. a session header the client sets: X-Session-Id, X-Conversation-Id, Claude Code's
 //      X-Claude-Code-Session-Id or Codex's session-id;
-//   2. else the conversation's first messages (chat: the system message, if any, and the first
+//   2. else the Responses API's prompt_cache_key;
+//   3. else the conversation's first messages (chat: the system message, if any, and the first
 //      user message; Anthropic's Messages: its `system` too; completions: the first 512
 //      characters of the prompt), which every later turn resends unchanged;
-//   3. else (a body nginx could not read, or neither field) a random key: any replica will do.
+//   4. else (a body nginx could not read, or neither field) a random key: any replica will do.
 function key(r) {
   var session = r.headersIn['X-Session-Id'] || r.headersIn['X-Conversation-Id'] ||
       r.headersIn['X-Claude-Code-Session-Id'] || r.headersIn['session-id'];
@@ -17,6 +18,9 @@ function key(r) {
   } catch (e) {
     body = null;
   }
+  // The Responses API's own session key (Codex sends its thread id).
+  if (body && typeof body.prompt_cache_key === 'string' && body.prompt_cache_key)
+    return 'k:' + body.prompt_cache_key;
   if (body && Array.isArray(body.messages)) {
     var first = [];
     for (var i = 0; i < body.messages.length; i++) {

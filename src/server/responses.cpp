@@ -50,7 +50,7 @@ std::string str(const json &j, const char *key) {
 }
 
 // Top-level fields; anything else is refused by name. metadata, user, safety_identifier,
-// service_tier, prompt_cache_key (the replicas' affinity reads it) and client_metadata change
+// service_tier, prompt_cache_key (deploy/affinity.js keys the replica on it) and client_metadata change
 // nothing an answer holds on one server.
 const std::set<std::string> kFields = {"model",
                                        "input",

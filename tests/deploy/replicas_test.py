@@ -133,6 +133,16 @@ def main():
                 pinned = pinned or replica
                 check(replica == pinned, f"{header} turn {k} went to {replica}, not {pinned}")
 
+        # The Responses API's prompt_cache_key pins too, whatever the input.
+        pinned = None
+        for k in range(3):
+            status, replica, body = post(port, "/v1/responses",
+                                         {"input": f"yet another opening {k}", "max_output_tokens": 4,
+                                          "temperature": 0, "store": False, "prompt_cache_key": "thread-9"})
+            check(status == 200, f"responses {k}: status {status}: {body}")
+            pinned = pinned or replica
+            check(replica == pinned, f"prompt_cache_key turn {k} went to {replica}, not {pinned}")
+
         # Each replica's own /metrics counts its own requests.
         for addr, p in replicas.items():
             n = sum(1 for h in home.values() if h == addr)
