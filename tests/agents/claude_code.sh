@@ -9,37 +9,16 @@
 #   claude_code.sh OFFGRAPH MODEL WORKDIR SOURCE_DIR
 set -euo pipefail
 offgraph=$1 model=$2 dir=$3 src=$4
-if [ -z "${OFFGRAPH_AGENTS_CLIENTS:-}" ]; then
-  # npm needs the network: the client is installed (once, cached) before the namespace.
-  clients=$("$src/scripts/agent-clients.sh" | tail -1)
-  if unshare -rn true 2>/dev/null; then
-    exec env OFFGRAPH_AGENTS_CLIENTS="$clients" OFFGRAPH_AGENTS_NETNS=1 unshare -rn bash "$0" "$@"
-  fi
-  echo "claude_code: no network namespace here (unshare -rn refused): loopback by configuration only"
-  export OFFGRAPH_AGENTS_CLIENTS=$clients
-fi
-if [ -n "${OFFGRAPH_AGENTS_NETNS:-}" ]; then
-  ip link set lo up
-  echo "claude_code: in a network namespace with loopback only"
-fi
-claude=$OFFGRAPH_AGENTS_CLIENTS/node_modules/.bin/claude
+. "$src/tests/agents/loopback.sh"
+agents_loopback claude_code "$src" "$0" "$@"
+claude=$clients/node_modules/.bin/claude
 rm -rf "$dir/claude-code"
 mkdir -p "$dir/claude-code/home" "$dir/claude-code/work"
 log=$dir/claude-code/serve.log
 # Claude Code's system prompt and tools come to about 36,000 tokens of this model's vocabulary,
 # and it asks for max_tokens 32000: the context holds both.
-"$offgraph" serve -m "$model" --port 0 -c 131072 --alias agents-test --alias 'claude-*' \
-  >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9]*\), ready.*|\1|p' "$log")
-  [ -n "$port" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "serve exited before it was ready"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$log"; echo "serve was not ready in 60 s"; exit 1; }
+. "$src/tests/serve_ready.sh"
+serve_ready "$log" "$offgraph" serve -m "$model" --port 0 -c 131072 --alias agents-test --alias 'claude-*'
 
 export HOME=$dir/claude-code/home
 export ANTHROPIC_BASE_URL=http://127.0.0.1:$port ANTHROPIC_API_KEY=sk-offgraph-agents

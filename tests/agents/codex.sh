@@ -8,34 +8,14 @@
 #   codex.sh OFFGRAPH MODEL WORKDIR SOURCE_DIR
 set -euo pipefail
 offgraph=$1 model=$2 dir=$3 src=$4
-if [ -z "${OFFGRAPH_AGENTS_CLIENTS:-}" ]; then
-  clients=$("$src/scripts/agent-clients.sh" | tail -1)
-  if unshare -rn true 2>/dev/null; then
-    exec env OFFGRAPH_AGENTS_CLIENTS="$clients" OFFGRAPH_AGENTS_NETNS=1 unshare -rn bash "$0" "$@"
-  fi
-  echo "codex: no network namespace here (unshare -rn refused): loopback by configuration only"
-  export OFFGRAPH_AGENTS_CLIENTS=$clients
-fi
-if [ -n "${OFFGRAPH_AGENTS_NETNS:-}" ]; then
-  ip link set lo up
-  echo "codex: in a network namespace with loopback only"
-fi
-codex=$OFFGRAPH_AGENTS_CLIENTS/node_modules/.bin/codex
+. "$src/tests/agents/loopback.sh"
+agents_loopback codex "$src" "$0" "$@"
+codex=$clients/node_modules/.bin/codex
 rm -rf "$dir/codex"
 mkdir -p "$dir/codex/home" "$dir/codex/work"
 log=$dir/codex/serve.log
-"$offgraph" serve -m "$model" --port 0 -c 131072 --alias agents-test --drop-hosted-tools \
-  >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9]*\), ready.*|\1|p' "$log")
-  [ -n "$port" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "serve exited before it was ready"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$log"; echo "serve was not ready in 60 s"; exit 1; }
+. "$src/tests/serve_ready.sh"
+serve_ready "$log" "$offgraph" serve -m "$model" --port 0 -c 131072 --alias agents-test --drop-hosted-tools
 
 # Codex's own settings: a custom provider on the Responses wire, no update check, no analytics.
 cat >"$dir/codex/home/config.toml" <<TOML

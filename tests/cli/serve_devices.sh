@@ -7,18 +7,8 @@ set -euo pipefail
 offgraph=$1 model=$2 dir=$3
 mkdir -p "$dir"
 log=$dir/serve-devices.log
-"$offgraph" serve -m "$model" --port 0 -ngl all -c 512 --parallel 1 >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
-# The port the server took is in its ready line.
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|.* on http://127\.0\.0\.1:\([0-9]*\), ready.*|\1|p' "$log")
-  [ -n "$port" ] && break
-  kill -0 $pid 2>/dev/null || { cat "$log"; echo "serve exited before it was ready"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$log"; echo "serve was not ready in 60 s"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/../serve_ready.sh"
+serve_ready "$log" "$offgraph" serve -m "$model" --port 0 -ngl all -c 512 --parallel 1
 answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" \
   -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0}')
 echo "$answer"
