@@ -303,6 +303,15 @@ struct Routes {
       whole(req, res, call, chat);
   }
 
+  // A stream's client went away (or the server is stopping): its request is cancelled; the
+  // channel outlives the handler, so the engine's last events are harmless. False: the provider
+  // stops.
+  bool stream_gone(const Call &call) {
+    if (!s.stopping_) ++s.counters_.disconnects;
+    cancel(call.id);
+    return false;
+  }
+
   // Waits for every choice's last event, applying each; false when the client went away (its
   // request is then cancelled).
   bool wait_all(const httplib::Request &req, Call &call) {
@@ -357,13 +366,7 @@ struct Routes {
       auto chunk = [&](int32_t c, const json &delta, const json &finish) {
         return write(chunk_body(call->head, c, delta, streamed_logprobs(*call, c, chat), finish));
       };
-      // The client went away (or the server is stopping): cancel; the channel outlives this
-      // handler, so the engine's last events are harmless.
-      auto gone = [&] {
-        if (!s.stopping_) ++s.counters_.disconnects;
-        cancel(call->id);
-        return false;
-      };
+      auto gone = [&] { return stream_gone(*call); };
       if (chat)
         for (int32_t c = 0; c < call->job.request.n; ++c)
           if (!chunk(c, {{"role", "assistant"}, {"content", ""}}, nullptr)) return gone();
@@ -467,11 +470,7 @@ struct Routes {
         last_write = Clock::now();
         return sink.write(text.data(), text.size());
       };
-      auto gone = [&] {
-        if (!s.stopping_) ++s.counters_.disconnects;
-        cancel(call->id);
-        return false;
-      };
+      auto gone = [&] { return stream_gone(*call); };
       const size_t prompt = call->job.request.prompt.size();
       bool started = false;
       auto start = [&](int cached) {
@@ -638,11 +637,7 @@ struct Routes {
         last_write = Clock::now();
         return sink.write(text.data(), text.size());
       };
-      auto gone = [&] {
-        if (!s.stopping_) ++s.counters_.disconnects;
-        cancel(call->id);
-        return false;
-      };
+      auto gone = [&] { return stream_gone(*call); };
       const json pending = responses::response_object(id, created, s.options_.model_name, *meta,
                                                       json::array(), nullptr);
       if (!write(items.event({{"type", "response.created"}, {"response", pending}})) ||
