@@ -1,0 +1,256 @@
+#include "sample/grammar_exclude.h"
+
+#include <array>
+#include <map>
+#include <optional>
+#include <utility>
+
+namespace offgraph::sample {
+
+namespace {
+
+using States = uint64_t; // a set of automaton states, one bit each
+constexpr uint8_t kDead = 0xFF;
+States bit(uint32_t s) { return States(1) << s; }
+
+// Aho-Corasick over bytes with the states that complete a forbidden string removed: next[s][b]
+// is the state after reading b in s, or kDead. State 0 is "no forbidden string begun".
+struct Automaton {
+  std::vector<std::array<uint8_t, 256>> next;
+  uint32_t size() const { return uint32_t(next.size()); }
+};
+
+Result<Automaton> build_automaton(std::span<const std::string> forbidden) {
+  if (forbidden.empty()) return Status::error("no substring to leave out");
+  size_t total = 0;
+  for (const std::string &f : forbidden) {
+    if (f.empty()) return Status::error("a substring to leave out is empty");
+    total += f.size();
+  }
+  if (total > kMaxExcludedBytes)
+    return Status::error("the substrings to leave out hold " + std::to_string(total) +
+                         " bytes, past " + std::to_string(kMaxExcludedBytes));
+  std::vector<std::array<int, 256>> child(1);
+  child[0].fill(-1);
+  std::vector<bool> terminal(1, false);
+  for (const std::string &f : forbidden) {
+    int u = 0;
+    for (char c : f) {
+      int &v = child[size_t(u)][uint8_t(c)];
+      if (v < 0) {
+        v = int(child.size());
+        child.emplace_back().fill(-1);
+        terminal.push_back(false);
+      }
+      u = v;
+    }
+    terminal[size_t(u)] = true;
+  }
+  // Breadth first: a node's failure link is shorter, so already complete.
+  const size_t n = child.size();
+  std::vector<std::array<int, 256>> go(n);
+  std::vector<int> fail(n, 0), order{0};
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int u = order[k];
+    for (int c = 0; c < 256; ++c) {
+      const int v = child[size_t(u)][size_t(c)];
+      if (v < 0) {
+        go[size_t(u)][size_t(c)] = u == 0 ? 0 : go[size_t(fail[size_t(u)])][size_t(c)];
+        continue;
+      }
+      go[size_t(u)][size_t(c)] = v;
+      fail[size_t(v)] = u == 0 ? 0 : go[size_t(fail[size_t(u)])][size_t(c)];
+      // A string that ends inside this one (its failure chain) is found here too.
+      if (terminal[size_t(fail[size_t(v)])]) terminal[size_t(v)] = true;
+      order.push_back(v);
+    }
+  }
+  std::vector<int> id(n, -1);
+  int live = 0;
+  for (int u : order)
+    if (!terminal[size_t(u)]) id[size_t(u)] = live++;
+  Automaton a;
+  a.next.resize(size_t(live));
+  for (int u : order) {
+    if (id[size_t(u)] < 0) continue;
+    for (int c = 0; c < 256; ++c) {
+      const int t = go[size_t(u)][size_t(c)];
+      a.next[size_t(id[size_t(u)])][size_t(c)] = id[size_t(t)] < 0 ? kDead : uint8_t(id[size_t(t)]);
+    }
+  }
+  return a;
+}
+
+// The product of a grammar with the automaton (Bar-Hillel): rule A read from state p to state q
+// becomes rule A[p,q]; an alternative's elements are chained through rules C[i,s,q] ("from
+// element i in state s, ending in q"). Only pairs that some sentence reaches are built: ends()
+// first computes, per rule and start state, the states its sentences can end in.
+class Product {
+public:
+  Product(const Grammar &g, Automaton a) : g_(g), a_(std::move(a)) {}
+
+  Result<Grammar> run() {
+    compute_ends();
+    const States roots = ends_[g_.root][0];
+    if (!roots)
+      return Status::error("the grammar matches nothing once the forbidden text is left out");
+    std::vector<Sequence> alternatives;
+    for (uint32_t q = 0; q < a_.size(); ++q)
+      if (roots & bit(q)) alternatives.push_back({GrammarBuilder::ref(rule_ref(g_.root, 0, q))});
+    const uint32_t root = b_.declare(g_.rules[g_.root].name + "-filtered");
+    b_.define(root, std::move(alternatives));
+    while (!todo_.empty()) {
+      if (b_.rule_count() > kMaxGrammarRules)
+        return Status::error("the grammar grows past " + std::to_string(kMaxGrammarRules) +
+                             " rules once the forbidden text is left out");
+      const Key k = todo_.back();
+      todo_.pop_back();
+      define(k);
+    }
+    return std::move(b_).finish(root);
+  }
+
+private:
+  // {rule, alternative (kWhole: the rule itself), element, from state, to state}
+  using Key = std::array<uint32_t, 5>;
+  static constexpr uint32_t kWhole = 0xFFFFFFFFu;
+
+  // The bytes of set `set` that lead from state s to each state t (dead ones dropped).
+  const std::vector<std::pair<uint8_t, ByteSet>> &split(uint32_t set, uint32_t s) {
+    auto [it, fresh] = splits_.try_emplace({set, s});
+    if (fresh) {
+      std::array<ByteSet, 64> by_target{};
+      States seen = 0;
+      for (int c = 0; c < 256; ++c) {
+        if (!g_.byte_sets[set].test(uint8_t(c))) continue;
+        const uint8_t t = a_.next[s][size_t(c)];
+        if (t == kDead) continue;
+        by_target[t].set(uint8_t(c));
+        seen |= bit(t);
+      }
+      for (uint32_t t = 0; t < a_.size(); ++t)
+        if (seen & bit(t)) it->second.push_back({uint8_t(t), by_target[t]});
+    }
+    return it->second;
+  }
+
+  States step(const Element &e, uint32_t s) {
+    if (e.kind == Element::Kind::kSpecial) return bit(0); // a special token is no text
+    if (e.kind == Element::Kind::kRule) return ends_[e.value][s];
+    States out = 0;
+    for (const auto &[t, bytes] : split(e.value, s)) out |= bit(t);
+    return out;
+  }
+
+  States run(const Sequence &seq, size_t from, States current) {
+    for (size_t i = from; i < seq.size() && current; ++i) {
+      States next = 0;
+      for (uint32_t s = 0; s < a_.size(); ++s)
+        if (current & bit(s)) next |= step(seq[i], s);
+      current = next;
+    }
+    return current;
+  }
+
+  // Least fixed point: sweeps until no rule's end states grow (monotone, so it terminates).
+  void compute_ends() {
+    ends_.assign(g_.rules.size(), std::vector<States>(a_.size(), 0));
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (uint32_t r = 0; r < g_.rules.size(); ++r)
+        for (uint32_t p = 0; p < a_.size(); ++p)
+          for (const Sequence &alt : g_.rules[r].alternatives) {
+            const States got = run(alt, 0, bit(p));
+            if (got & ~ends_[r][p]) {
+              ends_[r][p] |= got;
+              changed = true;
+            }
+          }
+    }
+  }
+
+  // Memoized: the end states of alternative `alt` of `rule` from element i in state s.
+  States suffix(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s) {
+    auto [it, fresh] = suffixes_.try_emplace({rule, alt, i, s, 0}, 0);
+    if (fresh) it->second = run(g_.rules[rule].alternatives[alt], i, bit(s));
+    return it->second;
+  }
+
+  uint32_t rule_ref(uint32_t rule, uint32_t p, uint32_t q) { return get({rule, kWhole, 0, p, q}); }
+  uint32_t chain_ref(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, uint32_t q) {
+    return get({rule, alt, i, s, q});
+  }
+  uint32_t get(const Key &k) {
+    auto [it, fresh] = rules_.try_emplace(k, 0);
+    if (fresh) {
+      std::string name = g_.rules[k[0]].name;
+      if (k[1] != kWhole) name += "-" + std::to_string(k[1]) + "." + std::to_string(k[2]);
+      it->second = b_.declare(name + "@" + std::to_string(k[3]) + "-" + std::to_string(k[4]));
+      todo_.push_back(k);
+    }
+    return it->second;
+  }
+
+  void define(const Key &k) {
+    const auto [rule, alt, i, s, q] = k;
+    std::vector<Sequence> alternatives;
+    if (alt == kWhole) {
+      for (uint32_t a = 0; a < g_.rules[rule].alternatives.size(); ++a)
+        if (suffix(rule, a, 0, s) & bit(q)) chain(rule, a, 0, s, q, alternatives);
+    } else {
+      chain(rule, alt, i, s, q, alternatives);
+    }
+    b_.define(rules_.at(k), std::move(alternatives));
+  }
+
+  // The ways element i of the alternative, read from state s, continues to end in q; the caller
+  // knows that some do.
+  void chain(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, uint32_t q,
+             std::vector<Sequence> &out) {
+    const Sequence &seq = g_.rules[rule].alternatives[alt];
+    if (i == seq.size()) {
+      out.push_back({}); // s == q here
+      return;
+    }
+    auto emit = [&](Element first, uint32_t t) {
+      if (!(suffix(rule, alt, i + 1, t) & bit(q))) return;
+      Sequence s_out{first};
+      if (i + 1 < seq.size())
+        s_out.push_back(GrammarBuilder::ref(chain_ref(rule, alt, i + 1, t, q)));
+      out.push_back(std::move(s_out));
+    };
+    const Element &e = seq[i];
+    switch (e.kind) {
+    case Element::Kind::kSpecial:
+      emit(e, 0);
+      break;
+    case Element::Kind::kBytes:
+      for (const auto &[t, bytes] : split(e.value, s)) emit(b_.bytes(bytes), t);
+      break;
+    case Element::Kind::kRule:
+      for (uint32_t t = 0; t < a_.size(); ++t)
+        if (ends_[e.value][s] & bit(t)) emit(GrammarBuilder::ref(rule_ref(e.value, s, t)), t);
+      break;
+    }
+  }
+
+  const Grammar &g_;
+  Automaton a_;
+  GrammarBuilder b_;
+  std::vector<std::vector<States>> ends_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint8_t, ByteSet>>> splits_;
+  std::map<Key, States> suffixes_;
+  std::map<Key, uint32_t> rules_;
+  std::vector<Key> todo_;
+};
+
+} // namespace
+
+Result<Grammar> exclude_substrings(const Grammar &grammar, std::span<const std::string> forbidden) {
+  auto automaton = build_automaton(forbidden);
+  if (!automaton.ok()) return automaton.status();
+  if (Status s = validate_grammar(grammar); !s.ok()) return s;
+  return Product(grammar, std::move(automaton).value()).run();
+}
+
+} // namespace offgraph::sample

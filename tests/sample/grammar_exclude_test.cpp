@@ -1,0 +1,168 @@
+// exclude_substrings against its definition, checked by the Earley recognizer: a string is a
+// sentence of the result exactly when it is one of the grammar and holds no forbidden string.
+// Random grammars over a small alphabet (so that forbidden strings occur often), random strings
+// and sentences drawn from the grammar; overlapping forbidden strings, where a naive automaton
+// without failure links misses one inside another.
+#include "sample/grammar_exclude.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace offgraph::sample {
+namespace {
+
+constexpr char kAlphabet[] = {'<', '|', 'a', '/', 'b'};
+
+bool holds_any(std::string_view s, const std::vector<std::string> &forbidden) {
+  for (const std::string &f : forbidden)
+    if (s.find(f) != std::string_view::npos) return true;
+  return false;
+}
+
+bool accepts(const Grammar &g, std::string_view s) {
+  auto r = grammar_accepts(g, s);
+  EXPECT_TRUE(r.ok()) << r.message();
+  return r.ok() && *r;
+}
+
+// Rules refer only to later rules (no left recursion), plus one unbounded repetition so that
+// sentences can be long.
+Grammar random_grammar(std::mt19937 &rng) {
+  GrammarBuilder b;
+  constexpr int kRules = 5;
+  std::vector<uint32_t> ids;
+  for (int r = 0; r < kRules; ++r) ids.push_back(b.declare("r" + std::to_string(r)));
+  for (int r = kRules - 1; r >= 0; --r) {
+    std::vector<Sequence> alternatives;
+    const int n_alt = 1 + int(rng() % 3);
+    for (int a = 0; a < n_alt; ++a) {
+      Sequence seq;
+      const int len = int(rng() % 4);
+      for (int i = 0; i < len; ++i) {
+        const int pick = int(rng() % 4);
+        if (pick == 0 && r + 1 < kRules) {
+          seq.push_back(GrammarBuilder::ref(ids[size_t(r + 1 + int(rng() % (kRules - r - 1)))]));
+        } else if (pick == 1) {
+          ByteSet set;
+          for (char c : kAlphabet)
+            if (rng() % 2) set.set(uint8_t(c));
+          if (set.empty()) set.set('a');
+          seq.push_back(b.bytes(set));
+        } else {
+          seq.push_back(b.byte(uint8_t(kAlphabet[rng() % 5])));
+        }
+      }
+      if (a == 0 && r == kRules - 1 && seq.empty()) seq.push_back(b.byte('b'));
+      alternatives.push_back(std::move(seq));
+    }
+    if (r == 1) { // a star over the next rule's language (never empty: no left recursion)
+      auto star = b.repeat("star", {GrammarBuilder::ref(ids[2]), b.byte('a')}, 0, kUnbounded);
+      alternatives.push_back({*star, b.byte('|')});
+    }
+    b.define(ids[size_t(r)], std::move(alternatives));
+  }
+  auto g = std::move(b).finish(ids[0]);
+  EXPECT_TRUE(g.ok()) << g.message();
+  return std::move(g).value();
+}
+
+// A random derivation from rule r, bounded in depth (a dead end gives up: nullopt).
+std::optional<std::string> derive(const Grammar &g, uint32_t r, std::mt19937 &rng, int depth) {
+  if (depth > 12) return std::nullopt;
+  const auto &alts = g.rules[r].alternatives;
+  const Sequence &seq = alts[rng() % alts.size()];
+  std::string out;
+  for (const Element &e : seq) {
+    if (e.kind == Element::Kind::kRule) {
+      auto part = derive(g, e.value, rng, depth + 1);
+      if (!part) return std::nullopt;
+      out += *part;
+      continue;
+    }
+    std::vector<uint8_t> options;
+    for (int c = 0; c < 256; ++c)
+      if (g.byte_sets[e.value].test(uint8_t(c))) options.push_back(uint8_t(c));
+    out.push_back(char(options[rng() % options.size()]));
+  }
+  return out;
+}
+
+void check_against_definition(const std::vector<std::string> &forbidden, uint32_t seed) {
+  std::mt19937 rng(seed);
+  int sentences = 0, kept = 0;
+  for (int trial = 0; trial < 100; ++trial) {
+    const Grammar g = random_grammar(rng);
+    auto filtered = exclude_substrings(g, forbidden);
+    if (!filtered.ok()) {
+      // Only when nothing survives: then no drawn sentence may be free of the strings.
+      EXPECT_NE(filtered.message().find("matches nothing"), std::string::npos)
+          << filtered.message();
+      for (int i = 0; i < 50; ++i) {
+        if (auto s = derive(g, g.root, rng, 0)) {
+          EXPECT_TRUE(holds_any(*s, forbidden)) << *s;
+        }
+      }
+      continue;
+    }
+    for (int i = 0; i < 120; ++i) {
+      std::string s;
+      if (i % 2 == 0) {
+        auto d = derive(g, g.root, rng, 0);
+        if (!d) continue;
+        s = *d;
+      } else {
+        const int len = int(rng() % 8);
+        for (int k = 0; k < len; ++k) s.push_back(kAlphabet[rng() % 5]);
+      }
+      const bool in_g = accepts(g, s);
+      const bool want = in_g && !holds_any(s, forbidden);
+      EXPECT_EQ(accepts(*filtered, s), want) << "'" << s << "' trial " << trial;
+      sentences += in_g;
+      kept += want;
+    }
+  }
+  // The draws must exercise both sides, or the comparison proves nothing.
+  EXPECT_GT(kept, 100);
+  EXPECT_GT(sentences - kept, 40) << kept << " kept of " << sentences;
+}
+
+TEST(ExcludeSubstrings, KeepsExactlyTheSentencesWithoutTheStrings) {
+  check_against_definition({"<|"}, 1);
+  check_against_definition({"<|", "</a", "<a/"}, 2);
+}
+
+TEST(ExcludeSubstrings, FindsAStringInsideAnother) {
+  // "ab" inside "<ab/": read on the way to the longer string, the automaton must see it through
+  // its failure links.
+  check_against_definition({"<ab/", "ab", "b|b"}, 3);
+  check_against_definition({"a|b<", "|b"}, 5);
+  check_against_definition({"aaa", "a<a"}, 4);
+}
+
+TEST(ExcludeSubstrings, ASpecialTokenBreaksTheText) {
+  GrammarBuilder b;
+  const Element root = b.rule(
+      "root", {{b.byte('<'), GrammarBuilder::special(7), b.byte('|')}, {b.byte('<'), b.byte('|')}});
+  const Grammar g = *std::move(b).finish(root.value);
+  auto f = exclude_substrings(g, std::vector<std::string>{"<|"});
+  ASSERT_TRUE(f.ok()) << f.message();
+  const std::vector<int32_t> with_special = {'<', 256 + 7, '|'};
+  EXPECT_TRUE(*grammar_accepts_symbols(*f, with_special));
+  EXPECT_FALSE(accepts(*f, "<|"));
+}
+
+TEST(ExcludeSubstrings, RefusesWhatItCannotDo) {
+  GrammarBuilder b;
+  const Element root = b.rule("root", {b.literal("x<|y")});
+  const Grammar g = *std::move(b).finish(root.value);
+  auto none = exclude_substrings(g, std::vector<std::string>{"<|"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.message().find("matches nothing"), std::string::npos) << none.message();
+  EXPECT_FALSE(exclude_substrings(g, std::vector<std::string>{}).ok());
+  EXPECT_FALSE(exclude_substrings(g, std::vector<std::string>{""}).ok());
+  EXPECT_FALSE(exclude_substrings(g, std::vector<std::string>{std::string(64, 'a')}).ok());
+}
+
+} // namespace
+} // namespace offgraph::sample
