@@ -514,6 +514,17 @@ Result<Element> JsonSchemaCompiler::raw_string(const Json &schema, const std::st
   return impl_->raw_string(schema, path, terminator, 0);
 }
 
+Result<Element> JsonSchemaCompiler::raw_pattern(std::string_view pattern,
+                                                const std::string &where) {
+  auto parsed = json_schema_detail::parse_pattern(pattern, where);
+  if (!parsed) return parsed.status();
+  for (auto &branch : parsed->branches) branch.anchored_start = branch.anchored_end = true;
+  auto content = impl_->pattern_content(*parsed, json_schema_detail::Encoding::kRaw);
+  if (!content) return content.status();
+  if (content->size() == 1) return (*content)[0];
+  return impl_->builder().rule("regex", {std::move(*content)});
+}
+
 Element JsonSchemaCompiler::any_value() { return impl_->any_value(); }
 Element JsonSchemaCompiler::any_object() { return impl_->any_object(); }
 Element JsonSchemaCompiler::whitespace() { return impl_->ws(); }

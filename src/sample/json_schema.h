@@ -72,6 +72,10 @@ public:
   // quoted nor escaped, that never contains `terminator` (non-empty).
   Result<Element> raw_string(const nlohmann::ordered_json &schema, const std::string &path,
                              std::string_view terminator);
+  // Text that `pattern` (the ECMA-262 subset of 'pattern', json_schema.h) matches whole, as if
+  // anchored at both ends, written raw: a regular expression terminal of another grammar (Lark's
+  // /.../). `where` starts each message.
+  Result<Element> raw_pattern(std::string_view pattern, const std::string &where);
   Element any_value();  // any JSON value
   Element any_object(); // any JSON object
   Element whitespace(); // what may stand between tokens: "" | " " | "\n" [ \t]{0,20}

@@ -80,6 +80,8 @@ public:
   Element ws();
 
   const Status &limits() const { return limits_; }
+  GrammarBuilder &builder() { return b; }
+  Result<Sequence> pattern_content(const Pattern &pattern, Encoding enc);
 
 private:
   friend class NonLeading;
@@ -123,7 +125,6 @@ private:
   Result<Element> string_value(const Json &schema, const std::string &path);
   Result<Sequence> string_content(const Json &schema, const std::string &path, Encoding enc,
                                   std::string_view terminator);
-  Result<Sequence> pattern_content(const Pattern &pattern, Encoding enc);
   Result<Sequence> regex_node(const RegexNode &node, Encoding enc);
   Element char_set(const Ranges &set, Encoding enc);
   Element json_char();
