@@ -1,36 +1,26 @@
-// parse_lark against what the grammars mean, checked by the Earley recognizer: Codex's apply_patch
-// grammar (the text Codex 0.171.0 sends as its custom tool's format, read from its binary) on
-// patches Codex's own parser takes and ones it refuses; each construct of the subset on strings
-// in and out of its language; Lark's common terminals; refusals by name.
+// parse_lark against Lark itself (vectors/lark_vectors.json, written by lark_vectors.py with
+// python3-lark) and against what the grammars mean, checked by the Earley recognizer: Codex's
+// apply_patch grammar (the text Codex 0.171.0 sends as its custom tool's format, read from its
+// binary) on patches and near misses; each construct of the subset; Lark's common terminals;
+// refusals by name.
 #include "sample/grammar_exclude.h"
 #include "sample/lark.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 
 namespace offgraph::sample {
 namespace {
 
-// codex-rs/core tool_apply_patch.lark as shipped in @openai/codex 0.171.0.
-constexpr std::string_view kApplyPatch = R"(start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-
-%import common.LF
-)";
+// codex-rs/core tool_apply_patch.lark as @openai/codex 0.171.0 sends it (apply_patch.lark).
+std::string read_file(const std::string &name) {
+  std::ifstream in(std::string(OFFGRAPH_SAMPLE_TEST_DIR) + "/" + name, std::ios::binary);
+  EXPECT_TRUE(in.good()) << name;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+const std::string kApplyPatch = read_file("apply_patch.lark");
 
 Grammar lark(std::string_view text) {
   auto g = parse_lark(text);
@@ -48,6 +38,23 @@ std::string refusal(std::string_view text) {
   auto g = parse_lark(text);
   EXPECT_FALSE(g.ok()) << text;
   return g.ok() ? std::string() : g.message();
+}
+
+TEST(Lark, TakesWhatLarkTakes) {
+  const auto vectors = nlohmann::json::parse(read_file("vectors/lark_vectors.json"));
+  size_t checked = 0, accepted = 0;
+  for (const auto &g : vectors["grammars"]) {
+    const Grammar grammar = lark(g["grammar"].get<std::string>());
+    for (const auto &c : g["cases"]) {
+      const std::string text = c["text"];
+      EXPECT_EQ(accepts(grammar, text), c["accepted"].get<bool>())
+          << g["name"].get<std::string>() << ": " << nlohmann::json(text).dump();
+      ++checked;
+      accepted += c["accepted"].get<bool>();
+    }
+  }
+  EXPECT_GT(checked, 800u);
+  EXPECT_GT(accepted, 100u);
 }
 
 TEST(Lark, ApplyPatchGrammarTakesCodexPatches) {
