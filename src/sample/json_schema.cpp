@@ -550,3 +550,18 @@ Result<Grammar> json_object_grammar(JsonSchemaOptions options) {
 }
 
 } // namespace offgraph::sample
+
+namespace offgraph::sample {
+
+Result<Grammar> regex_grammar(std::string_view pattern, const std::string &where) {
+  GrammarBuilder builder;
+  const Json none = Json::object();
+  JsonSchemaCompiler compiler(builder, none, {});
+  auto e = compiler.raw_pattern(pattern, where);
+  if (!e) return e.status();
+  const uint32_t root = builder.declare("root");
+  builder.define(root, {{*e}});
+  return std::move(builder).finish(root);
+}
+
+} // namespace offgraph::sample

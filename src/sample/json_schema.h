@@ -90,6 +90,9 @@ Result<Grammar> json_schema_grammar(const nlohmann::ordered_json &schema,
                                     JsonSchemaOptions options = {});
 // Any JSON object (response_format json_object), likewise without surrounding whitespace.
 Result<Grammar> json_object_grammar(JsonSchemaOptions options = {});
+// Text that `pattern` matches whole (JsonSchemaCompiler::raw_pattern): a custom tool's regex
+// format.
+Result<Grammar> regex_grammar(std::string_view pattern, const std::string &where);
 
 class GrammarVocabulary;
 // Computes, on sample answers, the mask tables that most JSON answers in grammars built with

@@ -35,6 +35,10 @@ struct Conversation {
   // Descriptions of tool namespaces (tools named namespace.function), for templates that print
   // them (tool_namespace_descriptions).
   json namespace_descriptions = json::object();
+  // Tools whose one string parameter is free-form input under a grammar (OpenAI custom tools):
+  // name -> {"syntax": "lark" or "regex", "definition"}, or {"syntax": "text"} (any text). The
+  // call is sampled under it.
+  json tool_grammars = json::object();
   // Where errors about each part point, in the API's own field names.
   std::string messages_field = "messages", format_field = "response_format";
 };

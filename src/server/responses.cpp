@@ -50,8 +50,8 @@ std::string str(const json &j, const char *key) {
 }
 
 // Top-level fields; anything else is refused by name. metadata, user, safety_identifier,
-// service_tier, prompt_cache_key (deploy/affinity.js keys the replica on it) and client_metadata change
-// nothing an answer holds on one server.
+// service_tier, prompt_cache_key (deploy/affinity.js keys the replica on it) and client_metadata
+// change nothing an answer holds on one server.
 const std::set<std::string> kFields = {"model",
                                        "input",
                                        "instructions",
@@ -217,14 +217,18 @@ std::optional<ApiError> read_items(const json &items, Conversation &conv) {
         flush_reasoning();
         messages.push_back({{"role", role == "developer" ? "system" : role}, {"content", parts}});
       }
-    } else if (type == "function_call") {
+    } else if (type == "function_call" || type == "custom_tool_call") {
       const std::string call_id = str(item, "call_id"), name = str(item, "name");
       if (call_id.empty() || name.empty())
-        return bad(at, at + ": a function_call needs 'call_id' and 'name'", "invalid_type");
+        return bad(at, at + ": a " + type + " needs 'call_id' and 'name'", "invalid_type");
       const std::string ns = str(item, "namespace");
       const std::string full = ns.empty() ? name : ns + "." + name;
       json args = json::object();
-      if (given(item, "arguments")) {
+      if (type == "custom_tool_call") {
+        if (!item.contains("input") || !item["input"].is_string())
+          return bad(at + ".input", at + ".input must be a string", "invalid_type");
+        args["input"] = item["input"]; // as read_custom_tool shows the tool
+      } else if (given(item, "arguments")) {
         if (!item["arguments"].is_string())
           return bad(at + ".arguments", at + ".arguments must be a string (JSON)", "invalid_type");
         // Bounded depth: a string is not covered by the body's own limit.
@@ -238,13 +242,12 @@ std::optional<ApiError> read_items(const json &items, Conversation &conv) {
       m["tool_calls"].push_back({{"id", call_id},
                                  {"type", "function"},
                                  {"function", {{"name", full}, {"arguments", args}}}});
-    } else if (type == "function_call_output") {
+    } else if (type == "function_call_output" || type == "custom_tool_call_output") {
       flush_reasoning();
       const std::string call_id = str(item, "call_id");
       const auto found = names.find(call_id);
       if (found == names.end())
-        return bad(at + ".call_id",
-                   at + ".call_id '" + call_id + "' answers no function_call before it");
+        return bad(at + ".call_id", at + ".call_id '" + call_id + "' answers no call before it");
       json parts;
       if (auto e = read_parts(item.contains("output") ? item["output"] : json(""), at + ".output",
                               false, parts))
@@ -277,7 +280,8 @@ std::optional<ApiError> read_items(const json &items, Conversation &conv) {
       return bad(at + ".type",
                  at + ".type '" + type +
                      "' is not supported (message, function_call, "
-                     "function_call_output, reasoning)",
+                     "function_call_output, custom_tool_call, custom_tool_call_output, "
+                     "reasoning)",
                  "unsupported");
     }
   }
@@ -302,8 +306,55 @@ json function_tool(const json &t, const std::string &name, const std::string &at
   return {{"type", "function"}, {"function", fn}};
 }
 
+// A custom tool: free-form input, plain text or under a Lark or regex grammar. Shown to the model
+// as a function of one string parameter, `input` (ATEM writes strings raw, so the input is the
+// text itself); its calls come back as custom_tool_call items.
+std::optional<ApiError> read_custom_tool(const json &t, const std::string &at, Conversation &conv,
+                                         json &tool_shapes) {
+  for (const auto &[key, value] : t.items())
+    if (key != "type" && key != "name" && key != "description" && key != "format")
+      return bad(at + "." + key, at + "." + key + " is not supported", "unsupported");
+  const std::string name = str(t, "name");
+  if (name.empty()) return bad(at + ".name", at + " needs a 'name'");
+  std::string described = "The tool's input, as free-form text (not JSON).";
+  if (given(t, "format")) {
+    const json &f = t["format"];
+    const std::string type = str(f, "type");
+    if (type == "grammar") {
+      for (const auto &[key, value] : f.items())
+        if (key != "type" && key != "syntax" && key != "definition")
+          return bad(at + ".format." + key, at + ".format." + key + " is not supported",
+                     "unsupported");
+      const std::string syntax = str(f, "syntax");
+      if (syntax != "lark" && syntax != "regex")
+        return bad(at + ".format.syntax", at + ".format.syntax must be lark or regex");
+      if (!f.contains("definition") || !f["definition"].is_string())
+        return bad(at + ".format.definition", at + ".format.definition must be a string",
+                   "invalid_type");
+      conv.tool_grammars[name] = {{"syntax", syntax}, {"definition", f["definition"]}};
+      described = "The tool's input, as free-form text (not JSON) in this " + syntax +
+                  " grammar:\n" + f["definition"].get<std::string>();
+    } else if (type != "text") {
+      return bad(at + ".format.type", at + ".format.type must be text or grammar");
+    }
+  }
+  if (!conv.tool_grammars.contains(name)) conv.tool_grammars[name] = {{"syntax", "text"}};
+  conv.tools.push_back(
+      {{"type", "function"},
+       {"function",
+        {{"name", name},
+         {"description", given(t, "description") ? t["description"] : json("")},
+         {"parameters",
+          {{"type", "object"},
+           {"properties", {{"input", {{"type", "string"}, {"description", described}}}}},
+           {"required", {"input"}},
+           {"additionalProperties", false}}}}}});
+  tool_shapes[name] = {{"name", name}, {"custom", true}};
+  return std::nullopt;
+}
+
 std::optional<ApiError> read_tools(const json &body, const Options &options, Conversation &conv,
-                                   Request &req, json &namespaced) {
+                                   Request &req, json &tool_shapes) {
   if (!given(body, "tools")) return std::nullopt;
   if (!body["tools"].is_array()) return bad("tools", "'tools' must be a list", "invalid_type");
   size_t i = 0;
@@ -345,16 +396,17 @@ std::optional<ApiError> read_tools(const json &body, const Options &options, Con
         json tool = function_tool(inner, full, in_at, &err);
         if (tool.is_null()) return err;
         conv.tools.push_back(tool);
-        namespaced[full] = {{"namespace", ns}, {"name", inner["name"]}};
+        tool_shapes[full] = {{"namespace", ns}, {"name", inner["name"]}};
       }
-    } else if (kHosted.count(type) || type == "custom") {
-      if (!options.drop_hosted_tools || type == "custom")
+    } else if (type == "custom") {
+      if (auto e = read_custom_tool(t, at, conv, tool_shapes)) return e;
+    } else if (kHosted.count(type)) {
+      if (!options.drop_hosted_tools)
         return bad(at + ".type",
-                   at + ".type '" + type + "': " +
-                       (type == "custom" ? "custom (free-form) tools are not supported yet"
-                                         : "a hosted tool; this server runs none (offgraph serve "
-                                           "--drop-hosted-tools leaves them out and says so in the "
-                                           "X-Offgraph-Dropped-Tools header)"),
+                   at + ".type '" + type +
+                       "': a hosted tool; this server runs none (offgraph serve "
+                       "--drop-hosted-tools leaves them out and says so in the "
+                       "X-Offgraph-Dropped-Tools header)",
                    "unsupported");
       req.dropped_tools.push_back(type);
     } else {
@@ -380,12 +432,13 @@ std::optional<ApiError> read_choice(const json &body, Conversation &conv) {
       return bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
     return std::nullopt;
   }
-  if (str(tc, "type") == "function" && !str(tc, "name").empty()) {
+  if ((str(tc, "type") == "function" || str(tc, "type") == "custom") && !str(tc, "name").empty()) {
     conv.tool_choice = "named", conv.named_tool = str(tc, "name");
     return std::nullopt;
   }
   return bad("tool_choice",
-             "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\"}"
+             "'tool_choice' must be auto, none, required or {\"type\": \"function\" or "
+             "\"custom\", \"name\"}"
              " (allowed_tools and hosted tools are not supported)",
              "unsupported");
 }
@@ -541,7 +594,7 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
     for (const json &x : body["input"]) req.input.push_back(x);
   else
     return bad("input", "'input' must be a string or a list of items", "invalid_type");
-  if (auto e = read_tools(body, options, conv, req, req.namespaced)) return e;
+  if (auto e = read_tools(body, options, conv, req, req.tool_shapes)) return e;
   if (auto e = read_items(req.input, conv)) return e;
   if (auto e = read_choice(body, conv)) return e;
   if (auto e = read_reasoning_and_text(body, conv, req)) return e;
@@ -697,15 +750,20 @@ std::vector<json> OutputBuilder::add(const ChoiceOutput::Delta &delta) {
     for (json &e : close()) out.push_back(std::move(e));
     const size_t index = output_.size();
     const std::string full = call["function"]["name"], args = call["function"]["arguments"];
+    const json shape = tool_shapes_.contains(full) ? tool_shapes_[full] : json::object();
+    if (shape.value("custom", false)) {
+      for (json &e : custom_call(index, call)) out.push_back(std::move(e));
+      continue;
+    }
     json item = {{"id", "fc_" + id_ + "_" + std::to_string(index)},
                  {"type", "function_call"},
                  {"status", "in_progress"},
                  {"call_id", "call_" + id_ + "_" + std::to_string(calls_++)},
                  {"name", full},
                  {"arguments", ""}};
-    if (namespaced_.contains(full)) {
-      item["name"] = namespaced_[full]["name"];
-      item["namespace"] = namespaced_[full]["namespace"];
+    if (shape.contains("namespace")) {
+      item["name"] = shape["name"];
+      item["namespace"] = shape["namespace"];
     }
     out.push_back(
         event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", item}}));
@@ -723,6 +781,40 @@ std::vector<json> OutputBuilder::add(const ChoiceOutput::Delta &delta) {
     out.push_back(
         event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}}));
   }
+  return out;
+}
+
+// A custom tool's call: its input is the one argument read_custom_tool gave it (anything else the
+// model wrote, a call that is not strict, comes as the arguments' JSON).
+std::vector<json> OutputBuilder::custom_call(size_t index, const json &call) {
+  std::vector<json> out;
+  const std::string args = call["function"]["arguments"];
+  json parsed = json::parse(args, nullptr, false);
+  const std::string input = parsed.is_object() && parsed.size() == 1 && parsed.contains("input") &&
+                                    parsed["input"].is_string()
+                                ? parsed["input"].get<std::string>()
+                                : args;
+  json item = {{"id", "ctc_" + id_ + "_" + std::to_string(index)},
+               {"type", "custom_tool_call"},
+               {"status", "in_progress"},
+               {"call_id", "call_" + id_ + "_" + std::to_string(calls_++)},
+               {"name", call["function"]["name"]},
+               {"input", ""}};
+  out.push_back(
+      event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", item}}));
+  out.push_back(event({{"type", "response.custom_tool_call_input.delta"},
+                       {"item_id", item["id"]},
+                       {"output_index", index},
+                       {"delta", input}}));
+  out.push_back(event({{"type", "response.custom_tool_call_input.done"},
+                       {"item_id", item["id"]},
+                       {"output_index", index},
+                       {"input", input}}));
+  item["input"] = input;
+  item["status"] = "completed";
+  output_.push_back(item);
+  out.push_back(
+      event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}}));
   return out;
 }
 

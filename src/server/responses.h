@@ -51,9 +51,9 @@ struct Request {
   bool summary = false;                   // reasoning.summary asked
   std::vector<std::string> dropped_tools; // hosted tools left out (drop_hosted_tools)
   json echo = json::object();             // the request's fields the response object repeats
-  // A namespace tool's full name (namespace.function) to {"namespace", "name"}: what calls are
-  // split back into.
-  json namespaced = json::object();
+  // How calls come back: a namespace tool's full name (namespace.function) to {"namespace",
+  // "name"}; a custom tool's name to {"name", "custom": true} (custom_tool_call items).
+  json tool_shapes = json::object();
 };
 
 struct Options {
@@ -66,15 +66,15 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
                               Job &job, Request &req);
 
 // The output items a choice's answer makes, and the stream events each addition makes: one item
-// open at a time (reasoning, message, function_call), every event with its sequence_number,
+// open at a time (reasoning, message, function_call, custom_tool_call), every event with its sequence_number,
 // output_index and (for parts) content_index; an output_item.done item is the one the final
 // output holds.
 class OutputBuilder {
 public:
-  // `namespaced`: Request::namespaced.
-  OutputBuilder(std::string response_id, bool encrypted_reasoning, bool summary, json namespaced)
+  // `tool_shapes`: Request::tool_shapes.
+  OutputBuilder(std::string response_id, bool encrypted_reasoning, bool summary, json tool_shapes)
       : id_(std::move(response_id)), encrypted_(encrypted_reasoning), summary_(summary),
-        namespaced_(std::move(namespaced)) {}
+        tool_shapes_(std::move(tool_shapes)) {}
   std::vector<json> add(const ChoiceOutput::Delta &delta);
   std::vector<json> close();
   const json &output() const { return output_; }
@@ -84,9 +84,10 @@ public:
 private:
   enum class Open { None, Reasoning, Message };
   void open(Open kind, std::vector<json> &out);
+  std::vector<json> custom_call(size_t index, const json &call);
   std::string id_;
   bool encrypted_, summary_;
-  json namespaced_;
+  json tool_shapes_;
   Open open_ = Open::None;
   json output_ = json::array();
   int64_t sequence_ = 0;

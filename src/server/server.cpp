@@ -554,7 +554,7 @@ struct Routes {
     if (!wait_all(req, *call))
       return fail(res, {499, "the client closed the connection", "", "client_closed"});
     responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id), meta->encrypted_reasoning,
-                                   meta->summary, meta->namespaced);
+                                   meta->summary, meta->tool_shapes);
     for (const ChoiceOutput::Delta &d : call->deltas) (void)items.add(d);
     (void)items.close();
     const responses::Outcome outcome = responses_outcome(*call);
@@ -630,7 +630,7 @@ struct Routes {
       constexpr auto kKeepAlive = std::chrono::seconds(15);
       auto last_write = Clock::now();
       responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id),
-                                     meta->encrypted_reasoning, meta->summary, meta->namespaced);
+                                     meta->encrypted_reasoning, meta->summary, meta->tool_shapes);
       auto write = [&](const json &ev) {
         const std::string text =
             "event: " + ev["type"].get<std::string>() + "\ndata: " + dump(ev) + "\n\n";

@@ -2,6 +2,7 @@
 
 #include "sample/gbnf.h"
 #include "sample/json_schema.h"
+#include "sample/lark.h"
 #include "server/api.h"
 #include "text/atem/atem_grammar.h"
 
@@ -135,7 +136,20 @@ std::optional<ApiError> read_tools(const json &tools, const Conversation &conv,
     const bool strict = strict_given && fn["strict"] == true;
     strict_any |= strict;
     if (conv.tool_choice == "named" && name != conv.named_tool) continue;
-    spec.tools.push_back({name, fn["parameters"], strict});
+    spec.tools.push_back({name, fn["parameters"], strict, std::nullopt});
+    if (!conv.tool_grammars.contains(name)) continue;
+    // A custom tool's input grammar: always enforced, as the format promises; plain text too, so
+    // that the input comes back whole (no marker of the call inside it).
+    const json &g = conv.tool_grammars[name];
+    const std::string syntax = g["syntax"], definition = g.value("definition", "");
+    auto grammar = syntax == "lark"    ? sample::parse_lark(definition)
+                   : syntax == "regex" ? sample::regex_grammar(definition, "regex")
+                                       : sample::regex_grammar("[\\s\\S]*", "text");
+    if (!grammar.ok())
+      return bad("tools", "the " + syntax + " grammar of tool '" + name + "': " + grammar.message(),
+                 "invalid_grammar");
+    spec.tools.back().raw_input = std::move(grammar).value();
+    strict_any = true;
   }
   return std::nullopt;
 }
@@ -200,7 +214,9 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
   if (atem) {
     key["tools"] = json::array();
     for (const auto &t : spec.tools)
-      key["tools"].push_back({t.name, t.strict, t.strict ? t.parameters : json()});
+      key["tools"].push_back(
+          {t.name, t.strict, t.strict ? t.parameters : json(),
+           conv.tool_grammars.contains(t.name) ? conv.tool_grammars[t.name] : json()});
     key["answer"] = !forced;
     key["parallel"] = spec.parallel_calls;
     key["reasoning"] = conv.reasoning_effort != "none";

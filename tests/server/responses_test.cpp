@@ -2,10 +2,12 @@
 // indexes, output_item.done items equal to the final output), streamed = whole, function and
 // namespace tools, a function_call_output turn, previous_response_id and the store (GET, DELETE,
 // eviction, off), hosted tools refused or dropped and reported, cuts as incomplete, overflow as
-// response.failed, reasoning carried back through encrypted_content, text.format.
+// response.failed, reasoning carried back through encrypted_content, text.format, custom tools.
 #include "live_server.h"
 
 #include "server/responses.h"
+
+#include <regex>
 
 namespace offgraph::server::testing {
 namespace {
@@ -348,6 +350,99 @@ TEST(Responses, TextFormatConstrainsTheAnswer) {
   bad = request(4);
   bad["truncation"] = "auto";
   EXPECT_EQ(run.post("/v1/responses", bad).first, 400);
+}
+
+// Custom tools: a regex and a Lark grammar bind the input (checked with std::regex, apart from
+// the grammar machinery), a text one is free; calls come back as custom_tool_call items, streamed
+// through custom_tool_call_input events, and go back in as items with their outputs.
+TEST(Responses, CustomToolsWithGrammarsAndTheirOutputs) {
+  Running run(*shared().model, small_engine(1024), opts("responses-test"));
+  const json calc = {
+      {"type", "custom"},
+      {"name", "calc"},
+      {"description", "Adds or subtracts"},
+      {"format",
+       {{"type", "grammar"}, {"syntax", "regex"}, {"definition", "(add|sub) [0-9]{1,3}"}}}};
+  const json ls = {
+      {"type", "custom"},
+      {"name", "ls"},
+      {"format",
+       {{"type", "grammar"},
+        {"syntax", "lark"},
+        {"definition",
+         "start: \"ls \" NAME (\" -\" FLAG)?\nNAME: /[a-z]{1,8}/\nFLAG: \"a\"..\"z\"\n"}}}};
+  const json note = {{"type", "custom"}, {"name", "note"}, {"format", {{"type", "text"}}}};
+  json req = request(300, "Compute something and list files.");
+  req["tools"] = json::array({calc, ls, note});
+  req["parallel_tool_calls"] = false;
+  req["reasoning"] = {{"effort", "none"}};
+  for (const auto &[name, pattern] :
+       {std::pair{"calc", "(add|sub) [0-9]{1,3}"}, std::pair{"ls", "ls [a-z]{1,8}( -[a-z])?"}}) {
+    req["tool_choice"] = {{"type", "custom"}, {"name", name}};
+    auto [s, r] = run.post("/v1/responses", req);
+    ASSERT_EQ(s, 200) << r.dump();
+    ASSERT_EQ(r["status"], "completed") << r.dump();
+    const json &call = r["output"].back();
+    ASSERT_EQ(call["type"], "custom_tool_call") << r.dump();
+    EXPECT_EQ(call["name"], name);
+    const std::string input = call["input"];
+    EXPECT_TRUE(std::regex_match(input, std::regex(pattern))) << input;
+    // Streamed: the same item, its input in custom_tool_call_input events.
+    json streamed = req;
+    streamed["stream"] = true;
+    auto [s2, body] = post_raw(run, streamed);
+    ASSERT_EQ(s2, 200);
+    const auto events = stream_events(body);
+    const json streamed_call = final_of(events)["output"].back();
+    EXPECT_EQ(streamed_call["type"], "custom_tool_call");
+    EXPECT_EQ(streamed_call["input"], input);
+    std::string deltas;
+    bool done = false;
+    for (const json &e : events) {
+      if (e["type"] == "response.custom_tool_call_input.delta") deltas += e["delta"];
+      if (e["type"] == "response.custom_tool_call_input.done") done = e["input"] == input;
+    }
+    EXPECT_EQ(deltas, input);
+    EXPECT_TRUE(done);
+    // Back as items with the tool's output: answered, the conversation read from the cache.
+    json next = request(8);
+    next["tools"] = req["tools"];
+    next["reasoning"] = req["reasoning"];
+    next["input"] =
+        json::array({{{"role", "user"}, {"content", "Compute something and list files."}}});
+    for (const json &item : r["output"]) next["input"].push_back(item);
+    next["input"].push_back(
+        {{"type", "custom_tool_call_output"}, {"call_id", call["call_id"]}, {"output", "42"}});
+    auto [s3, r3] = run.post("/v1/responses", next);
+    ASSERT_EQ(s3, 200) << r3.dump();
+    EXPECT_GT(r3["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0) << r3.dump();
+  }
+  // A text tool's call given back, with what a patch holds (brackets, newlines, quotes).
+  json given = request(8);
+  given["tools"] = req["tools"];
+  given["input"] =
+      json::array({{{"role", "user"}, {"content", "Note it."}},
+                   {{"type", "custom_tool_call"},
+                    {"call_id", "c1"},
+                    {"name", "note"},
+                    {"input", "a <b>\n\"c\""}},
+                   {{"type", "custom_tool_call_output"}, {"call_id", "c1"}, {"output", "noted"}}});
+  auto [s6, r6] = run.post("/v1/responses", given);
+  EXPECT_EQ(s6, 200) << r6.dump();
+  // A grammar that cannot be read, or a format this server lacks: refused by name.
+  json bad = request(4);
+  bad["tools"] = {
+      {{"type", "custom"},
+       {"name", "broken"},
+       {"format", {{"type", "grammar"}, {"syntax", "lark"}, {"definition", "start: x"}}}}};
+  auto [s4, e4] = run.post("/v1/responses", bad);
+  EXPECT_EQ(s4, 400);
+  EXPECT_EQ(e4["error"]["code"], "invalid_grammar") << e4.dump();
+  EXPECT_NE(e4["error"]["message"].get<std::string>().find("broken"), std::string::npos);
+  bad["tools"][0]["format"] = {{"type", "grammar"}, {"syntax", "ebnf"}, {"definition", "x"}};
+  auto [s5, e5] = run.post("/v1/responses", bad);
+  EXPECT_EQ(s5, 400);
+  EXPECT_EQ(e5["error"]["param"], "tools[0].format.syntax") << e5.dump();
 }
 
 } // namespace

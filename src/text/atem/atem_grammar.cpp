@@ -1,5 +1,6 @@
 #include "text/atem/atem_grammar.h"
 
+#include "sample/grammar_exclude.h"
 #include "sample/json_schema.h"
 
 namespace offgraph::text {
@@ -16,6 +17,11 @@ constexpr std::string_view kParamEnd = "</atem:parameter>";
 // parameter's end, an invoke, a chat marker) begins with it. Sound, though it keeps '<' out of
 // string arguments of strict tools.
 constexpr std::string_view kRawStop = "<";
+// What a raw value under a caller's grammar must not spell: the tags the call parser reads
+// (parse_function_calls: a parameter's end, an invoke's start and end) and the chat markers the
+// message parser reads in text (AtemParser). Exact strings, not '<': code keeps its brackets.
+const std::vector<std::string> kRawInputMarkers = {
+    "<atem:", "</atem:", "<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "<|end_of_text|>"};
 
 // `text` as the model writes it: the vocabulary's special tokens as themselves, the rest as bytes.
 Sequence marked(GrammarBuilder &b, const Tokenizer &t, std::string_view text) {
@@ -86,7 +92,13 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
         return refuse("the property name at " + path +
                       " holds '\"', '<' or '>' (or is empty), which ATEM cannot write");
       Result<Element> value = Status::error("");
-      if (accepts_string(schema)) {
+      if (tool.raw_input) {
+        if (!accepts_string(schema) || params["properties"].size() != 1)
+          return refuse("a tool with a raw input grammar has one string property");
+        auto filtered = sample::exclude_substrings(*tool.raw_input, kRawInputMarkers);
+        if (!filtered.ok()) return refuse("the input grammar: " + filtered.message());
+        value = b.embed(*filtered);
+      } else if (accepts_string(schema)) {
         ojson as_string = schema;
         as_string["type"] = "string";
         value = compiler.raw_string(as_string, path, kRawStop);
@@ -147,7 +159,7 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
       Sequence body =
           join({marked(b, t, "<atem:function_calls>\n<atem:invoke name=\"" + tool.name + "\">\n"),
                 {text}});
-      if (tool.strict) {
+      if (tool.strict || tool.raw_input) {
         auto strict =
             strict_body(b, t, tool, "tools[" + std::to_string(i) + "].function.parameters");
         if (!strict.ok()) return strict.status();

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct AtemTurnSpec {
     std::string name;
     nlohmann::ordered_json parameters; // a JSON Schema of type object
     bool strict = false;
+    // A custom tool's free-form input: the tool's one string property is written raw under this
+    // grammar (with the markers the parser reads taken out of its language, so that what the
+    // grammar allows reads back whole). Makes the call strict.
+    std::optional<sample::Grammar> raw_input;
   };
   std::vector<Tool> tools;    // the tools the turn may call (tool_choice named: that one)
   bool reasoning = true;      // to=self messages may come first

@@ -79,7 +79,7 @@ TEST(AtemGrammar, ReasoningAllowsEveryOrdinaryToken) {
 TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
   AtemTurnSpec spec;
   spec.answer = false; // tool_choice required
-  spec.tools = {{"get_weather", weather(), true}, {"free_tool", ojson::object(), false}};
+  spec.tools = {{"get_weather", weather(), true, {}}, {"free_tool", ojson::object(), false, {}}};
   auto compiled = compile(spec);
   // As the template renders a call: strings raw, other values JSON.
   const std::string body = "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n"
@@ -177,10 +177,56 @@ TEST(AtemGrammar, WarmUpMakesTheTablesAConstrainedTurnNeeds) {
       << w.trie_nodes_walked << " trie nodes walked warm, " << c.trie_nodes_walked << " cold";
 }
 
+// A custom tool's input under its own grammar (a Lark grammar's, here a small patch language):
+// raw, angle brackets included, never a marker the parsers read; read back whole.
+TEST(AtemGrammar, ARawInputGrammarBindsTheCallAndReadsBackWhole) {
+  sample::GrammarBuilder gb;
+  sample::ByteSet line;
+  line.set_range(0x20, 0x7E);
+  auto body = *gb.repeat("line", {gb.bytes(line)}, 1, sample::kUnbounded);
+  sample::Sequence patch = gb.literal("*** Begin\n");
+  auto lines = *gb.repeat("lines", {gb.byte('+'), body, gb.byte('\n')}, 1, sample::kUnbounded);
+  patch.push_back(lines);
+  const sample::Sequence end = gb.literal("*** End");
+  patch.insert(patch.end(), end.begin(), end.end());
+  const sample::Element root = gb.rule("patch", {patch});
+  sample::Grammar input = *std::move(gb).finish(root.value);
+
+  const ojson params = ojson::parse(R"({"type": "object",
+    "properties": {"input": {"type": "string"}}, "required": ["input"],
+    "additionalProperties": false})");
+  AtemTurnSpec spec;
+  spec.answer = false;
+  spec.tools = {{"apply_patch", params, false, input}};
+  auto compiled = compile(spec);
+  const std::string open = " to=apply_patch<|message|><atem:function_calls>\n<atem:invoke "
+                           "name=\"apply_patch\">\n<atem:parameter name=\"input\">";
+  const std::string patch_text = "*** Begin\n+template <class T> a<b>;\n+x </atem y\n*** End";
+  const std::string call =
+      open + patch_text + "</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>";
+  sample::GrammarMatcher m(compiled);
+  ASSERT_TRUE(m.accept_bytes(call));
+  EXPECT_TRUE(m.can_end());
+  AtemParser parser(nlohmann::json::parse(
+      ojson::array(
+          {{{"type", "function"}, {"function", {{"name", "apply_patch"}, {"parameters", params}}}}})
+          .dump()));
+  parser.feed(call);
+  parser.finish();
+  ASSERT_EQ(parser.message().tool_calls.size(), 1u);
+  EXPECT_EQ(parser.message().tool_calls[0].arguments["input"], patch_text);
+  // Outside the input's grammar, or spelling a marker inside it: refused.
+  for (const std::string &bad : {open + "+x\n", open + "*** Begin\n+a </atem:parameter>",
+                                 open + "*** Begin\n+a <|eot|>", open + "*** Begin\n+<atem:i"}) {
+    sample::GrammarMatcher fresh(compiled);
+    EXPECT_FALSE(fresh.accept_bytes(bad)) << bad;
+  }
+}
+
 TEST(AtemGrammar, RefusalsNameTheField) {
   AtemTurnSpec spec;
   spec.tools = {
-      {"f", ojson::parse(R"({"type":"object","properties":{"a":{"type":"string"}}})"), true}};
+      {"f", ojson::parse(R"({"type":"object","properties":{"a":{"type":"string"}}})"), true, {}}};
   auto g = atem_turn_grammar(tokenizer(), spec);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.message().rfind("tools[0].function.parameters: ", 0), 0u) << g.message();
