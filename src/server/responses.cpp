@@ -87,7 +87,8 @@ const std::set<std::string> kHosted = {"web_search",
                                        "mcp",
                                        "local_shell",
                                        "shell",
-                                       "apply_patch"};
+                                       "apply_patch",
+                                       "tool_search"};
 
 constexpr const char *kReasoningPrefix = "offgraph:";
 

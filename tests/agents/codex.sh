@@ -3,7 +3,8 @@
 # shipped model through the Responses API: `codex exec --json` completes a turn, and a second
 # exec resuming the session completes one too, its prompt read from the cache up to what the
 # first turn sent. Codex sends a hosted web_search tool: the server runs with
-# --drop-hosted-tools, and its metrics must count the tool left out. As in claude_code.sh, both
+# --drop-hosted-tools, and its metrics must count the tool left out. A third turn turns on Codex's
+# freeform apply_patch (a custom tool with a Lark grammar), which the server must take and enforce. As in claude_code.sh, both
 # run in a loopback-only network namespace where the kernel allows one.
 #   codex.sh OFFGRAPH MODEL WORKDIR SOURCE_DIR
 set -euo pipefail
@@ -63,8 +64,19 @@ check "$dir/codex/turn1.jsonl" 1
 timeout 600 "$codex" exec --json --skip-git-repo-check resume --last "And goodbye" </dev/null \
   >"$dir/codex/turn2.jsonl" 2>&1 || true
 check "$dir/codex/turn2.jsonl" 2
-metrics=$(curl -s "http://127.0.0.1:$port/metrics")
-echo "$metrics" | grep -E '^offgraph_(prompt_tokens_(total|computed_total|cached_total)|dropped_tools_total) '
-dropped=$(echo "$metrics" | sed -n 's/^offgraph_dropped_tools_total \([0-9.e+]*\)$/\1/p')
+metric() { curl -s "http://127.0.0.1:$port/metrics" | sed -n "s/^$1 \([0-9.e+]*\)$/\1/p"; }
+tables=$(metric offgraph_grammar_tables)
+# A third turn with apply_patch as Codex's freeform tool: a custom tool with its Lark grammar,
+# which binds the call, so the turn is sampled under a grammar (new mask tables) and no request
+# is refused.
+timeout 600 "$codex" exec --json --skip-git-repo-check \
+  -c "model_catalog_json=\"$src/tests/agents/codex_models.json\"" "Add a file" </dev/null >"$dir/codex/turn3.jsonl" 2>&1 || true
+check "$dir/codex/turn3.jsonl" 3
+curl -s "http://127.0.0.1:$port/metrics" |
+  grep -E '^offgraph_(prompt_tokens_(total|computed_total|cached_total)|dropped_tools_total|grammar_tables|requests_client_errors_total) '
+dropped=$(metric offgraph_dropped_tools_total)
 [ "${dropped%.*}" -ge 2 ] || { echo "the hosted tools Codex sent were not counted as dropped"; exit 1; }
-echo "codex: 2 turns ok"
+[ "$(metric offgraph_grammar_tables)" != "$tables" ] ||
+  { echo "turn 3 was not sampled under apply_patch's grammar"; exit 1; }
+[ "$(metric offgraph_requests_client_errors_total)" = 0 ] || { echo "a request was refused"; exit 1; }
+echo "codex: 3 turns ok"
