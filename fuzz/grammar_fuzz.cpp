@@ -1,5 +1,6 @@
-// JSON Schemas and GBNF grammars from arbitrary input, compiled and walked.
-// Input: a mode byte (bit 0: GBNF, else a JSON Schema; bit 1: strict), the source text up to a NUL,
+// JSON Schemas, GBNF and Lark grammars from arbitrary input, compiled and walked.
+// Input: a mode byte (bit 2: Lark, else bit 0: GBNF, else a JSON Schema; bit 1: strict; bit 3:
+// "<|" and "ab" taken out of the language by exclude_substrings), the source text up to a NUL,
 // then NUL-separated test strings, then the bytes that steer a random walk.
 // Properties: every input compiles or is refused with a message, never a crash or a hang; the
 // compiled automaton agrees with the direct (Earley) interpretation of the grammar on every test
@@ -8,8 +9,10 @@
 #include "fuzz_util.h"
 
 #include "sample/gbnf.h"
+#include "sample/grammar_exclude.h"
 #include "sample/grammar_matcher.h"
 #include "sample/json_schema.h"
+#include "sample/lark.h"
 
 #include <nlohmann/json.hpp>
 
@@ -69,8 +72,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const uint8_t mode = in.byte();
   const std::string source = in.until(0);
   Result<sample::Grammar> grammar = Status::error("");
-  const bool schema = !(mode & 1);
-  if (schema) {
+  const bool schema = !(mode & 1) && !(mode & 4);
+  if (mode & 4) {
+    grammar = sample::parse_lark(source);
+  } else if (schema) {
     const auto j = nlohmann::ordered_json::parse(source, nullptr, false);
     if (j.is_discarded()) return 0;
     grammar = sample::json_schema_grammar(j, {.strict = bool(mode & 2)});
@@ -83,6 +88,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   // Earley is cubic: keep what it checks small.
   if (grammar->rules.size() > 3000) return 0;
+  if (mode & 8) {
+    // The excluded grammar against its definition: the original's sentences without the strings.
+    const std::vector<std::string> forbidden = {"<|", "ab"};
+    auto excluded = sample::exclude_substrings(*grammar, forbidden);
+    if (!excluded.ok()) {
+      FUZZ_CHECK(excluded.message().find("matches nothing") != std::string::npos ||
+                     excluded.message().find("grows past") != std::string::npos,
+                 "exclude_substrings refused a valid grammar: %s", excluded.message().c_str());
+      return 0;
+    }
+    if (excluded->rules.size() > 3000) return 0;
+    fuzz::Input probe(data, size); // the test strings again, from the start
+    probe.byte();
+    probe.until(0);
+    for (int k = 0; k < 6 && !probe.empty(); ++k) {
+      std::string t = probe.until(0);
+      if (t.size() > 200) t.resize(200);
+      const bool want = earley(*grammar, t) && t.find("<|") == std::string::npos &&
+                        t.find("ab") == std::string::npos;
+      FUZZ_CHECK(earley(*excluded, t) == want, "exclude_substrings: %d on '%s', want %d",
+                 int(!want), t.c_str(), int(want));
+    }
+    grammar = std::move(excluded);
+  }
   const int32_t end = int32_t(vocabulary()->size() - 1);
   auto compiled = sample::compile_grammar(*grammar, vocabulary(), {end});
   if (!compiled.ok()) {
@@ -122,7 +151,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if ((bits[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
     if (allowed.empty()) break;
     const int32_t pick = allowed[in.u32() % allowed.size()];
-    FUZZ_CHECK(m.accept_token(pick), "the mask allowed token %d, which was then refused", pick);
+    FUZZ_CHECK(m.accept_token(pick), "the mask allowed token %d after '%s', which was then refused",
+               pick, text.c_str());
     if (pick != end) text += vocabulary()->texts().bytes[size_t(pick)];
     if (text.size() > 200) break;
   }

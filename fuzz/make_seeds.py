@@ -296,6 +296,14 @@ def request_seeds():
                             {"type": "reasoning", "summary": [], "encrypted_content": "offgraph:SG1t"},
                             {"type": "function_call", "call_id": "c1", "name": "read", "namespace": "mcp", "arguments": "{\"city\": \"Oslo\"}"},
                             {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}]},
+        "custom": {"model": "offgraph", "max_output_tokens": 24, "tool_choice": {"type": "custom", "name": "calc"},
+                   "tools": [{"type": "custom", "name": "calc", "format": {"type": "grammar", "syntax": "lark",
+                                                                         "definition": "start: (\"add\" | \"sub\") \" \" INT\n%import common.INT\n"}},
+                             {"type": "custom", "name": "re", "format": {"type": "grammar", "syntax": "regex", "definition": "[a-c]{1,3}"}},
+                             {"type": "custom", "name": "note"}],
+                   "input": [{"type": "message", "role": "user", "content": "Add"},
+                             {"type": "custom_tool_call", "call_id": "c1", "name": "note", "input": "a <b>"},
+                             {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"}]},
         "format": {"model": "offgraph", "input": "JSON", "instructions": "Answer in JSON.", "previous_response_id": "resp_fuzz",
                    "text": {"format": {"type": "json_schema", "name": "f", "strict": True,
                                        "schema": {"type": "object", "properties": {}, "additionalProperties": False}}}},
@@ -346,6 +354,19 @@ def grammar_seeds():
     }
     for name, (src, strings) in gbnfs.items():
         seeds["gbnf_%s" % name] = bytes([1]) + z(src, *strings) + walk
+    seeds["gbnf_list_excluded"] = bytes([1 | 8]) + z(gbnfs["list"][0], "ab,c", "a,b", "<|", "") + walk
+    larks = {
+        "patch": (open(os.path.join(os.path.dirname(__file__), "..", "tests", "sample",
+                                    "apply_patch.lark")).read(),
+                  ["*** Begin Patch\n*** Add File: a\n+<|x\n*** End Patch",
+                   "*** Begin Patch\n*** Delete File: ab\n*** End Patch\n", "*** End Patch"]),
+        "ignore": ('start: pair ("," pair)*\npair: KEY "=" INT\nKEY: /[a-z]+/\n'
+                   '%import common (INT, WS)\n%ignore WS\n', ["a=1, b = 2", "a b=1", " ab=3 "]),
+        "bad": ('start: x{"a"}', [""]),
+    }
+    for name, (src, strings) in larks.items():
+        seeds["lark_%s" % name] = bytes([4]) + z(src, *strings) + walk
+        seeds["lark_%s_excluded" % name] = bytes([4 | 8]) + z(src, *strings) + walk
     return seeds
 
 

@@ -1,6 +1,7 @@
 #include "sample/grammar_exclude.h"
 
 #include <array>
+#include <bit>
 #include <map>
 #include <optional>
 #include <utility>
@@ -81,10 +82,15 @@ Result<Automaton> build_automaton(std::span<const std::string> forbidden) {
   return a;
 }
 
-// The product of a grammar with the automaton (Bar-Hillel): rule A read from state p to state q
-// becomes rule A[p,q]; an alternative's elements are chained through rules C[i,s,q] ("from
-// element i in state s, ending in q"). Only pairs that some sentence reaches are built: ends()
-// first computes, per rule and start state, the states its sentences can end in.
+// The product of a grammar with the automaton (Bar-Hillel): rule A read from state p to an end
+// state in the set T becomes rule A[p,T]; an alternative's elements are chained through rules
+// C[i,s,T] ("from element i in state s, ending in T"). Only what some sentence reaches is built:
+// ends() first computes, per rule and start state, the states its sentences can end in.
+//
+// Targets are sets, not single states, so that a rule reference does not guess where it ends when
+// the guesses cannot differ: before a byte set that moves those states alike (")" after a nested
+// rule, a newline after a line), or at the end of an alternative, the states share one rule. A
+// guess per state would keep one parse per guess alive at each nesting level: exponential stacks.
 class Product {
 public:
   Product(const Grammar &g, Automaton a) : g_(g), a_(std::move(a)) {}
@@ -94,11 +100,7 @@ public:
     const States roots = ends_[g_.root][0];
     if (!roots)
       return Status::error("the grammar matches nothing once the forbidden text is left out");
-    std::vector<Sequence> alternatives;
-    for (uint32_t q = 0; q < a_.size(); ++q)
-      if (roots & bit(q)) alternatives.push_back({GrammarBuilder::ref(rule_ref(g_.root, 0, q))});
-    const uint32_t root = b_.declare(g_.rules[g_.root].name + "-filtered");
-    b_.define(root, std::move(alternatives));
+    const uint32_t root = rule_ref(g_.root, 0, roots);
     while (!todo_.empty()) {
       if (b_.rule_count() > kMaxGrammarRules)
         return Status::error("the grammar grows past " + std::to_string(kMaxGrammarRules) +
@@ -111,9 +113,9 @@ public:
   }
 
 private:
-  // {rule, alternative (kWhole: the rule itself), element, from state, to state}
-  using Key = std::array<uint32_t, 5>;
-  static constexpr uint32_t kWhole = 0xFFFFFFFFu;
+  // {rule, alternative (kWhole: the rule itself), element, from state, target set}
+  using Key = std::array<uint64_t, 5>;
+  static constexpr uint64_t kWhole = 0xFFFFFFFFu;
 
   // The bytes of set `set` that lead from state s to each state t (dead ones dropped).
   const std::vector<std::pair<uint8_t, ByteSet>> &split(uint32_t set, uint32_t s) {
@@ -176,9 +178,11 @@ private:
     return it->second;
   }
 
-  uint32_t rule_ref(uint32_t rule, uint32_t p, uint32_t q) { return get({rule, kWhole, 0, p, q}); }
-  uint32_t chain_ref(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, uint32_t q) {
-    return get({rule, alt, i, s, q});
+  uint32_t rule_ref(uint32_t rule, uint32_t p, States targets) {
+    return get({rule, kWhole, 0, p, targets});
+  }
+  uint32_t chain_ref(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, States targets) {
+    return get({rule, alt, i, s, targets});
   }
   uint32_t get(const Key &k) {
     auto [it, fresh] = rules_.try_emplace(k, 0);
@@ -192,31 +196,58 @@ private:
   }
 
   void define(const Key &k) {
-    const auto [rule, alt, i, s, q] = k;
+    const uint32_t rule = uint32_t(k[0]), alt = uint32_t(k[1]), i = uint32_t(k[2]),
+                   s = uint32_t(k[3]);
+    const States targets = k[4];
     std::vector<Sequence> alternatives;
-    if (alt == kWhole) {
+    if (k[1] == kWhole) {
       for (uint32_t a = 0; a < g_.rules[rule].alternatives.size(); ++a)
-        if (suffix(rule, a, 0, s) & bit(q)) chain(rule, a, 0, s, q, alternatives);
+        if (suffix(rule, a, 0, s) & targets) chain(rule, a, 0, s, targets, alternatives);
     } else {
-      chain(rule, alt, i, s, q, alternatives);
+      chain(rule, alt, i, s, targets, alternatives);
     }
     b_.define(rules_.at(k), std::move(alternatives));
   }
 
-  // The ways element i of the alternative, read from state s, continues to end in q; the caller
-  // knows that some do.
-  void chain(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, uint32_t q,
+  // Mid states after element i that the rest of the alternative treats alike: at its end, all
+  // (only membership in the targets counts); before a special token, all (it starts the text
+  // anew); before a byte set, those it moves to the same states. Else each state alone.
+  std::vector<States> alike(const Sequence &seq, uint32_t i, States mids) {
+    std::vector<States> groups;
+    const bool all = i + 1 == seq.size() || seq[i + 1].kind == Element::Kind::kSpecial;
+    if (all) return {mids};
+    std::map<std::array<uint8_t, 256>, States> by_moves;
+    for (uint32_t t = 0; t < a_.size(); ++t) {
+      if (!(mids & bit(t))) continue;
+      if (seq[i + 1].kind != Element::Kind::kBytes) {
+        groups.push_back(bit(t));
+        continue;
+      }
+      std::array<uint8_t, 256> moves{};
+      for (int c = 0; c < 256; ++c)
+        moves[size_t(c)] =
+            g_.byte_sets[seq[i + 1].value].test(uint8_t(c)) ? a_.next[t][size_t(c)] : 0;
+      by_moves[moves] |= bit(t);
+    }
+    for (const auto &[moves, group] : by_moves) groups.push_back(group);
+    return groups;
+  }
+
+  // The ways element i of the alternative, read from state s, continues to end in the targets;
+  // the caller knows that some do.
+  void chain(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s, States targets,
              std::vector<Sequence> &out) {
     const Sequence &seq = g_.rules[rule].alternatives[alt];
     if (i == seq.size()) {
-      out.push_back({}); // s == q here
+      out.push_back({}); // s is a target here
       return;
     }
+    // `first` read, the rest goes on from `t` (any state of a group: they go on alike).
     auto emit = [&](Element first, uint32_t t) {
-      if (!(suffix(rule, alt, i + 1, t) & bit(q))) return;
+      if (!(suffix(rule, alt, i + 1, t) & targets)) return;
       Sequence s_out{first};
       if (i + 1 < seq.size())
-        s_out.push_back(GrammarBuilder::ref(chain_ref(rule, alt, i + 1, t, q)));
+        s_out.push_back(GrammarBuilder::ref(chain_ref(rule, alt, i + 1, t, targets)));
       out.push_back(std::move(s_out));
     };
     const Element &e = seq[i];
@@ -227,10 +258,21 @@ private:
     case Element::Kind::kBytes:
       for (const auto &[t, bytes] : split(e.value, s)) emit(b_.bytes(bytes), t);
       break;
-    case Element::Kind::kRule:
+    case Element::Kind::kRule: {
+      // Mid states from which the rest can reach the targets.
+      States mids = 0;
       for (uint32_t t = 0; t < a_.size(); ++t)
-        if (ends_[e.value][s] & bit(t)) emit(GrammarBuilder::ref(rule_ref(e.value, s, t)), t);
+        if ((ends_[e.value][s] & bit(t)) && (suffix(rule, alt, i + 1, t) & targets)) mids |= bit(t);
+      for (States group : alike(seq, i, mids)) {
+        const uint32_t t = uint32_t(std::countr_zero(group));
+        // At the alternative's end the group is the targets the rule may end in itself.
+        Sequence s_out{GrammarBuilder::ref(rule_ref(e.value, s, group))};
+        if (i + 1 < seq.size())
+          s_out.push_back(GrammarBuilder::ref(chain_ref(rule, alt, i + 1, t, targets)));
+        out.push_back(std::move(s_out));
+      }
       break;
+    }
     }
   }
 

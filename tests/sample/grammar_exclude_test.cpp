@@ -3,7 +3,9 @@
 // Random grammars over a small alphabet (so that forbidden strings occur often), random strings
 // and sentences drawn from the grammar; overlapping forbidden strings, where a naive automaton
 // without failure links misses one inside another.
+#include "sample/gbnf.h"
 #include "sample/grammar_exclude.h"
+#include "sample/grammar_matcher.h"
 
 #include <gtest/gtest.h>
 
@@ -164,5 +166,66 @@ TEST(ExcludeSubstrings, RefusesWhatItCannotDo) {
   EXPECT_FALSE(exclude_substrings(g, std::vector<std::string>{std::string(64, 'a')}).ok());
 }
 
+} // namespace
+} // namespace offgraph::sample
+
+namespace offgraph::sample {
+namespace {
+// Found by fuzz.grammar (gbnf_list_excluded): the matcher's masks on an excluded grammar must
+// allow only tokens it then accepts, however deep the nesting.
+TEST(ExcludeSubstrings, MasksOfTheResultAreTheMatchersOwn) {
+  auto t = std::make_shared<TokenTexts>();
+  for (int b = 0; b < 256; ++b) t->bytes.push_back(std::string(1, char(b)));
+  for (const char *p : {"{\"", "\":", "\",",  "\"}", "true", "false", "null", "12", "-0.",
+                        "e+",  "\n ", ", \"", "[]",  "{}",   "\\u00", "é",    "ab", "root",
+                        "::=", "a\"", "\"a",  "(a",  "b)",   ",(",    "<|"})
+    t->bytes.push_back(p);
+  t->bytes.push_back("<|end|>");
+  t->special.assign(t->bytes.size(), 0);
+  t->special.back() = 1;
+  auto vocab = std::make_shared<GrammarVocabulary>(t);
+  const Grammar g = *parse_gbnf("root ::= item (\",\" item)*\nitem ::= [a-z]+ | \"(\" root \")\"");
+  auto f = exclude_substrings(g, std::vector<std::string>{"<|", "ab"});
+  ASSERT_TRUE(f.ok()) << f.message();
+  const int32_t end = int32_t(t->bytes.size() - 1);
+  auto compiled = compile_grammar(*f, vocab, {end});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  // Deep nesting stays one parse: a guess per end state at each level would multiply the stacks
+  // past the matcher's limit (the fuzzer's finding: 3 states, 8 levels).
+  {
+    GrammarMatcher deep(*compiled);
+    std::vector<uint64_t> bits;
+    for (int level = 0; level < 40; ++level) {
+      ASSERT_TRUE(deep.fill_mask(bits).ok()) << level;
+      ASSERT_TRUE((bits['(' >> 6] >> ('(' & 63)) & 1) << level;
+      ASSERT_TRUE(deep.accept_bytes("(")) << level;
+    }
+    ASSERT_TRUE(deep.accept_bytes("ba" + std::string(40, ')')));
+    EXPECT_FALSE(GrammarMatcher(deep).accept_bytes(",ab"));
+    EXPECT_TRUE(deep.can_end());
+  }
+  std::mt19937 rng(11);
+  for (int walk = 0; walk < 300; ++walk) {
+    GrammarMatcher m(*compiled);
+    std::string text;
+    std::vector<uint64_t> bits;
+    for (int step = 0; step < 30 && !m.finished(); ++step) {
+      ASSERT_TRUE(m.fill_mask(bits).ok());
+      std::vector<int32_t> allowed;
+      for (size_t k = 0; k < vocab->size(); ++k)
+        if ((bits[k >> 6] >> (k & 63)) & 1) {
+          GrammarMatcher probe(m);
+          EXPECT_TRUE(probe.accept_token(int32_t(k)))
+              << "after '" << text << "' the mask allows '" << t->bytes[k] << "'";
+          allowed.push_back(int32_t(k));
+        }
+      if (allowed.empty()) break;
+      const int32_t pick = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m.accept_token(pick));
+      if (pick != end) text += t->bytes[size_t(pick)];
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
 } // namespace
 } // namespace offgraph::sample
