@@ -69,7 +69,8 @@ public:
   // "#/properties/a", used in messages). No whitespace before or after it.
   Result<Element> value(const nlohmann::ordered_json &schema, const std::string &path);
   // The content of a string conforming to `schema` (which must accept strings only), neither
-  // quoted nor escaped, that never contains `terminator` (non-empty).
+  // quoted nor escaped, that never contains `terminator` (empty: no such rule; a caller that
+  // needs several strings kept out takes them out with exclude_substrings).
   Result<Element> raw_string(const nlohmann::ordered_json &schema, const std::string &path,
                              std::string_view terminator);
   // Text that `pattern` (the ECMA-262 subset of 'pattern', json_schema.h) matches whole, as if

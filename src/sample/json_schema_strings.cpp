@@ -394,8 +394,8 @@ Result<Sequence> Compiler::string_content(const Json &schema, const std::string 
   if (enc == Encoding::kRaw) {
     auto cps = decode_utf8(terminator);
     const Ranges alphabet = pattern->alphabet();
-    if (!cps ||
-        std::all_of(cps->begin(), cps->end(), [&](uint32_t c) { return contains(alphabet, c); }))
+    if (!cps || (!cps->empty() && std::all_of(cps->begin(), cps->end(),
+                                              [&](uint32_t c) { return contains(alphabet, c); })))
       return Status::error("'" + std::string(keyword) + "' at " + path +
                            " could match text containing the terminator");
   }
@@ -420,8 +420,12 @@ Result<Element> Compiler::string_value(const Json &schema, const std::string &pa
 // the count written so far when the length is bounded.
 Result<Element> Compiler::text_without(std::string_view terminator, uint32_t min, uint32_t max,
                                        const std::string &path) {
+  if (terminator.empty()) { // no terminator: any text of that length
+    if (min == 0 && max == kUnbounded) return any_text();
+    return repeat("text", {code_point()}, min, max);
+  }
   auto t = decode_utf8(terminator);
-  if (!t || t->empty()) return Status::error("the terminator must be non-empty valid UTF-8");
+  if (!t) return Status::error("the terminator must be valid UTF-8");
   const size_t k = t->size();
   if (max != kUnbounded && max < k) return repeat("text", {code_point()}, min, max);
   const std::string key =
@@ -485,7 +489,7 @@ Result<Element> Compiler::raw_enum(const Json &schema, const std::string &path,
     if (!decode_utf8(s))
       return Status::error("'" + std::string(keyword) + "' at " + path +
                            " holds a string that is not valid UTF-8");
-    if (s.find(terminator) != std::string::npos)
+    if (!terminator.empty() && s.find(terminator) != std::string::npos)
       return Status::error("'" + std::string(keyword) + "' at " + path +
                            " holds a value containing the terminator");
     if (std::find(seen.begin(), seen.end(), s) == seen.end()) seen.push_back(s);
@@ -497,7 +501,6 @@ Result<Element> Compiler::raw_enum(const Json &schema, const std::string &path,
 
 Result<Element> Compiler::raw_string(const Json &schema, const std::string &path,
                                      std::string_view terminator, int depth) {
-  if (terminator.empty()) return Status::error("the terminator must not be empty");
   if (depth > 100) return Status::error("the schema at " + path + " nests too deeply");
   if (schema.is_boolean()) {
     if (schema.get<bool>()) return text_without(terminator, 0, kUnbounded, path);

@@ -661,7 +661,12 @@ TEST(JsonSchemaRawString, EnumsPatternsFormatsAndRefusals) {
             "'type' at # accepts no string, so it cannot be raw text");
   EXPECT_EQ(raw_refusal(R"({"$ref":"#"})", end),
             "'$ref' at # refers back to '#' without consuming anything (left recursion)");
-  EXPECT_EQ(raw_refusal(R"({"type":"string"})", ""), "the terminator must not be empty");
+  // No terminator: the schema's strings as they are (a caller takes markers out itself).
+  const Grammar free = raw_grammar(R"({"type":"string","pattern":"^a.c$","maxLength":3})", "");
+  EXPECT_TRUE(*grammar_accepts(free, "a<c"));
+  EXPECT_FALSE(*grammar_accepts(free, "a<<c"));
+  const Grammar listed = raw_grammar(R"({"enum":["x</y>", "z"]})", "");
+  EXPECT_TRUE(*grammar_accepts(listed, "x</y>"));
 }
 
 // RFC 8259 syntax, by hand (nlohmann refuses numbers past the double range, which JSON allows).

@@ -13,9 +13,8 @@ using sample::Sequence;
 using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kParamEnd = "</atem:parameter>";
-// Raw argument text never holds '<': every marker the parser reads inside a call block (the
-// parameter's end, an invoke, a chat marker) begins with it. Sound, though it keeps '<' out of
-// string arguments of strict tools.
+// The fallback for raw argument text (raw_string_value): no '<' at all, where every marker the
+// parser reads inside a call block (the parameter's end, an invoke, a chat marker) begins.
 constexpr std::string_view kRawStop = "<";
 // What a raw value under a caller's grammar must not spell: the tags the call parser reads
 // (parse_function_calls: a parameter's end, an invoke's start and end) and the chat markers the
@@ -70,6 +69,26 @@ bool accepts_string(const ojson &schema) {
   return type == "string";
 }
 
+// A raw string argument: the schema's strings with the markers the parsers read taken out
+// exactly (kRawInputMarkers), so that code with '<' in it can be written. Where that product would
+// be large (a long maxLength: a rule per count, times the automaton's states), strings without '<'
+// as before: sound, and small.
+constexpr size_t kMaxExcludedValueRules = 2000;
+Result<Element> raw_string_value(GrammarBuilder &b, sample::JsonSchemaCompiler &compiler,
+                                 const ojson &params, const ojson &schema,
+                                 const std::string &path) {
+  GrammarBuilder own;
+  sample::JsonSchemaCompiler alone(own, params, {.strict = true, .escape_lt = true});
+  auto v = alone.raw_string(schema, path, "");
+  if (!v.ok()) return v;
+  const uint32_t root = own.declare("value");
+  own.define(root, {{*v}});
+  auto g = std::move(own).finish(root);
+  if (g.ok() && g->rules.size() <= kMaxExcludedValueRules)
+    if (auto f = sample::exclude_substrings(*g, kRawInputMarkers); f.ok()) return b.embed(*f);
+  return compiler.raw_string(schema, path, kRawStop);
+}
+
 // The argument block of a strict tool: one element per property, in schema order. The server's
 // parser keeps a property whose type admits strings as raw text (AtemParser), so such a value is
 // written raw (a string); every other value is JSON.
@@ -101,7 +120,7 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
       } else if (accepts_string(schema)) {
         ojson as_string = schema;
         as_string["type"] = "string";
-        value = compiler.raw_string(as_string, path, kRawStop);
+        value = raw_string_value(b, compiler, params, as_string, path);
       } else {
         value = compiler.value(schema, path);
       }

@@ -119,6 +119,13 @@ TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
       tag.accept_bytes(" to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
                        "name=\"get_weather\">\n<atem:parameter name=\"city\">a</atem:param"));
   EXPECT_FALSE(sample::GrammarMatcher(tag).accept_bytes("eter>x"));
+  // '<' itself is fine (code, comparisons); a marker the parsers read is not.
+  const std::string city = " to=get_weather<|message|><atem:function_calls>\n<atem:invoke "
+                           "name=\"get_weather\">\n<atem:parameter name=\"city\">";
+  EXPECT_TRUE(
+      sample::GrammarMatcher(compiled).accept_bytes(city + "a<b> <a 1<2</atem:parameter>\n"));
+  for (const char *marker : {"<|eot|>", "<atem:x", "<|start|>"})
+    EXPECT_FALSE(sample::GrammarMatcher(compiled).accept_bytes(city + "a" + marker)) << marker;
   // A tool that is not strict writes freely, and several calls may follow one another.
   sample::GrammarMatcher free_call(compiled);
   const std::string open = "<atem:function_calls>\n<atem:invoke name=\"free_tool\">\n";
