@@ -59,7 +59,7 @@ fuzz-long: fuzz-build
 
 # The whole suite with AddressSanitizer and UndefinedBehaviorSanitizer on our code (gcc; ggml and
 # the llama.cpp peer stay uninstrumented), at -O1 (a third less compile time than -O2; ASan's own
-# recommendation). ASAN_CTEST_ARGS narrows it, like CTEST_ARGS; CI passes -LE peer (.ci/run).
+# recommendation). ASAN_CTEST_ARGS narrows it, like CTEST_ARGS; CI passes -LE 'peer|agents' (.ci/run).
 ASAN_CTEST_ARGS ?=
 test-asan: deps
 	@mkdir -p $(ASAN_DIR); gen=; command -v ninja >/dev/null && [ ! -f $(ASAN_DIR)/Makefile ] && gen="-G Ninja"; \
