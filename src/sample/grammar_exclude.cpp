@@ -37,13 +37,13 @@ Result<Automaton> build_automaton(std::span<const std::string> forbidden) {
   for (const std::string &f : forbidden) {
     int u = 0;
     for (char c : f) {
-      int &v = child[size_t(u)][uint8_t(c)];
-      if (v < 0) {
-        v = int(child.size());
-        child.emplace_back().fill(-1);
+      if (child[size_t(u)][uint8_t(c)] < 0) {
+        const int v = int(child.size());
+        child.emplace_back().fill(-1); // may move the rows: no reference into them is held
         terminal.push_back(false);
+        child[size_t(u)][uint8_t(c)] = v;
       }
-      u = v;
+      u = child[size_t(u)][uint8_t(c)];
     }
     terminal[size_t(u)] = true;
   }
