@@ -1,5 +1,6 @@
 #include "sample/grammar_exclude.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <map>
@@ -93,7 +94,8 @@ Result<Automaton> build_automaton(std::span<const std::string> forbidden) {
 // guess per state would keep one parse per guess alive at each nesting level: exponential stacks.
 class Product {
 public:
-  Product(const Grammar &g, Automaton a) : g_(g), a_(std::move(a)) {}
+  Product(const Grammar &g, Automaton a, size_t max_rules)
+      : g_(g), a_(std::move(a)), max_rules_(max_rules) {}
 
   Result<Grammar> run() {
     compute_ends();
@@ -102,8 +104,8 @@ public:
       return Status::error("the grammar matches nothing once the forbidden text is left out");
     const uint32_t root = rule_ref(g_.root, 0, roots);
     while (!todo_.empty()) {
-      if (b_.rule_count() > kMaxGrammarRules)
-        return Status::error("the grammar grows past " + std::to_string(kMaxGrammarRules) +
+      if (b_.rule_count() > max_rules_)
+        return Status::error("the grammar grows past " + std::to_string(max_rules_) +
                              " rules once the forbidden text is left out");
       const Key k = todo_.back();
       todo_.pop_back();
@@ -154,28 +156,63 @@ private:
     return current;
   }
 
-  // Least fixed point: sweeps until no rule's end states grow (monotone, so it terminates).
+  // Least fixed point by worklist: when a rule's end states grow, only the rules that refer to it
+  // are looked at again (sweeping until nothing changes is quadratic on a long chain of rules).
   void compute_ends() {
-    ends_.assign(g_.rules.size(), std::vector<States>(a_.size(), 0));
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (uint32_t r = 0; r < g_.rules.size(); ++r)
-        for (uint32_t p = 0; p < a_.size(); ++p)
-          for (const Sequence &alt : g_.rules[r].alternatives) {
-            const States got = run(alt, 0, bit(p));
-            if (got & ~ends_[r][p]) {
-              ends_[r][p] |= got;
-              changed = true;
-            }
+    const size_t n = g_.rules.size();
+    ends_.assign(n, std::vector<States>(a_.size(), 0));
+    users_.assign(n, {});
+    for (uint32_t r = 0; r < n; ++r)
+      for (const Sequence &alt : g_.rules[r].alternatives)
+        for (const Element &e : alt)
+          if (e.kind == Element::Kind::kRule &&
+              (users_[e.value].empty() || users_[e.value].back() != r))
+            users_[e.value].push_back(r);
+    std::vector<uint32_t> work;
+    std::vector<bool> queued(n, true);
+    for (uint32_t r = 0; r < n; ++r) work.push_back(r); // the last rules (often leaves) first
+    while (!work.empty()) {
+      const uint32_t r = work.back();
+      work.pop_back();
+      queued[r] = false;
+      bool grew = false;
+      for (uint32_t p = 0; p < a_.size(); ++p)
+        for (const Sequence &alt : g_.rules[r].alternatives) {
+          const States got = run(alt, 0, bit(p));
+          if (got & ~ends_[r][p]) {
+            ends_[r][p] |= got;
+            grew = true;
           }
+        }
+      if (!grew) continue;
+      for (uint32_t u : users_[r])
+        if (!queued[u]) {
+          queued[u] = true;
+          work.push_back(u);
+        }
     }
   }
 
-  // Memoized: the end states of alternative `alt` of `rule` from element i in state s.
+  // The end states of alternative `alt` of `rule` from element i in state s: one backward table
+  // per alternative (element by element, every start state), made the first time it is asked.
   States suffix(uint32_t rule, uint32_t alt, uint32_t i, uint32_t s) {
-    auto [it, fresh] = suffixes_.try_emplace({rule, alt, i, s, 0}, 0);
-    if (fresh) it->second = run(g_.rules[rule].alternatives[alt], i, bit(s));
-    return it->second;
+    auto [it, fresh] = suffixes_.try_emplace({rule, alt});
+    std::vector<States> &table = it->second; // [i * states + s]
+    const Sequence &seq = g_.rules[rule].alternatives[alt];
+    const uint32_t n = a_.size();
+    if (fresh) {
+      table.assign((seq.size() + 1) * n, 0);
+      for (uint32_t t = 0; t < n; ++t) table[seq.size() * n + t] = bit(t);
+      for (size_t k = seq.size(); k-- > 0;)
+        for (uint32_t t = 0; t < n; ++t) {
+          States out = 0;
+          const States next = step(seq[k], t);
+          for (uint32_t u = 0; u < n; ++u)
+            if (next & bit(u)) out |= table[(k + 1) * n + u];
+          table[k * n + t] = out;
+        }
+    }
+    return table[size_t(i) * n + s];
   }
 
   uint32_t rule_ref(uint32_t rule, uint32_t p, States targets) {
@@ -209,29 +246,72 @@ private:
     b_.define(rules_.at(k), std::move(alternatives));
   }
 
-  // Mid states after element i that the rest of the alternative treats alike: at its end, all
-  // (only membership in the targets counts); before a special token, all (it starts the text
-  // anew); before a byte set, those it moves to the same states. Else each state alone.
-  std::vector<States> alike(const Sequence &seq, uint32_t i, States mids) {
-    std::vector<States> groups;
-    const bool all = i + 1 == seq.size() || seq[i + 1].kind == Element::Kind::kSpecial;
-    if (all) return {mids};
-    std::map<std::array<uint8_t, 256>, States> by_moves;
+  // Mid states after element i that the rest of the alternative treats alike: those its first
+  // bytes (FIRST of the rest, over nullable rules) move to the same states, and, where the rest
+  // can be empty, that are alike in being targets. A special token starts the text anew, so every
+  // state is alike before one.
+  // FIRST over bytes of each rule, by worklist as compute_ends (users_ is made there).
+  void compute_first() {
+    const size_t n = g_.rules.size();
+    nullable_ = nullable_rules(g_);
+    first_.assign(n, ByteSet{});
+    std::vector<uint32_t> work;
+    std::vector<bool> queued(n, true);
+    for (uint32_t r = 0; r < n; ++r) work.push_back(r);
+    while (!work.empty()) {
+      const uint32_t r = work.back();
+      work.pop_back();
+      queued[r] = false;
+      ByteSet u = first_[r];
+      for (const Sequence &alt : g_.rules[r].alternatives) {
+        const ByteSet f = first_seq(alt, 0);
+        for (int w = 0; w < 4; ++w) u.bits[w] |= f.bits[w];
+      }
+      if (u == first_[r]) continue;
+      first_[r] = u;
+      for (uint32_t x : users_[r])
+        if (!queued[x]) {
+          queued[x] = true;
+          work.push_back(x);
+        }
+    }
+  }
+  ByteSet first_seq(const Sequence &seq, size_t from) {
+    ByteSet out;
+    for (size_t k = from; k < seq.size(); ++k) {
+      const Element &e = seq[k];
+      if (e.kind == Element::Kind::kSpecial) return out;
+      const ByteSet &f = e.kind == Element::Kind::kBytes ? g_.byte_sets[e.value] : first_[e.value];
+      for (int w = 0; w < 4; ++w) out.bits[w] |= f.bits[w];
+      if (e.kind == Element::Kind::kBytes || !nullable_[e.value]) return out;
+    }
+    return out;
+  }
+  bool seq_nullable(const Sequence &seq, size_t from) {
+    for (size_t k = from; k < seq.size(); ++k) {
+      const Element &e = seq[k];
+      if (e.kind != Element::Kind::kRule || !nullable_[e.value]) return false;
+    }
+    return true;
+  }
+  std::vector<States> alike(const Sequence &seq, uint32_t i, States mids, States targets) {
+    if (first_.empty()) compute_first();
+    const ByteSet first = first_seq(seq, i + 1);
+    const bool may_end = seq_nullable(seq, i + 1);
+    std::map<std::pair<bool, std::array<uint8_t, 256>>, States> by_moves;
     for (uint32_t t = 0; t < a_.size(); ++t) {
       if (!(mids & bit(t))) continue;
-      if (seq[i + 1].kind != Element::Kind::kBytes) {
-        groups.push_back(bit(t));
-        continue;
-      }
       std::array<uint8_t, 256> moves{};
       for (int c = 0; c < 256; ++c)
-        moves[size_t(c)] =
-            g_.byte_sets[seq[i + 1].value].test(uint8_t(c)) ? a_.next[t][size_t(c)] : 0;
-      by_moves[moves] |= bit(t);
+        moves[size_t(c)] = first.test(uint8_t(c)) ? a_.next[t][size_t(c)] : 0;
+      by_moves[{may_end && (targets & bit(t)), moves}] |= bit(t);
     }
-    for (const auto &[moves, group] : by_moves) groups.push_back(group);
+    std::vector<States> groups;
+    for (const auto &[key, group] : by_moves) groups.push_back(group);
     return groups;
   }
+  std::vector<bool> nullable_;
+  std::vector<ByteSet> first_;
 
   // The ways element i of the alternative, read from state s, continues to end in the targets;
   // the caller knows that some do.
@@ -263,7 +343,7 @@ private:
       States mids = 0;
       for (uint32_t t = 0; t < a_.size(); ++t)
         if ((ends_[e.value][s] & bit(t)) && (suffix(rule, alt, i + 1, t) & targets)) mids |= bit(t);
-      for (States group : alike(seq, i, mids)) {
+      for (States group : alike(seq, i, mids, targets)) {
         const uint32_t t = uint32_t(std::countr_zero(group));
         // At the alternative's end the group is the targets the rule may end in itself.
         Sequence s_out{GrammarBuilder::ref(rule_ref(e.value, s, group))};
@@ -278,21 +358,25 @@ private:
 
   const Grammar &g_;
   Automaton a_;
+  size_t max_rules_;
   GrammarBuilder b_;
   std::vector<std::vector<States>> ends_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint8_t, ByteSet>>> splits_;
-  std::map<Key, States> suffixes_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<States>> suffixes_;
+  std::vector<std::vector<uint32_t>> users_; // rule -> the rules whose alternatives refer to it
   std::map<Key, uint32_t> rules_;
   std::vector<Key> todo_;
 };
 
 } // namespace
 
-Result<Grammar> exclude_substrings(const Grammar &grammar, std::span<const std::string> forbidden) {
+Result<Grammar> exclude_substrings(const Grammar &grammar, std::span<const std::string> forbidden,
+                                   size_t max_rules) {
   auto automaton = build_automaton(forbidden);
   if (!automaton.ok()) return automaton.status();
   if (Status s = validate_grammar(grammar); !s.ok()) return s;
-  return Product(grammar, std::move(automaton).value()).run();
+  return Product(grammar, std::move(automaton).value(), std::min(max_rules, kMaxGrammarRules))
+      .run();
 }
 
 } // namespace offgraph::sample

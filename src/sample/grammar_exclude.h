@@ -19,8 +19,9 @@ inline constexpr size_t kMaxExcludedBytes = 63;
 // The sentences of `grammar` that contain none of `forbidden` as a byte substring. A special
 // token is not text: a forbidden string never spans one. Errors: an empty or over-long forbidden
 // set, a grammar whose every sentence holds one ("matches nothing once ... is left out"), or a
-// result past the grammar limits (the construction pairs each rule with automaton states, up to
-// the square of their count: kMaxExcludedBytes bounds that).
-Result<Grammar> exclude_substrings(const Grammar &grammar, std::span<const std::string> forbidden);
+// result past `max_rules` (at most kMaxGrammarRules: the construction pairs each rule and
+// position with automaton states; a caller with a cheaper way out passes a smaller budget).
+Result<Grammar> exclude_substrings(const Grammar &grammar, std::span<const std::string> forbidden,
+                                   size_t max_rules = kMaxGrammarRules);
 
 } // namespace offgraph::sample

@@ -44,6 +44,26 @@ SQL_COMMENT: /--[^\n]*/
 constexpr std::string_view kCommonPrefix = "common:"; // no Lark name holds ':'
 constexpr int kMaxNesting = 64;
 
+// Where a node stands: line:column is worked out only for a message (counting lines for every
+// node would make reading quadratic).
+struct Pos {
+  std::string_view text;
+  size_t at = 0;
+  std::string str() const {
+    if (text.empty()) return "";
+    size_t line = 1, col = 1;
+    for (size_t k = 0; k < at && k < text.size(); ++k) {
+      if (text[k] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    return std::to_string(line) + ":" + std::to_string(col);
+  }
+};
+
 struct Node {
   enum class Kind { kSeq, kAlt, kLiteral, kRange, kRegex, kName, kRepeat };
   Kind kind = Kind::kSeq;
@@ -51,13 +71,13 @@ struct Node {
   std::string text;        // kLiteral (bytes), kRegex (pattern), kName
   bool fold_case = false;  // kLiteral
   uint32_t lo = 0, hi = 0; // kRange: code points; kRepeat: bounds (hi may be kUnbounded)
-  std::string where;       // "line:col" for messages
+  Pos where;
 };
 
 struct Definition {
   std::string name;
   Node body;
-  std::string where;
+  Pos where;
 };
 
 bool is_terminal_name(std::string_view name) {
@@ -90,18 +110,7 @@ public:
 
 private:
   char peek(size_t k = 0) const { return i_ + k < t_.size() ? t_[i_ + k] : '\0'; }
-  std::string where(size_t at) const {
-    size_t line = 1, col = 1;
-    for (size_t k = 0; k < at && k < t_.size(); ++k) {
-      if (t_[k] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    return std::to_string(line) + ":" + std::to_string(col);
-  }
+  std::string where(size_t at) const { return Pos{t_, at}.str(); }
   Status error(const std::string &what) const { return error_at(i_, what); }
   Status error_at(size_t at, const std::string &what) const {
     return Status::error("lark " + where(at) + ": " + what);
@@ -168,7 +177,7 @@ private:
     skip_space();
     if (peek() != ':') return error("expected ':' after '" + n + "'");
     ++i_;
-    Definition d{mapped(n), {}, where(start)};
+    Definition d{mapped(n), {}, Pos{t_, start}};
     OFFGRAPH_TRY(expansions(d.body));
     skip_space();
     if (i_ < t_.size() && peek() != '\n') return error(std::string("unexpected '") + peek() + "'");
@@ -319,7 +328,7 @@ private:
   }
 
   Status atom(Node &out) {
-    out.where = where(i_);
+    out.where = Pos{t_, i_};
     const char c = peek();
     if (c == '(' || c == '[') {
       ++i_;
@@ -377,10 +386,13 @@ private:
           i_ += 2;
           continue;
         }
-        if (peek() == '\\')
+        if (peek() == '\\') {
+          if (i_ + 1 >= t_.size() || peek(1) == '\n')
+            return error("a regular expression runs past its line");
           pattern += t_[i_++];
-        else if (peek() == '/')
+        } else if (peek() == '/') {
           break;
+        }
         pattern += t_[i_++];
       }
       ++i_;
@@ -417,6 +429,7 @@ private:
         out += c;
         continue;
       }
+      if (i_ >= t_.size() || peek() == '\n') return error("a string runs past its line");
       const char e = t_[i_++];
       auto hex = [&](int digits) -> std::optional<uint32_t> {
         uint32_t v = 0;
@@ -429,6 +442,7 @@ private:
         return v;
       };
       switch (e) {
+      // As Lark's eval_escaping: these escapes; any other backslash stays with its character.
       case 'n':
         out += '\n';
         break;
@@ -441,15 +455,8 @@ private:
       case 'f':
         out += '\f';
         break;
-      case 'v':
-        out += '\v';
-        break;
-      case '0':
-        out += '\0';
-        break;
       case '\\':
       case '"':
-      case '\'':
         out += e;
         break;
       case 'x':
@@ -462,7 +469,8 @@ private:
         break;
       }
       default:
-        return error(std::string("the escape '\\") + e + "' is not supported");
+        out += '\\';
+        out += e;
       }
     }
   }
@@ -481,7 +489,7 @@ public:
   Status add(const Definition &d) {
     const uint32_t id = rule_id(d.name, d.where);
     if (defined_.count(d.name))
-      return Status::error("lark " + d.where + ": '" + shown(d.name) + "' is defined twice");
+      return Status::error("lark " + d.where.str() + ": '" + shown(d.name) + "' is defined twice");
     defined_.insert(d.name);
     terminal_ = is_terminal_name(d.name);
     auto body = build(d.body);
@@ -507,18 +515,19 @@ public:
   }
 
   Status alias(const std::string &as, const std::string &target) {
-    const uint32_t id = rule_id(as, "");
+    const uint32_t id = rule_id(as, Pos{});
     if (defined_.count(as))
       return Status::error("lark: '" + shown(as) + "' is imported and also defined");
     defined_.insert(as);
-    b_.define(id, {{GrammarBuilder::ref(rule_id(target, ""))}});
+    b_.define(id, {{GrammarBuilder::ref(rule_id(target, Pos{}))}});
     return Status();
   }
 
   Result<uint32_t> root() {
     for (const auto &[n, where] : used_)
       if (!defined_.count(n))
-        return Status::error("lark " + where + ": '" + shown(n) + "' is used but never defined");
+        return Status::error("lark " + where.str() + ": '" + shown(n) +
+                             "' is used but never defined");
     auto it = ids_.find("start");
     if (it == ids_.end() || !defined_.count("start"))
       return Status::error("lark: the grammar has no 'start' rule");
@@ -531,10 +540,10 @@ private:
   static std::string shown(const std::string &n) {
     return n.starts_with(kCommonPrefix) ? "common." + n.substr(kCommonPrefix.size()) : n;
   }
-  uint32_t rule_id(const std::string &n, const std::string &where) {
+  uint32_t rule_id(const std::string &n, const Pos &where) {
     auto [it, fresh] = ids_.try_emplace(n, 0);
     if (fresh) it->second = b_.declare(shown(n));
-    if (!where.empty()) used_.try_emplace(n, where);
+    if (!where.text.empty()) used_.try_emplace(n, where);
     return it->second;
   }
   // Ignored text may stand before every token of a rule (never inside a terminal).
@@ -569,8 +578,15 @@ private:
       auto item = build(n.kids[0]);
       if (!item) return item;
       if (item->empty()) return Sequence{};
+      // What the repetition will hold, counted before it is built: a request's grammar must not
+      // allocate past the limits that finish() would refuse it for anyway.
+      elements_ += item->size() + 2 + size_t(n.hi == kUnbounded ? n.lo : n.hi) * 2;
+      if (elements_ > kMaxGrammarElements || b_.rule_count() > kMaxGrammarRules)
+        return Status::error("lark " + n.where.str() + ": the grammar grows past " +
+                             std::to_string(kMaxGrammarElements) + " elements or " +
+                             std::to_string(kMaxGrammarRules) + " rules");
       auto r = b_.repeat("repeat", std::move(*item), n.lo, n.hi);
-      if (!r) return Status::error("lark " + n.where + ": " + r.message());
+      if (!r) return Status::error("lark " + n.where.str() + ": " + r.message());
       return Sequence{*r};
     }
     case Node::Kind::kLiteral: {
@@ -589,11 +605,11 @@ private:
     }
     case Node::Kind::kRange: {
       auto e = b_.code_points({{n.lo, n.hi}}, false);
-      if (!e) return Status::error("lark " + n.where + ": " + e.message());
+      if (!e) return Status::error("lark " + n.where.str() + ": " + e.message());
       return token({*e});
     }
     case Node::Kind::kRegex: {
-      auto e = regex_.raw_pattern(n.text, "lark " + n.where + ": /" + n.text + "/");
+      auto e = regex_.raw_pattern(n.text, "lark " + n.where.str() + ": the regular expression");
       if (!e) return e.status();
       return token({*e});
     }
@@ -610,10 +626,11 @@ private:
   const nlohmann::ordered_json none_ = nlohmann::ordered_json::object();
   JsonSchemaCompiler regex_;
   std::map<std::string, uint32_t> ids_;
-  std::map<std::string, std::string> used_; // name -> where first used
+  std::map<std::string, Pos> used_; // name -> where first used
   std::set<std::string> defined_;
   std::optional<Element> ignore_;
   bool terminal_ = false; // building a terminal's body
+  size_t elements_ = 0;   // repetitions' elements so far (the bulk of a grammar's size)
 };
 
 } // namespace

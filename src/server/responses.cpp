@@ -337,6 +337,8 @@ std::optional<ApiError> read_custom_tool(const json &t, const std::string &at, C
                   " grammar:\n" + f["definition"].get<std::string>();
     } else if (type != "text") {
       return bad(at + ".format.type", at + ".format.type must be text or grammar");
+    } else if (f.size() > 1) {
+      return bad(at + ".format", at + ".format of type text takes no other field", "unsupported");
     }
   }
   if (!conv.tool_grammars.contains(name)) conv.tool_grammars[name] = {{"syntax", "text"}};
@@ -414,6 +416,18 @@ std::optional<ApiError> read_tools(const json &body, const Options &options, Con
       return bad(at + ".type", at + ".type '" + type + "' is not a tool type this server knows",
                  "unsupported");
     }
+  }
+  return std::nullopt;
+}
+
+// Calls are told apart by name alone: two tools under one name (a function and a custom tool,
+// or a namespace's function and a tool named like it) are refused.
+std::optional<ApiError> check_unique_names(const Conversation &conv) {
+  std::set<std::string> seen;
+  for (const json &t : conv.tools) {
+    const std::string name = t["function"]["name"];
+    if (!seen.insert(name).second)
+      return bad("tools", "two tools are named '" + name + "'; calls are told apart by name");
   }
   return std::nullopt;
 }
@@ -596,6 +610,7 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
   else
     return bad("input", "'input' must be a string or a list of items", "invalid_type");
   if (auto e = read_tools(body, options, conv, req, req.tool_shapes)) return e;
+  if (auto e = check_unique_names(conv)) return e;
   if (auto e = read_items(req.input, conv)) return e;
   if (auto e = read_choice(body, conv)) return e;
   if (auto e = read_reasoning_and_text(body, conv, req)) return e;

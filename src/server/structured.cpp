@@ -137,19 +137,35 @@ std::optional<ApiError> read_tools(const json &tools, const Conversation &conv,
     strict_any |= strict;
     if (conv.tool_choice == "named" && name != conv.named_tool) continue;
     spec.tools.push_back({name, fn["parameters"], strict, std::nullopt});
-    if (!conv.tool_grammars.contains(name)) continue;
-    // A custom tool's input grammar: always enforced, as the format promises; plain text too, so
-    // that the input comes back whole (no marker of the call inside it).
-    const json &g = conv.tool_grammars[name];
+    // A custom tool's input grammar binds every call (read once the cache misses, below).
+    strict_any |= conv.tool_grammars.contains(name);
+  }
+  return std::nullopt;
+}
+
+// The custom tools' input grammars (Conversation::tool_grammars): always enforced, as the format
+// promises; plain text too, so that the input comes back whole (no marker of the call inside it).
+std::optional<ApiError> read_tool_grammars(const Conversation &conv, text::AtemTurnSpec &spec) {
+  for (auto &tool : spec.tools) {
+    if (!conv.tool_grammars.contains(tool.name)) continue;
+    const json &g = conv.tool_grammars[tool.name];
     const std::string syntax = g["syntax"], definition = g.value("definition", "");
-    auto grammar = syntax == "lark"    ? sample::parse_lark(definition)
-                   : syntax == "regex" ? sample::regex_grammar(definition, "regex")
-                                       : sample::regex_grammar("[\\s\\S]*", "text");
+    Result<sample::Grammar> grammar = Status::error("");
+    if (syntax == "lark") {
+      grammar = sample::parse_lark(definition);
+    } else if (syntax == "regex") {
+      grammar = sample::regex_grammar(definition, "regex");
+    } else {
+      sample::GrammarBuilder b;
+      auto any = b.repeat("text", {b.any_code_point()}, 0, sample::kUnbounded);
+      const uint32_t root = b.rule("input", {{*any}}).value;
+      grammar = std::move(b).finish(root);
+    }
     if (!grammar.ok())
-      return bad("tools", "the " + syntax + " grammar of tool '" + name + "': " + grammar.message(),
+      return bad("tools",
+                 "the " + syntax + " grammar of tool '" + tool.name + "': " + grammar.message(),
                  "invalid_grammar");
-    spec.tools.back().raw_input = std::move(grammar).value();
-    strict_any = true;
+    tool.raw_input = std::move(grammar).value();
   }
   return std::nullopt;
 }
@@ -203,8 +219,8 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
                           "has a known tool-call format"
                : single ? "'parallel_tool_calls': false needs a model whose chat template has a "
                           "known tool-call format"
-                        : "strict tools need a model whose chat template has a known tool-call "
-                          "format",
+                        : "strict and custom tools need a model whose chat template has a known "
+                          "tool-call format",
                "unsupported");
   // The key is everything the grammar is built from.
   json key = {{"atem", atem},
@@ -226,6 +242,8 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
     job.request.grammar = std::move(hit);
     return std::nullopt;
   }
+  if (atem)
+    if (auto e = read_tool_grammars(conv, spec)) return e;
   spec.answer = !forced;
   // The model has no "off" (MUSE_GLIMMER.md section 10); under a grammar, none can be enforced.
   spec.reasoning = conv.reasoning_effort != "none";

@@ -35,26 +35,32 @@ env_key = "OFFGRAPH_AGENTS_KEY"
 TOML
 export CODEX_HOME=$dir/codex/home HOME=$dir/codex/home OFFGRAPH_AGENTS_KEY=sk-offgraph-agents
 cd "$dir/codex/work"
-check() { # turn file, turn number
-  /usr/bin/python3 - "$1" "$2" <<'PY'
+check() { # turn file, turn number[, the turn file this one resumes]
+  /usr/bin/python3 - "$@" <<'PY'
 import json, sys
 path, turn = sys.argv[1], int(sys.argv[2])
-done = failed = None
-for line in open(path):
-    try:
-        e = json.loads(line)
-    except ValueError:
-        continue
-    if e.get("type") == "turn.completed":
-        done = e
-    if e.get("type") in ("turn.failed", "error"):
-        failed = e
-if failed or not done:
-    sys.exit(open(path).read()[-3000:] + "\nturn %d: not completed" % turn)
-u = done["usage"]
-print("turn %d: completed, input %d tokens, %d cached, %d out" % (
-    turn, u["input_tokens"], u.get("cached_input_tokens", 0), u["output_tokens"]))
-if turn > 1 and u.get("cached_input_tokens", 0) <= 0:
+def usage(path, turn):
+    done = failed = None
+    for line in open(path):
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("type") == "turn.completed":
+            done = e
+        if e.get("type") in ("turn.failed", "error"):
+            failed = e
+    if failed or not done:
+        sys.exit(open(path).read()[-3000:] + "\nturn %d: not completed" % turn)
+    u = done["usage"]
+    return u["input_tokens"], u.get("cached_input_tokens", 0), u["output_tokens"]
+got = usage(path, turn)
+# A resumed session reports its running total: the turn's own is the difference.
+if len(sys.argv) > 3:
+    before = usage(sys.argv[3], turn - 1)
+    got = tuple(a - b for a, b in zip(got, before))
+print("turn %d: completed, input %d tokens, %d cached, %d out" % ((turn,) + got))
+if len(sys.argv) > 3 and got[1] <= 0:
     sys.exit("turn %d: nothing read from the cache" % turn)
 PY
 }
@@ -63,7 +69,7 @@ timeout 600 "$codex" exec --json --skip-git-repo-check "Say hello" </dev/null \
 check "$dir/codex/turn1.jsonl" 1
 timeout 600 "$codex" exec --json --skip-git-repo-check resume --last "And goodbye" </dev/null \
   >"$dir/codex/turn2.jsonl" 2>&1 || true
-check "$dir/codex/turn2.jsonl" 2
+check "$dir/codex/turn2.jsonl" 2 "$dir/codex/turn1.jsonl"
 metric() { curl -s "http://127.0.0.1:$port/metrics" | sed -n "s/^$1 \([0-9.e+]*\)$/\1/p"; }
 tables=$(metric offgraph_grammar_tables)
 # A third turn with apply_patch as Codex's freeform tool: a custom tool with its Lark grammar,

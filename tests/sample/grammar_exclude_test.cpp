@@ -229,3 +229,43 @@ TEST(ExcludeSubstrings, MasksOfTheResultAreTheMatchersOwn) {
 }
 } // namespace
 } // namespace offgraph::sample
+
+namespace offgraph::sample {
+namespace {
+// A rule right after a nested rule (e ::= "(" e f): the mid states must still share one parse, or
+// each level multiplies them (the review's case: stuck at level 12 with one forbidden string).
+TEST(ExcludeSubstrings, NestingBeforeARuleStaysOneParse) {
+  auto t = std::make_shared<TokenTexts>();
+  for (int b = 0; b < 256; ++b) t->bytes.push_back(std::string(1, char(b)));
+  t->bytes.push_back("<|end|>");
+  t->special.assign(t->bytes.size(), 0);
+  t->special.back() = 1;
+  auto vocab = std::make_shared<GrammarVocabulary>(t);
+  const Grammar g = *parse_gbnf("root ::= e\ne ::= \"(\" e f | \"x\"\nf ::= \"y\" | \"<\"");
+  auto f = exclude_substrings(g, std::vector<std::string>{"<|", "</a"});
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto compiled = compile_grammar(*f, vocab, {int32_t(t->bytes.size() - 1)});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  GrammarMatcher m(*compiled);
+  ASSERT_TRUE(m.accept_bytes(std::string(30, '(') + "x"));
+  std::string closing;
+  for (int k = 0; k < 30; ++k) closing += k % 2 ? "y" : "<";
+  ASSERT_TRUE(GrammarMatcher(m).accept_bytes(closing));
+  EXPECT_TRUE(*grammar_accepts(*f, std::string(30, '(') + "x" + closing));
+}
+
+// A long chain of rules (what Lark's declaration order makes): built in one pass, and right.
+TEST(ExcludeSubstrings, ALongChainOfRules) {
+  std::string gbnf = "root ::= r0\n";
+  constexpr int kRules = 3000;
+  for (int i = 0; i < kRules; ++i)
+    gbnf += "r" + std::to_string(i) + " ::= \"<\" r" + std::to_string(i + 1) + "\n";
+  gbnf += "r" + std::to_string(kRules) + " ::= \"|\" | \"a\"\n";
+  const Grammar g = *parse_gbnf(gbnf);
+  auto f = exclude_substrings(g, std::vector<std::string>{"<|"});
+  ASSERT_TRUE(f.ok()) << f.message();
+  EXPECT_TRUE(*grammar_accepts(*f, std::string(kRules, '<') + "a"));
+  EXPECT_FALSE(*grammar_accepts(*f, std::string(kRules, '<') + "|"));
+}
+} // namespace
+} // namespace offgraph::sample

@@ -111,6 +111,13 @@ item: "a".."c"           // a range
     EXPECT_FALSE(accepts(g, s)) << s;
 }
 
+TEST(Lark, EscapesAsLarkReadsThem) {
+  // Lark's eval_escaping: \n \t \r \f \\ \" \x \u \U; any other backslash stays as it is.
+  const Grammar g = lark(R"(start: "\q\v\0" "\x41\u00e9\"\\" "\n")");
+  EXPECT_TRUE(accepts(g, "\\q\\v\\0A\xC3\xA9\"\\\n"));
+  EXPECT_FALSE(accepts(g, "q\v"));
+}
+
 TEST(Lark, IgnoredTextStandsBetweenTokens) {
   const Grammar g = lark(R"(
 start: pair ("," pair)*
@@ -152,7 +159,12 @@ TEST(Lark, RefusesByName) {
   EXPECT_NE(refusal("start: A\n%import other.A").find("only '%import common'"), std::string::npos);
   EXPECT_NE(refusal("start: start \"a\" | \"b\"").find("recurs"), std::string::npos);
   EXPECT_NE(refusal("start: \"a\" \"b").find("runs past its line"), std::string::npos);
-  EXPECT_NE(refusal("start: \"\\q\"").find("escape"), std::string::npos);
+  EXPECT_NE(refusal("start: /a\\").find("runs past its line"), std::string::npos);
+  EXPECT_NE(refusal("start: \"a\\").find("runs past its line"), std::string::npos);
+  // Size is refused before it is allocated.
+  std::string big = "start:";
+  for (int i = 0; i < 200; ++i) big += " \"a\"~0..10000";
+  EXPECT_NE(refusal(big).find("grows past"), std::string::npos);
   EXPECT_NE(refusal("start: \"a\"\nstart: \"b\"").find("defined twice"), std::string::npos);
 }
 

@@ -2,6 +2,7 @@
 
 #include "sample/grammar_exclude.h"
 #include "sample/json_schema.h"
+#include <algorithm>
 
 namespace offgraph::text {
 
@@ -70,13 +71,15 @@ bool accepts_string(const ojson &schema) {
 }
 
 // A raw string argument: the schema's strings with the markers the parsers read taken out
-// exactly (kRawInputMarkers), so that code with '<' in it can be written. Where that product would
-// be large (a long maxLength: a rule per count, times the automaton's states), strings without '<'
-// as before: sound, and small.
-constexpr size_t kMaxExcludedValueRules = 2000;
+// exactly (kRawInputMarkers), so that code with '<' in it can be written. The product costs about
+// 90 rules per count of a bounded string (maxLength 20: 2,474 rules), so each value may take up to
+// kMaxExcludedValueRules (maxLength up to about 90) out of a turn's `budget`; past either, strings
+// without '<' as before: sound, and small.
+constexpr size_t kMaxExcludedValueRules = 8000;
+constexpr size_t kExcludedRulesPerTurn = 40000;
 Result<Element> raw_string_value(GrammarBuilder &b, sample::JsonSchemaCompiler &compiler,
-                                 const ojson &params, const ojson &schema,
-                                 const std::string &path) {
+                                 const ojson &params, const ojson &schema, const std::string &path,
+                                 size_t &budget) {
   GrammarBuilder own;
   sample::JsonSchemaCompiler alone(own, params, {.strict = true, .escape_lt = true});
   auto v = alone.raw_string(schema, path, "");
@@ -84,8 +87,12 @@ Result<Element> raw_string_value(GrammarBuilder &b, sample::JsonSchemaCompiler &
   const uint32_t root = own.declare("value");
   own.define(root, {{*v}});
   auto g = std::move(own).finish(root);
-  if (g.ok() && g->rules.size() <= kMaxExcludedValueRules)
-    if (auto f = sample::exclude_substrings(*g, kRawInputMarkers); f.ok()) return b.embed(*f);
+  const size_t allowed = std::min(kMaxExcludedValueRules, budget);
+  if (g.ok() && allowed > 0)
+    if (auto f = sample::exclude_substrings(*g, kRawInputMarkers, allowed); f.ok()) {
+      budget -= std::min(budget, f->rules.size());
+      return b.embed(*f);
+    }
   return compiler.raw_string(schema, path, kRawStop);
 }
 
@@ -93,7 +100,7 @@ Result<Element> raw_string_value(GrammarBuilder &b, sample::JsonSchemaCompiler &
 // parser keeps a property whose type admits strings as raw text (AtemParser), so such a value is
 // written raw (a string); every other value is JSON.
 Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTurnSpec::Tool &tool,
-                             const std::string &field) {
+                             const std::string &field, size_t &budget) {
   const ojson &params = tool.parameters;
   auto refuse = [&](const std::string &what) { return Status::error(field + ": " + what); };
   if (!params.is_object() || params.value("type", ojson()) != "object")
@@ -120,7 +127,7 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
       } else if (accepts_string(schema)) {
         ojson as_string = schema;
         as_string["type"] = "string";
-        value = raw_string_value(b, compiler, params, as_string, path);
+        value = raw_string_value(b, compiler, params, as_string, path, budget);
       } else {
         value = compiler.value(schema, path);
       }
@@ -165,6 +172,7 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
   }
   if (!spec.tools.empty()) {
     std::vector<Sequence> calls;
+    size_t budget = kExcludedRulesPerTurn; // raw strings' marker-free products, all tools together
     for (size_t i = 0; i < spec.tools.size(); ++i) {
       const AtemTurnSpec::Tool &tool = spec.tools[i];
       // The parser reads a recipient up to '<' or a space, and the invoke's name up to '"'.
@@ -180,7 +188,7 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
                 {text}});
       if (tool.strict || tool.raw_input) {
         auto strict =
-            strict_body(b, t, tool, "tools[" + std::to_string(i) + "].function.parameters");
+            strict_body(b, t, tool, "tools[" + std::to_string(i) + "].function.parameters", budget);
         if (!strict.ok()) return strict.status();
         body = std::move(strict).value();
       }
