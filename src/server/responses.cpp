@@ -781,21 +781,9 @@ std::vector<json> OutputBuilder::add(const ChoiceOutput::Delta &delta) {
       item["name"] = shape["name"];
       item["namespace"] = shape["namespace"];
     }
-    out.push_back(
-        event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", item}}));
-    out.push_back(event({{"type", "response.function_call_arguments.delta"},
-                         {"item_id", item["id"]},
-                         {"output_index", index},
-                         {"delta", args}}));
-    out.push_back(event({{"type", "response.function_call_arguments.done"},
-                         {"item_id", item["id"]},
-                         {"output_index", index},
-                         {"arguments", args}}));
-    item["arguments"] = args;
-    item["status"] = "completed";
-    output_.push_back(item);
-    out.push_back(
-        event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}}));
+    for (json &e :
+         finished_call(index, std::move(item), "function_call_arguments", "arguments", args))
+      out.push_back(std::move(e));
   }
   return out;
 }
@@ -803,7 +791,6 @@ std::vector<json> OutputBuilder::add(const ChoiceOutput::Delta &delta) {
 // A custom tool's call: its input is the one argument read_custom_tool gave it (anything else the
 // model wrote, a call that is not strict, comes as the arguments' JSON).
 std::vector<json> OutputBuilder::custom_call(size_t index, const json &call) {
-  std::vector<json> out;
   const std::string args = call["function"]["arguments"];
   json parsed = json::parse(args, nullptr, false);
   const std::string input = parsed.is_object() && parsed.size() == 1 && parsed.contains("input") &&
@@ -816,17 +803,24 @@ std::vector<json> OutputBuilder::custom_call(size_t index, const json &call) {
                {"call_id", "call_" + id_ + "_" + std::to_string(calls_++)},
                {"name", call["function"]["name"]},
                {"input", ""}};
+  return finished_call(index, std::move(item), "custom_tool_call_input", "input", input);
+}
+
+// A call item whose text is known whole: added, its text as one delta, done, the item done.
+std::vector<json> OutputBuilder::finished_call(size_t index, json item, const std::string &events,
+                                               const char *field, const std::string &text) {
+  std::vector<json> out;
   out.push_back(
       event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", item}}));
-  out.push_back(event({{"type", "response.custom_tool_call_input.delta"},
+  out.push_back(event({{"type", "response." + events + ".delta"},
                        {"item_id", item["id"]},
                        {"output_index", index},
-                       {"delta", input}}));
-  out.push_back(event({{"type", "response.custom_tool_call_input.done"},
+                       {"delta", text}}));
+  out.push_back(event({{"type", "response." + events + ".done"},
                        {"item_id", item["id"]},
                        {"output_index", index},
-                       {"input", input}}));
-  item["input"] = input;
+                       {field, text}}));
+  item[field] = text;
   item["status"] = "completed";
   output_.push_back(item);
   out.push_back(

@@ -66,9 +66,9 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
                               Job &job, Request &req);
 
 // The output items a choice's answer makes, and the stream events each addition makes: one item
-// open at a time (reasoning, message, function_call, custom_tool_call), every event with its sequence_number,
-// output_index and (for parts) content_index; an output_item.done item is the one the final
-// output holds.
+// open at a time (reasoning, message, function_call, custom_tool_call), every event with its
+// sequence_number, output_index and (for parts) content_index; an output_item.done item is the one
+// the final output holds.
 class OutputBuilder {
 public:
   // `tool_shapes`: Request::tool_shapes.
@@ -85,6 +85,8 @@ private:
   enum class Open { None, Reasoning, Message };
   void open(Open kind, std::vector<json> &out);
   std::vector<json> custom_call(size_t index, const json &call);
+  std::vector<json> finished_call(size_t index, json item, const std::string &events,
+                                  const char *field, const std::string &text);
   std::string id_;
   bool encrypted_, summary_;
   json tool_shapes_;
