@@ -516,7 +516,7 @@ Result<Element> JsonSchemaCompiler::raw_string(const Json &schema, const std::st
 
 Result<Element> JsonSchemaCompiler::raw_pattern(std::string_view pattern,
                                                 const std::string &where) {
-  auto parsed = json_schema_detail::parse_pattern(pattern, where);
+  auto parsed = json_schema_detail::parse_pattern(pattern, where, /*python=*/true);
   if (!parsed) return parsed.status();
   for (auto &branch : parsed->branches) branch.anchored_start = branch.anchored_end = true;
   auto content = impl_->pattern_content(*parsed, json_schema_detail::Encoding::kRaw);

@@ -73,9 +73,11 @@ public:
   // needs several strings kept out takes them out with exclude_substrings).
   Result<Element> raw_string(const nlohmann::ordered_json &schema, const std::string &path,
                              std::string_view terminator);
-  // Text that `pattern` (the ECMA-262 subset of 'pattern', json_schema.h) matches whole, as if
-  // anchored at both ends, written raw: a regular expression terminal of another grammar (Lark's
-  // /.../). `where` starts each message.
+  // Text that `pattern` (the syntax of 'pattern' above, read as Python's re reads it: '.' matches
+  // all but '\n', every code point counts) matches whole, as if anchored at both ends, written
+  // raw: a regular expression terminal of another grammar (Lark's /.../), or a custom tool's
+  // regex. \d \w \s keep their ASCII members (and complements leave out all Unicode ones): a
+  // subset of Python's. `where` starts each message.
   Result<Element> raw_pattern(std::string_view pattern, const std::string &where);
   Element any_value();  // any JSON value
   Element any_object(); // any JSON object

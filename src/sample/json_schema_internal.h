@@ -55,7 +55,9 @@ struct Pattern {
   Ranges alphabet() const;
 };
 // `where` starts each message ("'pattern' at #/properties/a").
-Result<Pattern> parse_pattern(std::string_view text, const std::string &where);
+// `python`: the pattern is Python's re alone (a Lark terminal), not JSON Schema's engines: '.'
+// matches all but '\n', and sets and their complements span every code point, not the BMP.
+Result<Pattern> parse_pattern(std::string_view text, const std::string &where, bool python = false);
 
 // How string content is written: JSON-escaped between quotes, or as its raw bytes.
 enum class Encoding : uint8_t { kJson, kRaw };

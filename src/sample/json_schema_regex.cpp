@@ -285,13 +285,20 @@ struct ClassItem {
 
 ClassItem literal_item(uint32_t c) { return {{{c, c}}, {{c, c}}, true, c}; }
 
-ClassItem class_escape(char letter) {
+// Every scalar value: Python's re (parse_pattern's python mode) reads code points past the BMP.
+const Ranges &all_scalars() {
+  static const Ranges r = {{0, 0xD7FF}, {0xE000, 0x10FFFF}};
+  return r;
+}
+
+ClassItem class_escape(char letter, bool python) {
   static const Ranges digit = {{'0', '9'}};
   static const Ranges word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
   static const Ranges space = {{9, 13},          {32, 32},         {0xA0, 0xA0},
                                {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029},
                                {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}};
-  static const Ranges non_ascii = {{0x80, 0xFFFF}};
+  const Ranges non_ascii = {{0x80, python ? 0x10FFFFu : 0xFFFFu}};
+  const Ranges &universe = python ? all_scalars() : bmp();
   // Python's re counts Unicode digits and letters in \d and \w, and \x1c-\x1f, \x85 in \s;
   // ECMA-262 counts U+FEFF in \s, and engines on old Unicode versions U+180E.
   static const Ranges space_upper =
@@ -311,13 +318,14 @@ ClassItem class_escape(char letter) {
     break;
   }
   if (letter >= 'A' && letter <= 'Z')
-    item = {subtract(bmp(), item.upper), subtract(bmp(), item.lower)};
+    item = {subtract(universe, item.upper), subtract(universe, item.lower)};
   return item;
 }
 
 class Parser {
 public:
-  Parser(std::u32string text, std::string where) : s_(std::move(text)), where_(std::move(where)) {}
+  Parser(std::u32string text, std::string where, bool python)
+      : s_(std::move(text)), where_(std::move(where)), python_(python) {}
 
   Result<Pattern> parse() {
     Pattern p;
@@ -461,6 +469,7 @@ private:
     if (c == '.') {
       ++i_;
       // ECMA-262's '.' leaves out the line terminators; Python's only '\n'.
+      if (python_) return set_node(subtract(all_scalars(), {{'\n', '\n'}}));
       return set_node(subtract(bmp(), {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
     }
     if (c == '*' || c == '+' || c == '?') return malformed("a quantifier with nothing to repeat");
@@ -504,7 +513,7 @@ private:
     case 'W':
     case 's':
     case 'S':
-      return class_escape(char(c));
+      return class_escape(char(c), python_);
     case 'b':
       if (in_class) return literal_item(8);
       return fail("a word boundary assertion ('\\b')");
@@ -586,11 +595,12 @@ private:
       lower = unite(lower, item->lower);
       upper = unite(upper, item->upper);
     }
-    return set_node(negated ? subtract(bmp(), upper) : lower);
+    return set_node(negated ? subtract(python_ ? all_scalars() : bmp(), upper) : lower);
   }
 
   std::u32string s_;
   std::string where_;
+  bool python_ = false; // Python's re alone, over every code point (parse_pattern)
   size_t i_ = 0;
   size_t budget_ = kMaxRewrittenNodes;
 };
@@ -619,12 +629,13 @@ Ranges Pattern::alphabet() const {
   return out;
 }
 
-Result<Pattern> parse_pattern(std::string_view text, const std::string &where) {
+Result<Pattern> parse_pattern(std::string_view text, const std::string &where, bool python) {
   auto cps = decode_utf8(text);
   if (!cps) return Status::error(where + " is not valid UTF-8");
   for (uint32_t c : *cps)
-    if (c > 0xFFFF) return Status::error(where + ": code points above U+FFFF are not supported");
-  auto parsed = Parser(std::move(*cps), where).parse();
+    if (c > 0xFFFF && !python)
+      return Status::error(where + ": code points above U+FFFF are not supported");
+  auto parsed = Parser(std::move(*cps), where, python).parse();
   if (!parsed) return parsed;
   Pattern out;
   for (Pattern::Branch &branch : parsed->branches)

@@ -20,6 +20,8 @@ GRAMMARS = {
         "*** Begin Patch\n*** Update File: a.c\n*** Move to: b.c\n@@\n-x\n+y\n"
         "*** End of File\n*** Delete File: c.c\n*** End Patch\n",
         "*** Begin Patch\n*** Update File: e\n*** End Patch",
+        # What '.' holds in Python's re: all but '\n' (CRLF lines, emoji, U+2028).
+        "*** Begin Patch\n*** Add File: \u00e9t\u00e9.txt\n+caf\u00e9 \U0001F600\r\n+a\u2028b\n*** End Patch",
     ]),
     "json_like": (r"""
 ?start: value
@@ -35,10 +37,10 @@ string: ESCAPED_STRING
 """, ['{"a": [1, -2.5e3, true], "b": {"c": null}}', '[]', ' [ "x" , {} ] ', '"\\"q\\""']),
     "constructs": (r"""
 start: item+
-item: "a".."c" | "x"i "y" | NUM ~ 2..3 ";" | [ "o" ] "p" | "q" ~ 2 | /z[0-9]{1,2}/ | CNAME "!"
+item: "a".."c" | "x"i "y" | NUM ~ 2..3 ";" | [ "o" ] "p" | "q" ~ 2 | /z[0-9]{1,2}/ | CNAME "!" | /w[^x]/
 NUM: "0".."9"
 %import common.CNAME
-""", ["abc", "Xyop", "12;123;", "qqz7z42", "ab_c9!p"]),
+""", ["abc", "Xyop", "12;123;", "qqz7z42", "ab_c9!p", "w\U0001F600w\u00e9"]),
     "lines": (r"""
 start: line+
 line: WORD (WS_INLINE WORD)* NEWLINE | SH_COMMENT NEWLINE | C_COMMENT NEWLINE
@@ -48,7 +50,7 @@ line: WORD (WS_INLINE WORD)* NEWLINE | SH_COMMENT NEWLINE | C_COMMENT NEWLINE
 
 
 def edits(seed, rng, n):
-    alphabet = sorted(set(seed) | set(" \n*+-@:.\"{}[],0123456789eE/abqxyzXY!;_#\t\\"))
+    alphabet = sorted(set(seed) | set(" \n*+-@:.\"{}[],0123456789eE/abqxyzXY!;_#\t\\\r\u00e9\U0001F600\u2028"))
     out = []
     for _ in range(n):
         s = list(seed)
