@@ -613,6 +613,10 @@ std::optional<ApiError> parse(const json &body, const ModelFacts &facts, const O
   if (auto e = check_unique_names(conv)) return e;
   if (auto e = read_items(req.input, conv)) return e;
   if (auto e = read_choice(body, conv)) return e;
+  if (given(body, "tool_choice") && str(body["tool_choice"], "type") == "custom" &&
+      !conv.tool_grammars.contains(conv.named_tool))
+    return bad("tool_choice", "'tool_choice' names custom tool '" + conv.named_tool +
+                                  "', and no custom tool has that name");
   if (auto e = read_reasoning_and_text(body, conv, req)) return e;
   req.echo = {
       {"instructions", req.instructions.empty() ? json(nullptr) : json(req.instructions)},
