@@ -128,7 +128,6 @@ std::function<int()> add_perplexity(CLI::App &app) {
         // Rows whose prediction is scored: positions first .. n_ctx - 2.
         for (int32_t i = 0; i < n; ++i)
           if (at + i >= first && at + i < n_ctx - 1) b.logit_rows.push_back(i);
-        if (b.logit_rows.empty()) b.logit_rows.push_back(n - 1); // a pass must want one row
         auto logits = fwd.run(b);
         if (!logits.ok()) return fail(logits.message());
         for (size_t r = 0; r < b.logit_rows.size(); ++r) {

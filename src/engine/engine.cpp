@@ -516,8 +516,6 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     else if (p.wants_logits)
       batch.logit_rows.push_back(first + p.n - 1);
   }
-  // A step of prefill chunks alone still asks for one row (unused): the graph needs an output.
-  if (batch.logit_rows.empty()) batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
   ++stats_.steps;
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = forward_->run(batch);

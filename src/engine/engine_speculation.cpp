@@ -60,7 +60,7 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
       fed.push_back(a);
     }
     if (fed.empty()) break;
-    b.logit_rows = {int32_t(b.tokens.size()) - 1}; // unused: the graph needs an output
+    // No logit rows: the pass only fills the draft cache.
     if (!run(b, false)) return failed();
     for (Generation *a : fed) a->draft_len += m;
     stats_.draft_catch_up_tokens += int64_t(fed.size() * m);

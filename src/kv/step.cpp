@@ -244,6 +244,8 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
                                           spec.v_elements_per_token(), T);
     ggml_tensor *k_written = ggml_set_rows(ctx, k_store, k_rows, write_rows);
     ggml_tensor *v_written = ggml_set_rows(ctx, v_store, v_rows, write_rows);
+    writes_.push_back(k_written);
+    writes_.push_back(v_written);
 
     // (b) the rows to attend, as views of the written tensors (so attention depends on the
     // writes): a ring's slots in physical order (only those ever written), labelled by position
@@ -404,9 +406,12 @@ const std::vector<int32_t> &Step::span_pages(int32_t span) {
 }
 
 void Step::set_inputs() {
+  // An input of nodes the graph left out (a pass that wants no logits skips the last attention)
+  // was never allocated.
   for (const Pending &p : pending_)
-    ggml_backend_tensor_set(p.tensor, p.bytes.data(), 0, p.bytes.size());
+    if (p.tensor->buffer) ggml_backend_tensor_set(p.tensor, p.bytes.data(), 0, p.bytes.size());
   for (const PendingMask &pm : pending_masks_) {
+    if (!pm.tensor->buffer) continue;
     if (ggml_backend_buffer_is_host(pm.tensor->buffer)) {
       fill_mask(pm, static_cast<ggml_fp16_t *>(pm.tensor->data));
       continue;

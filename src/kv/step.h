@@ -60,6 +60,9 @@ public:
   Status commit();
 
   const std::vector<Span> &spans() const { return spans_; }
+  // The cache's storage after each write of this step (set_rows results), in call order: a pass
+  // that wants no logits (a prompt chunk before the last) computes only what these depend on.
+  const std::vector<ggml_tensor *> &writes() const { return writes_; }
 
 private:
   enum class Kernel { Grouped, Tiled, Ggml };
@@ -118,6 +121,7 @@ private:
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> gathers_;
   std::map<int32_t, std::vector<int32_t>> span_pages_;
   std::vector<Pending> pending_;
+  std::vector<ggml_tensor *> writes_;
   std::vector<PendingMask> pending_masks_;
   // Read by the grouped attention ops while the graph computes (stable addresses).
   std::deque<GroupedAttentionParams> grouped_params_;

@@ -190,7 +190,6 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     if (batch.logit_rows[i] < 0 || batch.logit_rows[i] >= n ||
         (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
       return Status::error("forward: logit rows must be ascending indices into the batch");
-  if (batch.logit_rows.empty()) return Status::error("forward: no logits requested");
   if (observer_ && !alloc_)
     return Status::error("forward: node profiling computes on the CPU alone, not with devices");
   if (std::string gone = model_.devices().failure(); !gone.empty())
@@ -229,7 +228,10 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   GraphInputs in;
   in.tokens = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
   in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
-  in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, int64_t(batch.logit_rows.size()));
+  // With no logit rows the builder still gets one (never uploaded: the head is left out below).
+  const bool wants_logits = !batch.logit_rows.empty();
+  in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32,
+                                     std::max<int64_t>(1, int64_t(batch.logit_rows.size())));
   for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
   if (!batch.embedding_at.empty()) {
     const int64_t m = int64_t(batch.embedding_at.size());
@@ -241,8 +243,15 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   std::vector<ggml_tensor *> hidden_tensors;
   auto logits = build_forward(model_, ctx.get(), batch, in, step, &hidden_tensors);
   if (!logits.ok()) return logits.status();
-  ggml_set_output(*logits);
-  ggml_build_forward_expand(gf, *logits);
+  if (wants_logits) {
+    ggml_set_output(*logits);
+    ggml_build_forward_expand(gf, *logits);
+  } else {
+    // A pass that wants no logits (a prompt chunk before the last) computes what the cache keeps
+    // and nothing more: every layer up to the last one's K/V writes, not the last attention, its
+    // MLP or the head (which cost a prefill chunk of a small model as much as its layers).
+    for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(gf, w);
+  }
   for (ggml_tensor *h : hidden_tensors) { // outputs: the allocator may not reuse their memory
     ggml_set_output(h);
     ggml_build_forward_expand(gf, h);
@@ -284,8 +293,8 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   };
   OFFGRAPH_TRY(device_lost());
   lap(phases_.compute);
-  std::vector<float> out(size_t(ggml_nelements(*logits)));
-  ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  std::vector<float> out(wants_logits ? size_t(ggml_nelements(*logits)) : 0);
+  if (wants_logits) ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
   if (hidden) {
     hidden->resize(hidden_tensors.size());
     for (size_t i = 0; i < hidden_tensors.size(); ++i) {

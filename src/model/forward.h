@@ -25,8 +25,9 @@ class Forward {
 public:
   Forward(const Model &model, kv::KvStore &store, int n_threads);
 
-  // Logits of batch.logit_rows, row after row (n_rows x n_vocab). With batch.hidden_layers,
-  // `hidden` gets each named layer's input for every token (n_tokens x n_embd, token after token).
+  // Logits of batch.logit_rows, row after row (n_rows x n_vocab); with none wanted the pass only
+  // fills the cache. With batch.hidden_layers, `hidden` gets each named layer's input for every
+  // token (n_tokens x n_embd, token after token).
   Result<std::vector<float>> run(const Batch &batch,
                                  std::vector<std::vector<float>> *hidden = nullptr);
 

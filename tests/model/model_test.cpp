@@ -192,6 +192,69 @@ TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
   }
 }
 
+// A pass that wants no logits (every prompt chunk but the last) fills the cache exactly as one
+// that wants the last row, and computes less: no node reads the output head, and the last layer
+// attends nowhere (only its K/V writes are needed). Checked on both architectures and both
+// attention kernels, by the logits of the chunk after it (bit for bit) and the nodes computed.
+void check_no_logit_pass(const std::string &arch, kv::AttentionKernel kernel) {
+  const std::string path = make_model(small_spec(arch, false, 9), arch + "-nologits.gguf");
+  Session with(path, 96, 24), without(path, 96, 24);
+  with.store->set_attention_kernel(kernel), without.store->set_attention_kernel(kernel);
+  const ModelConfig &c = with.model->config();
+  std::mt19937_64 rng(29);
+  std::vector<int32_t> tokens(70);
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, c.n_vocab - 1)(rng);
+  const kv::SeqId a = *with.store->create_sequence(), b = *without.store->create_sequence();
+  struct Seen {
+    int attention = 0, writes = 0, head = 0, nodes = 0;
+  };
+  auto observe = [&](Session &s, Seen &seen) {
+    s.fwd->set_node_observer([&seen, &s](const ggml_tensor *node, double) {
+      ++seen.nodes;
+      const std::string name = ggml_get_name(node);
+      seen.attention += name == "tiled_attention" || name == "grouped_attention" ||
+                        node->op == GGML_OP_FLASH_ATTN_EXT;
+      seen.writes += node->op == GGML_OP_SET_ROWS;
+      for (const ggml_tensor *src : node->src)
+        seen.head += src && src == s.model->weights().output.w;
+    });
+  };
+  for (int32_t at = 0; at < int32_t(tokens.size()); at += 20) {
+    const int32_t n = std::min<int32_t>(20, int32_t(tokens.size()) - at);
+    const bool last = at + n == int32_t(tokens.size());
+    Batch bw{{tokens.begin() + at, tokens.begin() + at + n}, {{a, at, n}}, {n - 1}};
+    Batch bn{bw.tokens, {{b, at, n}}, {}};
+    if (last) bn.logit_rows = {n - 1};
+    Seen sw, sn;
+    observe(with, sw), observe(without, sn);
+    auto lw = with.fwd->run(bw), ln = without.fwd->run(bn);
+    ASSERT_TRUE(lw.ok()) << lw.message();
+    ASSERT_TRUE(ln.ok()) << ln.message();
+    EXPECT_EQ(sw.writes, 2 * c.n_layer);
+    EXPECT_EQ(sw.attention, c.n_layer);
+    EXPECT_GT(sw.head, 0);
+    if (last) {
+      EXPECT_EQ(*lw, *ln) << "the chunk after passes that wanted no logits";
+      continue;
+    }
+    EXPECT_TRUE(ln->empty());
+    EXPECT_EQ(sn.writes, 2 * c.n_layer) << "every layer's K/V still written, at " << at;
+    EXPECT_EQ(sn.attention, c.n_layer - 1) << "the last layer attends nowhere, at " << at;
+    EXPECT_EQ(sn.head, 0) << "no node reads the head, at " << at;
+    EXPECT_LT(sn.nodes, sw.nodes);
+  }
+  EXPECT_EQ(with.store->sequence(a)->length(), int32_t(tokens.size()));
+  EXPECT_EQ(without.store->sequence(b)->length(), int32_t(tokens.size()));
+}
+
+TEST(ModelNoLogits, MuseGlimmerTiled) {
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Grouped);
+}
+TEST(ModelNoLogits, LlamaTiled) { check_no_logit_pass("llama", kv::AttentionKernel::Grouped); }
+TEST(ModelNoLogits, MuseGlimmerGgml) {
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Ggml);
+}
+
 // Hidden states (Batch::hidden_layers, what a drafter conditioned on the target reads): layer 0's
 // input is the embedded token itself (Muse Glimmer: RMS-normalised without a gain; Llama: the raw
 // row), against the file's embedding read directly; every layer's input for a token is the same
