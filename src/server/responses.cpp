@@ -820,10 +820,12 @@ std::vector<json> OutputBuilder::finished_call(size_t index, json item, const st
                        {"item_id", item["id"]},
                        {"output_index", index},
                        {"delta", text}}));
-  out.push_back(event({{"type", "response." + events + ".done"},
-                       {"item_id", item["id"]},
-                       {"output_index", index},
-                       {field, text}}));
+  json done = {{"type", "response." + events + ".done"},
+               {"item_id", item["id"]},
+               {"output_index", index},
+               {field, text}};
+  if (item["type"] == "function_call") done["name"] = item["name"]; // as OpenAI's event has it
+  out.push_back(event(std::move(done)));
   item[field] = text;
   item["status"] = "completed";
   output_.push_back(item);

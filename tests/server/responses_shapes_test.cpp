@@ -46,7 +46,7 @@ TEST(ResponsesShapes, ItemsInOrderWithNumberedEvents) {
   EXPECT_FALSE(out[3].contains("namespace"));
   EXPECT_NE(out[2]["call_id"], out[3]["call_id"]);
   int64_t seq = 0;
-  int open = -1;
+  int open = -1, calls_done = 0;
   std::string summary;
   for (const json &e : events) {
     EXPECT_EQ(e["sequence_number"], seq++) << e.dump();
@@ -62,7 +62,13 @@ TEST(ResponsesShapes, ItemsInOrderWithNumberedEvents) {
       EXPECT_EQ(e["output_index"], open) << e.dump();
     }
     if (type == "response.reasoning_summary_text.delta") summary += e["delta"].get<std::string>();
+    if (type == "response.function_call_arguments.done") { // named, as OpenAI's event is
+      EXPECT_EQ(e["name"], out[size_t(open)]["name"]) << e.dump();
+      EXPECT_EQ(e["arguments"], out[size_t(open)]["arguments"]) << e.dump();
+      ++calls_done;
+    }
   }
+  EXPECT_EQ(calls_done, 2);
   EXPECT_EQ(open, -1);
   EXPECT_EQ(summary, "Think more.");
 }
