@@ -2,6 +2,7 @@
 
 #include "sample/grammar_exclude.h"
 #include "sample/json_schema.h"
+#include "text/atem/atem_parser.h"
 #include <algorithm>
 
 namespace offgraph::text {
@@ -20,8 +21,11 @@ constexpr std::string_view kRawStop = "<";
 // What a raw value under a caller's grammar must not spell: the tags the call parser reads
 // (parse_function_calls: a parameter's end, an invoke's start and end) and the chat markers the
 // message parser reads in text (AtemParser). Exact strings, not '<': code keeps its brackets.
-const std::vector<std::string> kRawInputMarkers = {
-    "<atem:", "</atem:", "<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "<|end_of_text|>"};
+const std::vector<std::string> kRawInputMarkers = [] {
+  std::vector<std::string> out(atem::kCallTagPrefixes.begin(), atem::kCallTagPrefixes.end());
+  out.insert(out.end(), atem::kChatMarkers.begin(), atem::kChatMarkers.end());
+  return out;
+}();
 
 // `text` as the model writes it: the vocabulary's special tokens as themselves, the rest as bytes.
 Sequence marked(GrammarBuilder &b, const Tokenizer &t, std::string_view text) {

@@ -8,11 +8,10 @@ namespace offgraph::text {
 
 namespace {
 
-constexpr std::string_view kStart = "<|start|>", kMessage = "<|message|>", kEom = "<|eom|>",
-                           kEot = "<|eot|>", kEndOfText = "<|end_of_text|>";
+using atem::kEndOfText, atem::kEom, atem::kEot, atem::kMessage, atem::kStart;
 // Longer than any "<|start|>assistant to=RECIPIENT" the model could mean.
 constexpr size_t kMaxHeader = 256;
-constexpr std::array<std::string_view, 5> kMarkers = {kStart, kMessage, kEom, kEot, kEndOfText};
+constexpr const auto &kMarkers = atem::kChatMarkers;
 
 // Length of the longest suffix of `s` that is a proper prefix of some marker: text that may still
 // become a marker and must be held back.

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <string>
@@ -20,6 +21,17 @@
 #include <vector>
 
 namespace offgraph::text {
+
+// The strings the parsers read: the chat markers AtemParser reads in any text, and the prefixes
+// of the tags parse_function_calls reads in a call block. Text the model writes raw (a custom
+// tool's input) must spell none of them (atem_grammar).
+namespace atem {
+inline constexpr std::string_view kStart = "<|start|>", kMessage = "<|message|>", kEom = "<|eom|>",
+                                  kEot = "<|eot|>", kEndOfText = "<|end_of_text|>";
+inline constexpr std::array<std::string_view, 5> kChatMarkers = {kStart, kMessage, kEom, kEot,
+                                                                 kEndOfText};
+inline constexpr std::array<std::string_view, 2> kCallTagPrefixes = {"<atem:", "</atem:"};
+} // namespace atem
 
 struct ToolCall {
   std::string name;
