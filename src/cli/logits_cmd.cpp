@@ -146,11 +146,9 @@ std::function<int()> add_logits(CLI::App &app) {
           b.logit_rows.push_back(i);
         }
       }
-      const bool none = b.logit_rows.empty(); // the graph needs an output row: one, unused
-      if (none) b.logit_rows.push_back(n - 1);
-      auto logits = fwd.run(b);
+      auto logits = fwd.run(b); // a chunk of image rows alone wants none
       if (!logits.ok()) return fail(logits.message());
-      if (!none) file.logits.insert(file.logits.end(), logits->begin(), logits->end());
+      file.logits.insert(file.logits.end(), logits->begin(), logits->end());
       at += size_t(n);
     }
     auto argmax = [&]() {

@@ -2,6 +2,7 @@
 
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
@@ -294,7 +295,23 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   OFFGRAPH_TRY(device_lost());
   lap(phases_.compute);
   std::vector<float> out(wants_logits ? size_t(ggml_nelements(*logits)) : 0);
-  if (wants_logits) ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  if (wants_logits)
+    ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  else if (sched_) {
+    // ggml-rpc answers no graph compute: the logits read is what waits for a device's part of
+    // the step to end, and what finds a server that died during it. Without logits, a few bytes
+    // of the last write on each device wait for it instead.
+    std::vector<ggml_backend_buffer_type_t> read; // one probe per device (its buffer type)
+    uint8_t probe[4];
+    for (auto w = step.writes().rbegin(); w != step.writes().rend(); ++w) {
+      ggml_backend_buffer_t buffer = (*w)->view_src ? (*w)->view_src->buffer : (*w)->buffer;
+      if (!buffer || ggml_backend_buffer_is_host(buffer)) continue;
+      ggml_backend_buffer_type_t type = ggml_backend_buffer_get_type(buffer);
+      if (std::find(read.begin(), read.end(), type) != read.end()) continue;
+      read.push_back(type);
+      ggml_backend_tensor_get(*w, probe, 0, std::min(sizeof probe, ggml_nbytes(*w)));
+    }
+  }
   if (hidden) {
     hidden->resize(hidden_tensors.size());
     for (size_t i = 0; i < hidden_tensors.size(); ++i) {
@@ -303,7 +320,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
                               ggml_nbytes(hidden_tensors[i]));
     }
   }
-  OFFGRAPH_TRY(device_lost()); // the reads above went through it too
+  OFFGRAPH_TRY(device_lost()); // the reads above went through it too (logits or probes)
   if (Status s = step.commit(); !s.ok()) return s;
   lap(phases_.outputs);
   ++phases_.steps;

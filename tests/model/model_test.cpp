@@ -196,8 +196,13 @@ TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {
 // that wants the last row, and computes less: no node reads the output head, and the last layer
 // attends nowhere (only its K/V writes are needed). Checked on both architectures and both
 // attention kernels, by the logits of the chunk after it (bit for bit) and the nodes computed.
-void check_no_logit_pass(const std::string &arch, kv::AttentionKernel kernel) {
-  const std::string path = make_model(small_spec(arch, false, 9), arch + "-nologits.gguf");
+// `n_layer` 4 makes the last layer the only global one: its mask is then an input no node of a
+// pass without logits reads (never allocated, never uploaded).
+void check_no_logit_pass(const std::string &arch, kv::AttentionKernel kernel, int32_t n_layer) {
+  synth::SynthSpec spec = small_spec(arch, false, 9);
+  spec.n_layer = n_layer;
+  const std::string path =
+      make_model(spec, arch + "-nologits-" + std::to_string(n_layer) + ".gguf");
   Session with(path, 96, 24), without(path, 96, 24);
   with.store->set_attention_kernel(kernel), without.store->set_attention_kernel(kernel);
   const ModelConfig &c = with.model->config();
@@ -248,11 +253,15 @@ void check_no_logit_pass(const std::string &arch, kv::AttentionKernel kernel) {
 }
 
 TEST(ModelNoLogits, MuseGlimmerTiled) {
-  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Grouped);
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Grouped, 5);
 }
-TEST(ModelNoLogits, LlamaTiled) { check_no_logit_pass("llama", kv::AttentionKernel::Grouped); }
+TEST(ModelNoLogits, MuseGlimmerLastLayerGlobal) {
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Grouped, 4);
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Ggml, 4);
+}
+TEST(ModelNoLogits, LlamaTiled) { check_no_logit_pass("llama", kv::AttentionKernel::Grouped, 5); }
 TEST(ModelNoLogits, MuseGlimmerGgml) {
-  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Ggml);
+  check_no_logit_pass("muse-glimmer", kv::AttentionKernel::Ggml, 5);
 }
 
 // Hidden states (Batch::hidden_layers, what a drafter conditioned on the target reads): layer 0's

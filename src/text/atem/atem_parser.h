@@ -22,9 +22,9 @@
 
 namespace offgraph::text {
 
-// The strings the parsers read: the chat markers AtemParser reads in any text, and the prefixes
-// of the tags parse_function_calls reads in a call block. Text the model writes raw (a custom
-// tool's input) must spell none of them (atem_grammar).
+// The strings the parsers read: the chat markers AtemParser reads in any text, and what every tag
+// of a call block (parse_function_calls: function_calls, invoke, parameter) begins with. Text the
+// model writes raw (a custom tool's input) must spell none of them (atem_grammar).
 namespace atem {
 inline constexpr std::string_view kStart = "<|start|>", kMessage = "<|message|>", kEom = "<|eom|>",
                                   kEot = "<|eot|>", kEndOfText = "<|end_of_text|>";
