@@ -115,6 +115,11 @@ def main():
                     check(cached > 20, f"{c['name']} turn {t}: cached_tokens {cached}")
         used = set(home.values())
         check(len(used) == 2, f"conversations all went to {used}")
+        if len(used) != 2:  # why nginx took a replica out (seen once, under load from other tests)
+            for name in ("error.log", "replica-1.log", "replica-2.log"):
+                path = os.path.join(run_dir, name)
+                if os.path.exists(path):
+                    print(f"--- {name} (tail)\n" + open(path, errors="replace").read()[-2000:], flush=True)
         print("homes:", home, flush=True)
 
         # A session header pins, whatever the messages.
