@@ -95,6 +95,22 @@ void adopt_allocation(const std::vector<ggml_tensor *> &fresh,
   }
 }
 
+// ggml-rpc answers no graph compute: a step's logits read is what waits for a device's part of
+// the step to end, and what finds a server that died during it. A step without logits reads a
+// few bytes of its last write on each device (one per buffer type) instead.
+void wait_for_devices(const std::vector<ggml_tensor *> &writes) {
+  std::vector<ggml_backend_buffer_type_t> read;
+  uint8_t probe[4];
+  for (auto w = writes.rbegin(); w != writes.rend(); ++w) {
+    ggml_backend_buffer_t buffer = (*w)->view_src ? (*w)->view_src->buffer : (*w)->buffer;
+    if (!buffer || ggml_backend_buffer_is_host(buffer)) continue;
+    ggml_backend_buffer_type_t type = ggml_backend_buffer_get_type(buffer);
+    if (std::find(read.begin(), read.end(), type) != read.end()) continue;
+    read.push_back(type);
+    ggml_backend_tensor_get(*w, probe, 0, std::min(sizeof probe, ggml_nbytes(*w)));
+  }
+}
+
 } // namespace
 
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
@@ -297,21 +313,8 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   std::vector<float> out(wants_logits ? size_t(ggml_nelements(*logits)) : 0);
   if (wants_logits)
     ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
-  else if (sched_) {
-    // ggml-rpc answers no graph compute: the logits read is what waits for a device's part of
-    // the step to end, and what finds a server that died during it. Without logits, a few bytes
-    // of the last write on each device wait for it instead.
-    std::vector<ggml_backend_buffer_type_t> read; // one probe per device (its buffer type)
-    uint8_t probe[4];
-    for (auto w = step.writes().rbegin(); w != step.writes().rend(); ++w) {
-      ggml_backend_buffer_t buffer = (*w)->view_src ? (*w)->view_src->buffer : (*w)->buffer;
-      if (!buffer || ggml_backend_buffer_is_host(buffer)) continue;
-      ggml_backend_buffer_type_t type = ggml_backend_buffer_get_type(buffer);
-      if (std::find(read.begin(), read.end(), type) != read.end()) continue;
-      read.push_back(type);
-      ggml_backend_tensor_get(*w, probe, 0, std::min(sizeof probe, ggml_nbytes(*w)));
-    }
-  }
+  else if (sched_)
+    wait_for_devices(step.writes());
   if (hidden) {
     hidden->resize(hidden_tensors.size());
     for (size_t i = 0; i < hidden_tensors.size(); ++i) {
