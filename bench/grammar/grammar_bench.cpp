@@ -22,12 +22,8 @@
 //   cached: the compiled grammar again, as the server's grammar cache reuses it.
 // Each schema gets vocabularies of its own, so that schemas do not warm each other.
 //
-// A vocabulary offgraph's tokenizer does not read (gemma-4's "gemma4" model, used as the 262K
-// stand-in: the real 202K Muse Glimmer vocabulary is not on this machine) is read from the GGUF
-// directly: NORMAL pieces with U+2581 as spaces, BYTE pieces <0xXX> as their byte, CONTROL and
-// USER_DEFINED pieces as their text (special), the rules llama.cpp's token_to_piece applies to
-// that vocabulary. Its token ids then come from --token-ids FILE (llama_grammar_bench's JSON
-// output: llama.cpp's own tokenization), since no offgraph tokenizer exists for it.
+// The 262K vocabulary is gemma-4's (models/ggml-vocab-gemma-4.gguf, the largest real one here),
+// standing in for the real 202K Muse Glimmer vocabulary, which is not on this machine.
 //
 // Before each request, untimed, malloc_trim(0) consolidates what the last one freed: glibc would
 // otherwise do it inside the next timed allocation (several ms after a long walk).
@@ -120,56 +116,6 @@ std::string gguf_string(const gguf_context *ctx, const char *key) {
   return k < 0 ? std::string() : std::string(gguf_get_val_str(ctx, k));
 }
 
-// The "gemma4" vocabulary straight from the GGUF (see the file comment).
-Vocab read_piece_vocab(const gguf_context *ctx) {
-  Vocab v;
-  v.model = gguf_string(ctx, "tokenizer.ggml.model");
-  v.pre = gguf_string(ctx, "tokenizer.ggml.pre");
-  const int64_t tk = gguf_find_key(ctx, "tokenizer.ggml.tokens");
-  const int64_t ty = gguf_find_key(ctx, "tokenizer.ggml.token_type");
-  if (tk < 0 || ty < 0) {
-    std::fprintf(stderr, "no tokenizer.ggml.tokens / token_type\n");
-    std::exit(1);
-  }
-  const size_t n = size_t(gguf_get_arr_n(ctx, tk));
-  const auto *types = static_cast<const int32_t *>(gguf_get_arr_data(ctx, ty));
-  auto texts = std::make_shared<sample::TokenTexts>();
-  texts->bytes.resize(n);
-  texts->special.assign(n, 0);
-  const std::string space = "\xe2\x96\x81";
-  for (size_t i = 0; i < n; ++i) {
-    std::string piece = gguf_get_arr_str(ctx, tk, i);
-    const int32_t type = types[i];
-    if (type == int32_t(text::TokenType::kNormal)) {
-      std::string out;
-      for (size_t p = 0; p < piece.size();) {
-        if (piece.compare(p, space.size(), space) == 0) {
-          out += ' ';
-          p += space.size();
-        } else {
-          out += piece[p++];
-        }
-      }
-      texts->bytes[i] = std::move(out);
-    } else if (type == int32_t(text::TokenType::kByte)) {
-      // <0xXX>
-      if (piece.size() == 6 && piece.compare(0, 3, "<0x") == 0)
-        texts->bytes[i] = std::string(1, char(std::stoi(piece.substr(3, 2), nullptr, 16)));
-    } else if (type == int32_t(text::TokenType::kControl) ||
-               type == int32_t(text::TokenType::kUserDefined)) {
-      texts->bytes[i] = piece;
-      texts->special[i] = 1;
-    }
-    // UNKNOWN, UNUSED: writes nothing, never allowed.
-  }
-  for (const char *key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eos_token_id"}) {
-    const int64_t k = gguf_find_key(ctx, key);
-    if (k >= 0) v.end_tokens.push_back(int32_t(gguf_get_val_u32(ctx, k)));
-  }
-  v.texts = std::move(texts);
-  return v;
-}
-
 Vocab load_vocab(const std::string &path) {
   gguf_init_params params{true, nullptr};
   gguf_context *ctx = gguf_init_from_file(path.c_str(), params);
@@ -178,21 +124,16 @@ Vocab load_vocab(const std::string &path) {
     std::exit(1);
   }
   Vocab v;
-  const std::string model = gguf_string(ctx, "tokenizer.ggml.model");
-  if (model == "gpt2") {
-    auto tok = text::Tokenizer::from_gguf(ctx);
-    if (!tok.ok()) {
-      std::fprintf(stderr, "tokenizer: %s\n", tok.status().message().c_str());
-      std::exit(1);
-    }
-    v.tokenizer = std::move(tok.value());
-    v.texts = text::grammar_token_texts(*v.tokenizer);
-    v.end_tokens = v.tokenizer->end_of_generation_ids();
-    v.model = model;
-    v.pre = v.tokenizer->pre_tokenizer_name();
-  } else {
-    v = read_piece_vocab(ctx);
+  auto tok = text::Tokenizer::from_gguf(ctx);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "tokenizer: %s\n", tok.status().message().c_str());
+    std::exit(1);
   }
+  v.tokenizer = std::move(tok.value());
+  v.texts = text::grammar_token_texts(*v.tokenizer);
+  v.end_tokens = v.tokenizer->end_of_generation_ids();
+  v.model = gguf_string(ctx, "tokenizer.ggml.model");
+  v.pre = v.tokenizer->pre_tokenizer_name();
   gguf_free(ctx);
   std::sort(v.end_tokens.begin(), v.end_tokens.end());
   v.end_tokens.erase(std::unique(v.end_tokens.begin(), v.end_tokens.end()), v.end_tokens.end());
@@ -210,7 +151,7 @@ size_t popcount(const std::vector<uint64_t> &bits) {
 }
 
 struct Args {
-  std::string vocab, schemas, token_ids, only;
+  std::string vocab, schemas, only;
   int requests = 2;
   bool steps = false;     // per-step detail in the JSON
   bool precompute = true; // also time precompute_all on a second compilation
@@ -231,8 +172,6 @@ Args parse_args(int argc, char **argv) {
       a.vocab = next();
     else if (k == "--schemas")
       a.schemas = next();
-    else if (k == "--token-ids")
-      a.token_ids = next();
     else if (k == "--only")
       a.only = next();
     else if (k == "--requests")
@@ -243,7 +182,7 @@ Args parse_args(int argc, char **argv) {
       a.precompute = false;
     else {
       std::fprintf(stderr, "usage: grammar_bench --vocab GGUF --schemas DIR [--only NAME[,NAME]] "
-                           "[--requests N] [--token-ids LLAMA_JSON] [--steps] [--no-precompute]\n");
+                           "[--requests N] [--steps] [--no-precompute]\n");
       std::exit(2);
     }
   }
@@ -272,19 +211,6 @@ std::vector<std::string> schema_names(const Args &a) {
   return names;
 }
 
-// llama_grammar_bench's output lines: {"schema": NAME, "token_ids": [...]}.
-std::map<std::string, std::vector<int32_t>> read_token_ids(const std::string &path) {
-  std::map<std::string, std::vector<int32_t>> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("schema") && j.contains("token_ids"))
-      out[j["schema"].get<std::string>()] = j["token_ids"].get<std::vector<int32_t>>();
-  }
-  return out;
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
@@ -295,13 +221,6 @@ int main(int argc, char **argv) {
   const double vocab_us = us_since(t_vocab);
   const size_t trie_nodes = gv->nodes().size();
   gv.reset();
-  std::map<std::string, std::vector<int32_t>> given_ids;
-  if (!args.token_ids.empty()) given_ids = read_token_ids(args.token_ids);
-  if (!vocab.tokenizer && given_ids.empty()) {
-    std::fprintf(stderr, "offgraph has no tokenizer for '%s': pass --token-ids\n",
-                 vocab.model.c_str());
-    return 1;
-  }
   if (vocab.end_tokens.empty()) {
     std::fprintf(stderr, "the vocabulary names no end-of-generation token\n");
     return 1;
@@ -373,21 +292,9 @@ int main(int argc, char **argv) {
     out["compile_wall_us"] = compile_wall_us;
     out["terminal_positions"] = stats.terminal_positions;
     out["tables_at_compile"] = stats.computed_tables;
-    std::vector<int32_t> ids;
-    if (vocab.tokenizer) {
-      ids = vocab.tokenizer->encode(instance, /*add_bos=*/false, /*parse_special=*/false);
-      out["tokenized_by"] = "offgraph";
-    } else {
-      auto it = given_ids.find(name);
-      if (it == given_ids.end()) {
-        out["error"] = "no token ids for this schema in --token-ids";
-        std::cout << out.dump() << std::endl;
-        ++failures;
-        continue;
-      }
-      ids = it->second;
-      out["tokenized_by"] = "llama.cpp (--token-ids)";
-    }
+    std::vector<int32_t> ids =
+        vocab.tokenizer->encode(instance, /*add_bos=*/false, /*parse_special=*/false);
+    out["tokenized_by"] = "offgraph";
     out["token_ids"] = ids;
     std::string spelled;
     for (int32_t t : ids) spelled += vocab.texts->bytes[size_t(t)];

@@ -139,8 +139,6 @@ def mask_section(args, bins, tree, work):
         ll = run_jsonl([bins["llama"], "--vocab", path, "--schemas", schemas, "--requests", requests,
                         "--steps", *only], llama_out)
         cmd = [bins["ours"], "--vocab", path, "--schemas", schemas, "--requests", requests, "--steps", *only]
-        if short != "llama-bpe":
-            cmd += ["--token-ids", llama_out]
         og = run_jsonl(cmd, work / f"offgraph-{short}.jsonl")
         commands = [" ".join(map(short_path, [bins["llama"], "--vocab", path, "--schemas", schemas, "--requests",
                                               requests, "--steps", *only])),
@@ -466,10 +464,8 @@ def write_report(results, path):
           "pre-tokenizer) is not on this machine: the pinned tree ships no llama4 vocabulary (tests/text/tokenizer/"
           "llama4_test.cpp loads llama-bpe's with `tokenizer.ggml.pre` swapped) and the bench models are "
           "generated with llama-bpe's. The largest real vocabulary here stands in: gemma-4's, 262,144 tokens "
-          "(`models/ggml-vocab-gemma-4.gguf`, a SentencePiece-style BPE). llama.cpp loads it vocab-only; "
-          "offgraph's tokenizer does not read its `gemma4` model, so grammar_bench reads its pieces from the "
-          "GGUF (U+2581 as space, `<0xXX>` byte pieces, CONTROL / USER_DEFINED as special) and walks llama.cpp's "
-          "token ids (`--token-ids`), checking that they spell the instance.", ""]
+          "(`models/ggml-vocab-gemma-4.gguf`, a SentencePiece-style BPE), loaded vocab-only by both sides; each "
+          "side walks its own tokenizer's ids for the instance (identical: tests/peer/tokenizer_peer_test.cpp).", ""]
 
     L += ["## Mask time per token", ""]
     problems = []

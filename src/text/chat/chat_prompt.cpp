@@ -76,7 +76,7 @@ Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &cha
       return Status::error("chat template mangled a message placeholder");
     }
     if (i >= originals.size()) return Status::error("chat template mangled a message placeholder");
-    const auto user = tokenizer.encode(originals[i], false, false);
+    const auto user = tokenizer.encode_literal(originals[i]);
     const int32_t start = int32_t(tokens.size());
     if (!user.empty() && (out.message_starts.empty() || out.message_starts.back() < start))
       out.message_starts.push_back(start);

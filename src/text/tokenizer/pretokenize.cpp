@@ -14,7 +14,7 @@ struct Name {
 };
 
 // Names as llama.cpp groups them (src/llama-vocab.cpp), for the families implemented here.
-constexpr std::array<Name, 8> kNames = {{
+constexpr std::array<Name, 10> kNames = {{
     {"gpt-2", {PreTokenizer::kGpt2, false}},
     {"llama-bpe", {PreTokenizer::kLlama3, true}},
     {"llama3", {PreTokenizer::kLlama3, true}},
@@ -23,6 +23,8 @@ constexpr std::array<Name, 8> kNames = {{
     {"deepseek-r1-qwen", {PreTokenizer::kQwen2, false}},
     {"llama4", {PreTokenizer::kGpt4o, false}},
     {"gpt-4o", {PreTokenizer::kGpt4o, false}},
+    {"gemma4", {PreTokenizer::kNewlineRuns, false, true}},
+    {"granite-embed-multi-311m", {PreTokenizer::kNewlineRuns, false, true}},
 }};
 
 // Reads code points of one range; positions outside it read as "nothing", like end of text.
@@ -170,6 +172,17 @@ void split_gpt4o(const Cursor &c, size_t pos, std::vector<size_t> &ends) {
   }
 }
 
+// [^\n]+|[\n]+
+void split_newline_runs(const Cursor &c, size_t pos, std::vector<size_t> &ends) {
+  while (c.in(pos)) {
+    const bool newline = c.is(pos, '\n');
+    size_t e = pos + 1;
+    while (c.in(e) && c.is(e, '\n') == newline) ++e;
+    ends.push_back(e);
+    pos = e;
+  }
+}
+
 } // namespace
 
 std::string supported_pre_tokenizer_names() {
@@ -204,6 +217,9 @@ void split_words(PreTokenizer kind, const std::vector<uint32_t> &cps, size_t beg
     break;
   case PreTokenizer::kGpt4o:
     split_gpt4o(c, begin, word_ends);
+    break;
+  case PreTokenizer::kNewlineRuns:
+    split_newline_runs(c, begin, word_ends);
     break;
   }
 }

@@ -17,12 +17,18 @@ enum class PreTokenizer {
   kLlama3, // (?i:'s|..)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|..
   kQwen2,  // as kLlama3 but single digits: \p{N}
   kGpt4o,  // GPT-4o / Llama 4: case-aware letter runs, see pretokenize.cpp
+  kNewlineRuns, // [^\n]+|[\n]+ (Gemma 4: BPE over whole lines)
 };
 
 struct PreTokenizerInfo {
   PreTokenizer kind;
   // The whole word is looked up as a token before merging (llama.cpp's ignore_merges).
   bool whole_word_first;
+  // SentencePiece-style BPE (Gemma 4): spaces are written U+2581 before splitting, merges start
+  // from the UTF-8 characters themselves (no byte-level mapping), and a character the vocabulary
+  // lacks falls back to its bytes' `<0xXX>` tokens. A run of newlines is one token when the
+  // vocabulary has it.
+  bool spm_style = false;
 };
 
 // Maps a GGUF `tokenizer.ggml.pre` value; an unknown name is an error listing the supported ones.

@@ -48,6 +48,38 @@ std::string unmap_bytes(std::string_view text) {
   return out;
 }
 
+// SentencePiece's whitespace mark, U+2581, which stands for a space in token texts.
+constexpr std::string_view kSpaceMark = "\xE2\x96\x81";
+
+std::string unescape_spaces(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    if (text.substr(i, kSpaceMark.size()) == kSpaceMark) {
+      out += ' ';
+      i += kSpaceMark.size();
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
+// The byte of a SentencePiece byte token "<0xXX>" (hex digits in either case), or -1.
+int byte_token_value(std::string_view text) {
+  if (text.size() != 6 || text.substr(0, 3) != "<0x" || text[5] != '>') return -1;
+  int value = 0;
+  for (const char ch : text.substr(3, 2)) {
+    const int digit = ch >= '0' && ch <= '9'   ? ch - '0'
+                      : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                      : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                               : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
 struct GgufDeleter {
   void operator()(gguf_context *ctx) const { gguf_free(ctx); }
 };
@@ -126,14 +158,15 @@ Status Tokenizer::load(const gguf_context *ctx) {
     return Status::error("tokenizer model 'test' (tokenizer.ggml.model) is llama.cpp's placeholder "
                          "for generated test models and has no text form: such files run on token "
                          "ids only (offgraph logits --tokens or --random, offgraph bench)");
-  if (*model != "gpt2") {
-    return Status::error(
-        "tokenizer model '" + *model +
-        "' (tokenizer.ggml.model) is not supported; only 'gpt2' byte-level BPE is");
+  if (*model != "gpt2" && *model != "gemma4") {
+    return Status::error("tokenizer model '" + *model +
+                         "' (tokenizer.ggml.model) is not supported; 'gpt2' (byte-level BPE) and "
+                         "'gemma4' (SentencePiece-style BPE) are");
   }
   auto pre = get_str(ctx, "tokenizer.ggml.pre", false);
   if (!pre.ok()) return pre.status();
-  pre_name_ = pre->empty() ? "default" : *pre;
+  // llama.cpp gives a gemma4 vocabulary its own pre-tokenizer whatever the key says.
+  pre_name_ = *model == "gemma4" ? "gemma4" : pre->empty() ? "default" : *pre;
   auto info = pre_tokenizer_from_name(pre_name_);
   if (!info.ok()) return info.status();
   pre_ = *info;
@@ -157,19 +190,42 @@ Status Tokenizer::load(const gguf_context *ctx) {
     for (size_t i = 0; i < n; ++i) types_[i] = static_cast<TokenType>(raw[i]);
   }
 
-  // Token texts as stored (byte-mapped) index the merges; raw pieces index everything else.
+  // Token texts as stored (byte-mapped, or with U+2581 for spaces) index the merges; raw pieces
+  // index everything else.
   std::unordered_map<std::string_view, int32_t> text_to_id;
   text_to_id.reserve(n);
   pieces_.resize(n);
   piece_to_id_.reserve(n);
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
+  std::fill(std::begin(byte_fallback_), std::end(byte_fallback_), -1);
   for (size_t i = 0; i < n; ++i) {
     const std::string_view text = gguf_get_arr_str(ctx, *tokens_key, i);
     const auto id = static_cast<int32_t>(i);
     text_to_id[text] = id;
     const bool special = types_[i] == TokenType::kControl || types_[i] == TokenType::kUserDefined;
-    pieces_[i] = special ? std::string(text) : unmap_bytes(text);
-    piece_to_id_[pieces_[i]] = id;
+    if (special) {
+      pieces_[i] = std::string(text);
+    } else if (!pre_.spm_style) {
+      pieces_[i] = unmap_bytes(text);
+    } else if (const int byte = byte_token_value(text); types_[i] == TokenType::kByte) {
+      if (byte < 0)
+        return Status::error("tokenizer.ggml.tokens[" + std::to_string(i) + "] = '" +
+                             std::string(text) + "' is a byte token but not of the form <0xXX>");
+      pieces_[i] = std::string(1, static_cast<char>(byte));
+      byte_fallback_[byte] = id;
+    } else {
+      pieces_[i] = unescape_spaces(text);
+    }
+  }
+  // A byte token's piece is also a character's: the character's own token wins.
+  for (size_t i = 0; i < n; ++i)
+    if (types_[i] != TokenType::kByte) piece_to_id_[pieces_[i]] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < n; ++i)
+    if (types_[i] == TokenType::kByte)
+      piece_to_id_.try_emplace(pieces_[i], static_cast<int32_t>(i));
+  if (pre_.spm_style) {
+    text_to_id_.reserve(n);
+    for (const auto &[text, id] : text_to_id) text_to_id_.emplace(std::string(text), id);
   }
   for (int b = 0; b < 256; ++b) {
     std::string one(1, static_cast<char>(b));
@@ -212,13 +268,19 @@ Status Tokenizer::load(const gguf_context *ctx) {
   auto pad = get_token_id(ctx, "tokenizer.ggml.padding_token_id", n);
   pad_ = pad.ok() ? *pad : -1;
   if (eot_ < 0) {
-    for (const char *name : {"<|eot_id|>", "<|eot|>", "<|im_end|>", "<|end|>", "<end_of_turn>"}) {
+    for (const char *name :
+         {"<|eot_id|>", "<|eot|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>"}) {
       if (auto id = find_token(name); id && is_control(*id)) {
         eot_ = *id;
         break;
       }
     }
   }
+
+  // Gemma 4 waits for a tool's answer at <|tool_response>, which llama.cpp ends generation on.
+  if (pre_.kind == PreTokenizer::kNewlineRuns)
+    if (auto id = find_token("<|tool_response>"); id && token_type(*id) != TokenType::kNormal)
+      extra_eog_.push_back(*id);
 
   add_bos_default_ = pre_.kind == PreTokenizer::kLlama3;
   if (const int64_t k = gguf_find_key(ctx, "tokenizer.ggml.add_bos_token"); k >= 0) {
@@ -227,6 +289,8 @@ Status Tokenizer::load(const gguf_context *ctx) {
     }
     add_bos_default_ = gguf_get_val_bool(ctx, k);
   }
+  // Gemma 4 needs its BOS; llama.cpp adds it even where a converter wrote false.
+  if (pre_.kind == PreTokenizer::kNewlineRuns) add_bos_default_ = true;
 
   special_trie_.assign(1, TrieNode{});
   for (size_t i = 0; i < n; ++i) {
@@ -249,6 +313,7 @@ Status Tokenizer::load(const gguf_context *ctx) {
       }
     }
     special_trie_[node].token = static_cast<int32_t>(i);
+    has_user_defined_ = has_user_defined_ || types_[i] == TokenType::kUserDefined;
   }
   return ok_status();
 }
@@ -270,7 +335,9 @@ std::optional<int32_t> Tokenizer::find_token(std::string_view piece) const {
 
 std::vector<int32_t> Tokenizer::end_of_generation_ids() const {
   std::vector<int32_t> ids;
-  for (const int32_t id : {eot_, eos_}) {
+  std::vector<int32_t> all = {eot_, eos_};
+  all.insert(all.end(), extra_eog_.begin(), extra_eog_.end());
+  for (const int32_t id : all) {
     if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
   return ids;
@@ -287,11 +354,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && bos_ >= 0) out.push_back(bos_);
-  if (!parse_special) {
-    encode_plain(text, out);
-    return out;
-  }
-  for (const Fragment &f : split_special(text)) {
+  for (const Fragment &f : split_special(text, parse_special ? Match::kAll : Match::kUserDefined)) {
     if (f.special >= 0) {
       out.push_back(f.special);
     } else {
@@ -301,7 +364,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
   return out;
 }
 
-std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode_literal(std::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  encode_plain(text, out);
+  return out;
+}
+
+std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text,
+                                                          Match match) const {
+  if (match == Match::kUserDefined && !has_user_defined_) return {{-1, 0, text.size()}};
   // Which special tokens occur at all (usually none or a few), found with one pass over a trie.
   std::vector<int32_t> found;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -312,7 +384,9 @@ std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text)
       auto it = std::find_if(next.begin(), next.end(), [&](const auto &e) { return e.first == b; });
       if (it == next.end()) break;
       node = it->second;
-      if (special_trie_[node].token >= 0) found.push_back(special_trie_[node].token);
+      const int32_t id = special_trie_[node].token;
+      if (id >= 0 && (match == Match::kAll || types_[id] == TokenType::kUserDefined))
+        found.push_back(id);
     }
   }
   std::sort(found.begin(), found.end(), [&](int32_t a, int32_t b) {
@@ -348,6 +422,17 @@ std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text)
 
 void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t> &out) const {
   if (text.empty()) return;
+  std::string escaped;
+  if (pre_.spm_style) { // spaces become U+2581 before anything else sees the text
+    escaped.reserve(text.size() + text.size() / 4);
+    for (const char ch : text) {
+      if (ch == ' ')
+        escaped += kSpaceMark;
+      else
+        escaped += ch;
+    }
+    text = escaped;
+  }
   const DecodedText d = decode_lenient(text);
   std::vector<size_t> ends;
   ends.reserve(d.cps.size() / 3 + 1);
@@ -362,7 +447,7 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t> &out) c
 }
 
 void Tokenizer::encode_word(std::string_view word, std::vector<int32_t> &out) const {
-  if (word.size() == 1 && byte_ids_[static_cast<uint8_t>(word[0])] >= 0) {
+  if (!pre_.spm_style && word.size() == 1 && byte_ids_[static_cast<uint8_t>(word[0])] >= 0) {
     out.push_back(byte_ids_[static_cast<uint8_t>(word[0])]);
     return;
   }
@@ -377,11 +462,34 @@ void Tokenizer::encode_word(std::string_view word, std::vector<int32_t> &out) co
     }
   }
   const size_t first = out.size();
-  if (auto it = pre_.whole_word_first ? piece_to_id_.find(std::string(word)) : piece_to_id_.end();
-      it != piece_to_id_.end()) {
-    out.push_back(it->second);
+  std::optional<int32_t> whole;
+  if (pre_.whole_word_first) {
+    if (auto it = piece_to_id_.find(std::string(word)); it != piece_to_id_.end())
+      whole = it->second;
+  } else if (pre_.spm_style && word.find_first_not_of('\n') == std::string_view::npos) {
+    // A run of newlines is looked up whole (llama.cpp's fix for Gemma 4's newline tokens).
+    if (auto it = text_to_id_.find(std::string(word)); it != text_to_id_.end()) whole = it->second;
+  }
+  if (whole) {
+    out.push_back(*whole);
   } else {
-    merge_word(word, out);
+    std::vector<Symbol> symbols;
+    symbols.reserve(word.size());
+    if (pre_.spm_style) { // UTF-8 characters (the word is well-formed: decode_lenient made it)
+      for (size_t i = 0; i < word.size();) {
+        bool incomplete = false;
+        const size_t len =
+            std::max<size_t>(1, well_formed_sequence_length(word.substr(i), &incomplete));
+        const auto it = text_to_id_.find(std::string(word.substr(i, len)));
+        symbols.push_back(
+            {it != text_to_id_.end() ? it->second : -1, uint32_t(i), uint32_t(i + len)});
+        i += len;
+      }
+    } else { // bytes, each the token of its byte-level mapping
+      for (size_t i = 0; i < word.size(); ++i)
+        symbols.push_back({byte_ids_[static_cast<uint8_t>(word[i])], uint32_t(i), uint32_t(i + 1)});
+    }
+    merge_symbols(word, symbols, out);
   }
   if (cacheable) {
     std::vector<int32_t> ids(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
@@ -393,9 +501,9 @@ void Tokenizer::encode_word(std::string_view word, std::vector<int32_t> &out) co
 
 // Classic BPE: repeatedly apply the lowest-ranked merge among adjacent symbols (leftmost on a tie),
 // with a heap of candidate pairs and lazy deletion of pairs that a previous merge made stale.
-void Tokenizer::merge_word(std::string_view word, std::vector<int32_t> &out) const {
-  struct Symbol {
-    int32_t id;
+void Tokenizer::merge_symbols(std::string_view word, std::vector<Symbol> &symbols,
+                              std::vector<int32_t> &out) const {
+  struct Link {
     int32_t prev, next;
   };
   struct Candidate {
@@ -404,15 +512,13 @@ void Tokenizer::merge_word(std::string_view word, std::vector<int32_t> &out) con
       return rank != o.rank ? rank > o.rank : left > o.left;
     }
   };
-  const auto n = static_cast<int32_t>(word.size());
-  std::vector<Symbol> sym(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    sym[i] = {byte_ids_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
-  }
+  const auto n = static_cast<int32_t>(symbols.size());
+  std::vector<Link> link(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) link[i] = {i - 1, i + 1 < n ? i + 1 : -1};
   std::priority_queue<Candidate> heap;
   const auto consider = [&](int32_t left) {
-    if (left < 0 || sym[left].next < 0) return;
-    const Symbol &l = sym[left], &r = sym[l.next];
+    if (left < 0 || link[left].next < 0) return;
+    const Symbol &l = symbols[left], &r = symbols[link[left].next];
     if (l.id < 0 || r.id < 0) return;
     const auto it = merges_.find(pair_key(l.id, r.id));
     if (it != merges_.end()) heap.push({it->second.rank, left, l.id, r.id, it->second.result});
@@ -421,19 +527,28 @@ void Tokenizer::merge_word(std::string_view word, std::vector<int32_t> &out) con
   while (!heap.empty()) {
     const Candidate c = heap.top();
     heap.pop();
-    Symbol &l = sym[c.left];
-    if (l.id != c.left_id || l.next < 0 || sym[l.next].id != c.right_id) continue; // stale
-    const int32_t right = l.next;
+    Symbol &l = symbols[c.left];
+    const int32_t right = link[c.left].next;
+    if (l.id != c.left_id || right < 0 || symbols[right].id != c.right_id) continue; // stale
     l.id = c.result;
-    l.next = sym[right].next;
-    if (l.next >= 0) sym[l.next].prev = c.left;
-    sym[right].id = -2; // merged away
-    consider(l.prev);
+    l.end = symbols[right].end;
+    link[c.left].next = link[right].next;
+    if (link[c.left].next >= 0) link[link[c.left].next].prev = c.left;
+    symbols[right].id = -2; // merged away
+    consider(link[c.left].prev);
     consider(c.left);
   }
-  for (int32_t i = 0; i >= 0 && i < n; i = sym[i].next) {
+  for (int32_t i = 0; i >= 0 && i < n; i = link[i].next) {
+    if (symbols[i].id >= 0) {
+      out.push_back(symbols[i].id);
+    } else if (pre_.spm_style) {
+      // A character the vocabulary lacks: its bytes' <0xXX> tokens (one missing is dropped, as
+      // llama.cpp drops it).
+      for (uint32_t b = symbols[i].begin; b < symbols[i].end; ++b)
+        if (const int32_t id = byte_fallback_[static_cast<uint8_t>(word[b])]; id >= 0)
+          out.push_back(id);
+    }
     // A byte with no token of its own cannot be represented; llama.cpp drops it too.
-    if (sym[i].id >= 0) out.push_back(sym[i].id);
   }
 }
 

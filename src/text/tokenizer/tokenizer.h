@@ -1,5 +1,7 @@
-// Byte-level BPE tokenizer (GGUF `tokenizer.ggml.model = "gpt2"`), as used by Llama 3/4, Qwen 2 and
-// GPT-2 family models. Token ids agree with llama.cpp's for the pre-tokenizers in pretokenize.h.
+// BPE tokenizer: byte-level (GGUF `tokenizer.ggml.model = "gpt2"`), as used by Llama 3/4, Qwen 2
+// and GPT-2 family models, and SentencePiece-style (`"gemma4"`: spaces as U+2581, merges over UTF-8
+// characters, `<0xXX>` byte fallback). Token ids agree with llama.cpp's for the pre-tokenizers in
+// pretokenize.h.
 #pragma once
 
 #include "base/status.h"
@@ -34,10 +36,15 @@ public:
   static Result<std::unique_ptr<Tokenizer>> from_gguf(const std::string &path);
   static Result<std::unique_ptr<Tokenizer>> from_gguf(const gguf_context *ctx);
 
-  // `add_bos` prepends BOS (when the vocabulary has one); `parse_special` matches the literal text
-  // of CONTROL and USER_DEFINED tokens, longest first, as those tokens. Invalid UTF-8 bytes are
-  // tokenized as U+FFFD, one per byte that starts no sequence.
+  // `add_bos` prepends BOS (when the vocabulary has one). The literal text of USER_DEFINED tokens
+  // becomes those tokens always, and with `parse_special` that of CONTROL tokens too, longest
+  // first (llama.cpp's and Hugging Face's rule: user-defined tokens are added words of the
+  // vocabulary). Invalid UTF-8 bytes are tokenized as U+FFFD, one per byte that starts no
+  // sequence.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // Text as plain text only: no special or user-defined token is matched (what a chat's caller
+  // typed, which must not forge the template's markers).
+  std::vector<int32_t> encode_literal(std::string_view text) const;
   // Concatenated raw bytes of the tokens (no UTF-8 repair; see Detokenizer for that).
   std::string decode(const std::vector<int32_t> &ids) const;
 
@@ -55,7 +62,8 @@ public:
   int32_t pad() const { return pad_; }
   // `tokenizer.ggml.add_bos_token`: whether a plain prompt should start with BOS.
   bool add_bos_default() const { return add_bos_default_; }
-  // Ids that end generation: EOT and EOS (never an end-of-message token such as `<|eom|>`).
+  // Ids that end generation: EOT and EOS (never an end-of-message token such as `<|eom|>`), and
+  // Gemma 4's `<|tool_response>` (the model waits there for a tool's answer).
   std::vector<int32_t> end_of_generation_ids() const;
   const std::string &pre_tokenizer_name() const { return pre_name_; }
 
@@ -64,14 +72,22 @@ private:
   Status load(const gguf_context *ctx);
   void encode_plain(std::string_view text, std::vector<int32_t> &out) const;
   void encode_word(std::string_view word, std::vector<int32_t> &out) const;
-  void merge_word(std::string_view word, std::vector<int32_t> &out) const;
+  // `symbols`: the word's starting symbols (a token id each, -1 for a character the vocabulary
+  // lacks, with its byte span in `word`); merged in place and appended to `out`.
+  struct Symbol {
+    int32_t id;
+    uint32_t begin, end; // bytes of the word
+  };
+  void merge_symbols(std::string_view word, std::vector<Symbol> &symbols,
+                     std::vector<int32_t> &out) const;
+  enum class Match { kUserDefined, kAll };
   // Splits text at special tokens the way llama.cpp does: each special token, longest first,
   // claims its occurrences in the text not yet claimed.
   struct Fragment {
     int32_t special; // token id, or -1 for plain text
     size_t offset, length;
   };
-  std::vector<Fragment> split_special(std::string_view text) const;
+  std::vector<Fragment> split_special(std::string_view text, Match match) const;
 
   struct Merge {
     int32_t rank;
@@ -90,6 +106,11 @@ private:
   std::vector<std::string> pieces_;
   std::vector<TokenType> types_;
   std::unordered_map<std::string, int32_t> piece_to_id_;
+  // SentencePiece-style only: token texts as stored (spaces as U+2581), and the `<0xXX>` tokens.
+  std::unordered_map<std::string, int32_t> text_to_id_;
+  int32_t byte_fallback_[256] = {};
+  std::vector<int32_t> extra_eog_;
+  bool has_user_defined_ = false; // plain encoding must look for them
   std::unordered_map<uint64_t, Merge> merges_;
   int32_t byte_ids_[256] = {};
   std::vector<TrieNode> special_trie_;

@@ -160,7 +160,7 @@ TEST_P(LlamaVectors, MatchLlamaCpp) {
   EXPECT_EQ(failures, 0u) << "of " << cases.size() << " cases";
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaVectors, ::testing::Values("llama-bpe", "gpt-2", "qwen2"),
+INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaVectors, ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"),
                          param_name);
 
 // --- properties over a real vocabulary ---
@@ -214,7 +214,7 @@ TEST_P(RealVocab, PlainTextNeverYieldsControlTokens) {
   EXPECT_GT(n_control, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab, ::testing::Values("llama-bpe", "gpt-2", "qwen2"),
+INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab, ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"),
                          param_name);
 
 } // namespace
