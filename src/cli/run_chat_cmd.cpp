@@ -120,7 +120,7 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
   auto engine = engine::Engine::create(*l.model, eo);
   if (!engine.ok()) return engine.status();
   l.engine = std::move(engine).value();
-  l.sampling = sample::defaults_for(l.model->config().arch_name);
+  l.sampling = engine::default_sampling(*l.model);
   if (!std::isnan(o.temp)) l.sampling.temperature = o.temp;
   if (o.top_k >= 0) l.sampling.top_k = o.top_k;
   if (!std::isnan(o.top_p)) l.sampling.top_p = o.top_p;

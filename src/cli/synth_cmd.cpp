@@ -33,8 +33,9 @@ std::function<int()> add_synth(CLI::App &app) {
   auto o = std::make_shared<Opts>();
   CLI::App *cmd = app.add_subcommand("synth", "write a GGUF model with seeded random weights");
   cmd->add_option("-o,--output", o->out, "the GGUF file to write")->required();
-  cmd->add_option("--arch", o->arch, "muse-glimmer or llama")->capture_default_str();
-  cmd->add_option("--preset", o->preset, "tiny, small, 0.4b, 1b or 30b")->capture_default_str();
+  cmd->add_option("--arch", o->arch, "muse-glimmer, llama or gemma4")->capture_default_str();
+  cmd->add_option("--preset", o->preset, "tiny, small, 0.4b, 1b or 30b; gemma4: e2b, e4b or 31b")
+      ->capture_default_str();
   cmd->add_option("--layers", o->layers, "number of layers");
   cmd->add_option("--embd", o->embd, "embedding width");
   cmd->add_option("--heads", o->heads, "query heads");
@@ -51,7 +52,8 @@ std::function<int()> add_synth(CLI::App &app) {
   cmd->add_option(
       "--vocab", o->vocab,
       "vocab-only GGUF to copy the tokenizer from (default: the pinned tree's llama-bpe)");
-  cmd->add_flag("--no-vocab", o->no_vocab, "write no tokenizer (use --vocab-size)");
+  cmd->add_flag("--no-vocab", o->no_vocab,
+                "write no tokenizer (tokenizer.ggml.model 'none'; use --vocab-size)");
   cmd->add_option("--vocab-size", o->vocab_size, "vocabulary size without a tokenizer");
   cmd->add_option("--template", o->tmpl,
                   "chat template to embed (default: the pinned tree's muse-glimmer.jinja)");
@@ -96,9 +98,14 @@ std::function<int()> add_synth(CLI::App &app) {
     // A tokenizer named by --vocab replaces a preset's bare vocabulary size (30b: 202,048).
     if (!o->vocab.empty()) s.n_vocab = 0;
     if (!o->no_vocab && s.n_vocab == 0)
-      s.vocab_path = !o->vocab.empty() ? o->vocab : tree + "/models/ggml-vocab-llama-bpe.gguf";
+      s.vocab_path = !o->vocab.empty()    ? o->vocab
+                     : s.arch == "gemma4" ? tree + "/models/ggml-vocab-gemma-4.gguf"
+                                          : tree + "/models/ggml-vocab-llama-bpe.gguf";
     if (!o->no_template)
-      s.template_path = !o->tmpl.empty() ? o->tmpl : tree + "/models/templates/muse-glimmer.jinja";
+      s.template_path = !o->tmpl.empty() ? o->tmpl
+                        : s.arch == "gemma4"
+                            ? tree + "/models/templates/google-gemma-4-31B-it.jinja"
+                            : tree + "/models/templates/muse-glimmer.jinja";
     auto summary =
         synth::write_model(s, o->out, [](uint64_t d, uint64_t t) { progress_bar("synth", d, t); });
     if (!summary.ok())

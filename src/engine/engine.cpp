@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 #include "engine/engine_detail.h"
+#include "model/arch.h"
 
 #include "ggml-cpu.h"
 
@@ -681,6 +682,17 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
 void Engine::run_until_idle() {
   while (step()) {
   }
+}
+
+sample::SamplingParams default_sampling(const model::Model &model) {
+  sample::SamplingParams p;
+  if (const model::RecommendedSampling *r = model.architecture().sampling) {
+    p.temperature = r->temperature;
+    p.top_p = r->top_p;
+    p.top_k = r->top_k;
+    p.min_p = r->min_p;
+  }
+  return p;
 }
 
 } // namespace offgraph::engine

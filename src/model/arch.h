@@ -17,9 +17,18 @@ class GraphBuilder;
 class TensorBinder;
 struct Weights;
 
+// Sampling the model's authors recommend (Muse Glimmer: MUSE_GLIMMER.md section 11; Gemma 4:
+// its generation_config.json), the defaults of a request that sets none of these.
+struct RecommendedSampling {
+  float temperature, top_p;
+  int32_t top_k;
+  float min_p;
+};
+
 struct Architecture {
   std::string_view name; // general.architecture
-  Arch id;
+  // nullptr: the generic defaults (sample::SamplingParams).
+  const RecommendedSampling *sampling;
   // After the keys every architecture shares (read_config): the architecture's own.
   Status (*read_config)(ConfigReader &keys, ModelConfig &c);
   // Binds every tensor the graph reads; tensors left unbound make the file refused.
@@ -36,5 +45,6 @@ std::string architecture_names();
 // The rows, defined in their architectures' files.
 extern const Architecture kMuseGlimmer;
 extern const Architecture kLlama;
+extern const Architecture kGemma4;
 
 } // namespace offgraph::model

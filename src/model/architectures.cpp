@@ -4,7 +4,7 @@ namespace offgraph::model {
 
 // The table: one row per architecture (each row is defined in the architecture's own file).
 std::span<const Architecture *const> architectures() {
-  static const Architecture *const rows[] = {&kMuseGlimmer, &kLlama};
+  static const Architecture *const rows[] = {&kMuseGlimmer, &kLlama, &kGemma4};
   return rows;
 }
 

@@ -2,6 +2,7 @@
 
 #include "model/arch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -10,31 +11,50 @@ namespace offgraph::model {
 
 int32_t ModelConfig::n_sliding() const {
   int32_t n = 0;
-  for (bool s : sliding) n += s;
+  for (const LayerConfig &l : layers) n += l.sliding;
   return n;
 }
 
-RopeParams ModelConfig::rope(bool sliding_layer) const {
-  return {n_rot, sliding_layer ? rope_base_swa : rope_base, rope_freq_scale, rope_attn_factor,
-          n_ctx_train};
+RopeParams ModelConfig::rope(int32_t i) const {
+  const bool swa = sliding(i);
+  return {layer(i).n_rot,  rope_mode,        swa ? rope_base_swa : rope_base,
+          rope_freq_scale, rope_attn_factor, n_ctx_train};
 }
 
 std::vector<cache::LayerSpec> ModelConfig::layer_specs() const {
-  std::vector<cache::LayerSpec> layers;
-  for (int32_t i = 0; i < n_layer; ++i)
-    layers.push_back(
-        {cache::AttentionKind{sliding[size_t(i)] ? window : 0}, n_head_kv, head_dim_k, head_dim_v});
-  return layers;
+  std::vector<cache::LayerSpec> specs;
+  for (const LayerConfig &l : layers)
+    specs.push_back(
+        {cache::AttentionKind{l.sliding ? window : 0}, l.n_head_kv, l.head_dim_k, l.head_dim_v});
+  return specs;
 }
+
+namespace {
+
+// "8" when every layer has it, else "8/2" (the distinct values in order of first use).
+std::string per_layer_values(const std::vector<LayerConfig> &layers, int32_t LayerConfig::*field) {
+  std::vector<int32_t> seen;
+  for (const LayerConfig &l : layers)
+    if (std::find(seen.begin(), seen.end(), l.*field) == seen.end()) seen.push_back(l.*field);
+  std::string s;
+  for (int32_t v : seen) s += (s.empty() ? "" : "/") + std::to_string(v);
+  return s;
+}
+
+} // namespace
 
 std::string ModelConfig::describe() const {
   return arch_name + ": " + std::to_string(n_layer) + " layers, embd " + std::to_string(n_embd) +
-         ", " + std::to_string(n_head) + " heads / " + std::to_string(n_head_kv) + " KV heads x " +
-         std::to_string(head_dim_k) + ", ff " + std::to_string(n_ff) + ", vocab " +
-         std::to_string(n_vocab) +
+         ", " + per_layer_values(layers, &LayerConfig::n_head) + " heads / " +
+         per_layer_values(layers, &LayerConfig::n_head_kv) + " KV heads x " +
+         per_layer_values(layers, &LayerConfig::head_dim_k) + ", ff " +
+         per_layer_values(layers, &LayerConfig::n_ff) + ", vocab " + std::to_string(n_vocab) +
          (window > 0 ? ", window " + std::to_string(window) + " on " + std::to_string(n_sliding()) +
                            " layers"
-                     : "");
+                     : "") +
+         (n_kv_shared_layers > 0
+              ? ", the last " + std::to_string(n_kv_shared_layers) + " layers reading donors' KV"
+              : "");
 }
 
 // ---- ConfigReader ------------------------------------------------------------------------------
@@ -221,6 +241,64 @@ Status ConfigReader::audit() const {
 
 // ---- the keys every architecture shares --------------------------------------------------------
 
+Status read_sliding_shapes(ConfigReader &keys, ModelConfig &c, bool per_kind) {
+  const LayerConfig &first = c.layers.at(0);
+  const std::pair<const char *, int32_t LayerConfig::*> fields[] = {
+      {"attention.key_length_swa", &LayerConfig::head_dim_k},
+      {"attention.value_length_swa", &LayerConfig::head_dim_v},
+      {"rope.dimension_count_swa", &LayerConfig::n_rot}};
+  for (const auto &[suffix, field] : fields) {
+    int32_t swa = first.*field;
+    OFFGRAPH_TRY(keys.u32(suffix, swa, 1, 65536, false));
+    if (!keys.has(suffix)) continue;
+    if (!per_kind) {
+      if (swa != first.*field)
+        return Status::error(keys.file().path() + ": key '" + keys.prefix() + suffix +
+                             "' = " + std::to_string(swa) + " differs from the other layers' " +
+                             std::to_string(first.*field) + "; " +
+                             keys.prefix().substr(0, keys.prefix().size() - 1) +
+                             " has one head size for every layer (as llama.cpp's graph)");
+      continue;
+    }
+    for (LayerConfig &l : c.layers)
+      if (l.sliding) l.*field = swa;
+  }
+  for (size_t i = 0; i < c.layers.size(); ++i)
+    if (c.layers[i].n_rot > c.layers[i].head_dim_k)
+      return Status::error(keys.file().path() + ": layer " + std::to_string(i) + " rotates " +
+                           std::to_string(c.layers[i].n_rot) + " dims of a head of " +
+                           std::to_string(c.layers[i].head_dim_k));
+  return ok_status();
+}
+
+Status read_per_layer(ConfigReader &keys, const std::string &suffix, int32_t n_layer,
+                      std::vector<int32_t> &out, int64_t lo, int64_t hi, bool required) {
+  const std::string k = keys.prefix() + suffix;
+  auto arr = keys.file().optional_int_array(k);
+  if (!arr.ok()) return arr.status();
+  if (!*arr) {
+    int32_t v = out.empty() ? 0 : out[0];
+    OFFGRAPH_TRY(keys.u32(suffix, v, lo, hi, required));
+    if (keys.has(suffix)) out.assign(size_t(n_layer), v);
+    return ok_status();
+  }
+  keys.mark_read(suffix);
+  if (int64_t((*arr)->size()) != n_layer)
+    return Status::error(keys.file().path() + ": key '" + k + "' has " +
+                         std::to_string((*arr)->size()) + " entries for " +
+                         std::to_string(n_layer) + " layers");
+  out.clear();
+  for (size_t i = 0; i < (*arr)->size(); ++i) {
+    const int64_t v = (**arr)[i];
+    if (v < lo || v > hi)
+      return Status::error(keys.file().path() + ": key '" + k + "'[" + std::to_string(i) +
+                           "] = " + std::to_string(v) + " is outside " + std::to_string(lo) + ".." +
+                           std::to_string(hi));
+    out.push_back(int32_t(v));
+  }
+  return ok_status();
+}
+
 Status read_rope_scaling(ConfigReader &keys, ModelConfig &c) {
   auto type = keys.str("rope.scaling.type");
   if (!type.ok()) return type.status();
@@ -289,49 +367,50 @@ Result<ModelConfig> read_config(const GgufFile &f) {
   if (!arch)
     return Status::error(f.path() + ": architecture '" + c.arch_name +
                          "' is not supported (supported: " + architecture_names() + ")");
-  c.arch = arch->id;
   if (auto name = f.str("general.name"); name.ok()) c.name = *name;
   ConfigReader keys(f, c.arch_name + ".");
   constexpr int64_t kBig = int64_t(1) << 24;
 
   OFFGRAPH_TRY(keys.u32("block_count", c.n_layer, 1, 4096, true));
   OFFGRAPH_TRY(keys.u32("embedding_length", c.n_embd, 1, kBig, true));
-  OFFGRAPH_TRY(keys.u32("feed_forward_length", c.n_ff, 1, kBig, true));
-  OFFGRAPH_TRY(keys.u32("attention.head_count", c.n_head, 1, 65536, true));
-  c.n_head_kv = c.n_head;
-  OFFGRAPH_TRY(keys.u32("attention.head_count_kv", c.n_head_kv, 1, 65536, false));
   OFFGRAPH_TRY(keys.u32("context_length", c.n_ctx_train, 1, int64_t(1) << 29, true));
-  if (c.n_head % c.n_head_kv != 0)
-    return Status::error(f.path() + ": " + std::to_string(c.n_head) +
-                         " attention heads are not a multiple of " + std::to_string(c.n_head_kv) +
-                         " KV heads");
-  c.head_dim_k = c.n_embd / c.n_head;
-  OFFGRAPH_TRY(keys.u32("attention.key_length", c.head_dim_k, 1, 65536, false));
-  c.head_dim_v = c.head_dim_k;
-  OFFGRAPH_TRY(keys.u32("attention.value_length", c.head_dim_v, 1, 65536, false));
-  if (c.head_dim_k < 1)
-    return Status::error(f.path() + ": head dim is 0 (embedding_length < head_count)");
-  c.n_rot = c.head_dim_k;
-  OFFGRAPH_TRY(keys.u32("rope.dimension_count", c.n_rot, 2, c.head_dim_k, false));
+  // Head counts and FFN widths: one value, or one per layer (llama.cpp's get_key_or_arr).
+  std::vector<int32_t> heads, kv_heads, ff;
+  OFFGRAPH_TRY(read_per_layer(keys, "attention.head_count", c.n_layer, heads, 1, 65536, true));
+  kv_heads = heads;
+  OFFGRAPH_TRY(
+      read_per_layer(keys, "attention.head_count_kv", c.n_layer, kv_heads, 1, 65536, false));
+  OFFGRAPH_TRY(read_per_layer(keys, "feed_forward_length", c.n_layer, ff, 1, kBig, true));
+  // Head sizes and rotation: scalars (the sliding layers' own come from the architecture,
+  // read_sliding_shapes).
+  int32_t head_dim_k = 0, head_dim_v = 0, n_rot = 0;
+  OFFGRAPH_TRY(keys.u32("attention.key_length", head_dim_k, 1, 65536, false));
+  OFFGRAPH_TRY(keys.u32("attention.value_length", head_dim_v, 1, 65536, false));
+  OFFGRAPH_TRY(keys.u32("rope.dimension_count", n_rot, 2, 65536, false));
+  c.layers.resize(size_t(c.n_layer));
+  for (int32_t i = 0; i < c.n_layer; ++i) {
+    LayerConfig &l = c.layers[size_t(i)];
+    l.n_head = heads[size_t(i)], l.n_head_kv = kv_heads[size_t(i)], l.n_ff = ff[size_t(i)];
+    if (l.n_head % l.n_head_kv != 0)
+      return Status::error(f.path() + ": layer " + std::to_string(i) + ": " +
+                           std::to_string(l.n_head) + " attention heads are not a multiple of " +
+                           std::to_string(l.n_head_kv) + " KV heads");
+    l.head_dim_k = head_dim_k > 0 ? head_dim_k : c.n_embd / l.n_head;
+    if (l.head_dim_k < 1)
+      return Status::error(f.path() + ": head dim is 0 (embedding_length < head_count)");
+    l.head_dim_v = head_dim_v > 0 ? head_dim_v : l.head_dim_k;
+    l.n_rot = n_rot > 0 ? n_rot : l.head_dim_k;
+    if (l.n_rot > l.head_dim_k)
+      return Status::error(f.path() + ": key '" + keys.prefix() +
+                           "rope.dimension_count' = " + std::to_string(l.n_rot) +
+                           " exceeds the head dim " + std::to_string(l.head_dim_k));
+  }
+  c.attn_scale = 1.0f / std::sqrt(float(c.layers[0].head_dim_k));
   OFFGRAPH_TRY(keys.f32("attention.layer_norm_rms_epsilon", c.rms_eps, 0.0f, 1.0f, true));
   OFFGRAPH_TRY(keys.f32("rope.freq_base", c.rope_base, 1e-3f, 1e12f, false));
   c.rope_base_swa = c.rope_base;
-  c.attn_scale = 1.0f / std::sqrt(float(c.head_dim_k));
-  c.sliding.assign(size_t(c.n_layer), false);
+  c.rope_mode = GGML_ROPE_TYPE_NORMAL;
   set_saver_defaults(keys);
-  // Head sizes and rotation of sliding layers: llama.cpp's graphs for these architectures use
-  // one head size and one n_rot for every layer.
-  for (auto [suffix, full] :
-       {std::pair<const char *, int32_t>{"attention.key_length_swa", c.head_dim_k},
-        {"attention.value_length_swa", c.head_dim_v},
-        {"rope.dimension_count_swa", c.n_rot}}) {
-    int32_t swa = full;
-    OFFGRAPH_TRY(keys.u32(suffix, swa, 1, 65536, false));
-    if (swa != full)
-      return Status::error(f.path() + ": key '" + keys.prefix() + suffix +
-                           "' = " + std::to_string(swa) + " differs from the other layers' " +
-                           std::to_string(full) + "; per-kind head sizes are not supported");
-  }
 
   ggml_tensor *embd = f.tensor("token_embd.weight");
   if (!embd) return Status::error(f.path() + ": tensor 'token_embd.weight' is missing");

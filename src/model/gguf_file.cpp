@@ -511,6 +511,50 @@ GgufFile::optional_f32_array(const std::string &key) const {
       std::vector<float>(raw, raw + gguf_get_arr_n(gguf_.get(), *id)));
 }
 
+Result<std::optional<std::vector<int64_t>>>
+GgufFile::optional_int_array(const std::string &key) const {
+  const int64_t id = gguf_find_key(gguf_.get(), key.c_str());
+  if (id < 0 || gguf_get_kv_type(gguf_.get(), id) != GGUF_TYPE_ARRAY)
+    return std::optional<std::vector<int64_t>>();
+  const gguf_type et = gguf_get_arr_type(gguf_.get(), id);
+  const size_t n = gguf_get_arr_n(gguf_.get(), id);
+  const void *raw = gguf_get_arr_data(gguf_.get(), id);
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (et) {
+    case GGUF_TYPE_UINT8:
+      out[i] = static_cast<const uint8_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_INT8:
+      out[i] = static_cast<const int8_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_UINT16:
+      out[i] = static_cast<const uint16_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_INT16:
+      out[i] = static_cast<const int16_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_UINT32:
+      out[i] = static_cast<const uint32_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_INT32:
+      out[i] = static_cast<const int32_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_INT64:
+      out[i] = static_cast<const int64_t *>(raw)[i];
+      break;
+    case GGUF_TYPE_UINT64:
+      out[i] =
+          int64_t(std::min<uint64_t>(static_cast<const uint64_t *>(raw)[i], uint64_t(1) << 40));
+      break;
+    default:
+      return Status::error(path_ + ": key '" + key + "' is an array of " + gguf_type_label(et) +
+                           ", expected an array of integers");
+    }
+  }
+  return std::optional<std::vector<int64_t>>(std::move(out));
+}
+
 Result<std::optional<std::vector<bool>>>
 GgufFile::optional_bool_array(const std::string &key) const {
   const int64_t id = gguf_find_key(gguf_.get(), key.c_str());

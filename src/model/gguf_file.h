@@ -83,6 +83,9 @@ public:
   Result<std::optional<bool>> optional_bool(const std::string &key) const;
   // A float array (f32 elements), or nullopt when the key is absent.
   Result<std::optional<std::vector<float>>> optional_f32_array(const std::string &key) const;
+  // An integer array (any integer element type, values as int64), or nullopt when the key holds
+  // a scalar or is absent.
+  Result<std::optional<std::vector<int64_t>>> optional_int_array(const std::string &key) const;
   // A bool array, or nullopt when the key holds a scalar or is absent.
   Result<std::optional<std::vector<bool>>> optional_bool_array(const std::string &key) const;
 

@@ -19,13 +19,13 @@ ggml_tensor *GraphBuilder::rope(ggml_tensor *x, const RopeParams &p,
                                 ggml_tensor *freq_factors) const {
   // YaRN off: no extrapolation mix; beta_fast/beta_slow are ggml's defaults, unused without it.
   constexpr float kExtFactor = 0.0f, kBetaFast = 32.0f, kBetaSlow = 1.0f;
-  return ggml_rope_ext(ctx_, x, in_.positions, freq_factors, p.n_rot, GGML_ROPE_TYPE_NORMAL,
-                       p.n_ctx_orig, p.base, p.freq_scale, kExtFactor, p.attn_factor, kBetaFast,
-                       kBetaSlow);
+  return ggml_rope_ext(ctx_, x, in_.positions, freq_factors, p.n_rot, p.mode, p.n_ctx_orig, p.base,
+                       p.freq_scale, kExtFactor, p.attn_factor, kBetaFast, kBetaSlow);
 }
 
-GraphBuilder::Qkv GraphBuilder::project_qkv(const LayerWeights &l, ggml_tensor *x) const {
-  const ModelConfig &c = config();
+GraphBuilder::Qkv GraphBuilder::project_qkv(int32_t layer, const LayerWeights &l,
+                                            ggml_tensor *x) const {
+  const LayerConfig &c = config().layer(layer);
   const int64_t n = n_tokens();
   if (!l.wqkv)
     return {ggml_reshape_3d(ctx_, l.wq.apply(ctx_, x), c.head_dim_k, c.n_head, n),
@@ -48,7 +48,25 @@ GraphBuilder::Qkv GraphBuilder::project_qkv(const LayerWeights &l, ggml_tensor *
 
 Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_tensor *k,
                                            ggml_tensor *v, float scale) const {
-  const cache::CacheId cache = model_.geometry().cache_of_layer(layer);
+  const cache::Geometry &geo = model_.geometry();
+  const cache::CacheId cache = geo.cache_of_layer(layer);
+  if (geo.is_shared_layer(layer)) {
+    // A shared layer computes no K/V: the op re-serves its donor's cache with the donor's k and
+    // v (CACHE_CONTRACT.md 10), which the step writes only once.
+    const auto donor = donor_kv_.find(cache);
+    if (k || v || donor == donor_kv_.end())
+      return Status::error(
+          "layer " + std::to_string(layer) + " shares the cache of layer " +
+              std::to_string(geo.cache(cache).owner_layer) +
+              (k || v ? " but computed K/V of its own" : ", which the graph has not attended yet"),
+          StatusCode::kInternal);
+    k = donor->second.first, v = donor->second.second;
+  } else {
+    if (!k || !v)
+      return Status::error("layer " + std::to_string(layer) + " owns a cache but gave no K/V",
+                           StatusCode::kInternal);
+    donor_kv_[cache] = {k, v};
+  }
   ggml_tensor *out = nullptr;
   int64_t t0 = 0;
   for (size_t s = 0; s < batch_.spans.size(); ++s) {

@@ -6,6 +6,9 @@
 
 #include "model/model.h"
 
+#include <map>
+#include <utility>
+
 namespace offgraph::model {
 
 class GraphBuilder {
@@ -27,18 +30,19 @@ public:
 
   // rms(x, eps) * gain; gain may be absent (a weightless norm).
   ggml_tensor *rms_norm(ggml_tensor *x, ggml_tensor *gain, float eps) const;
-  // RoPE (ggml's NORM mode: adjacent pairs) at the batch's positions, `freq_factors` optional
-  // ([n_rot/2], Llama 3.1). No YaRN: its files are refused (config.cpp).
+  // RoPE in the mode the architecture gives (ggml's NORM: adjacent pairs; NEOX: halves) at the
+  // batch's positions, `freq_factors` optional ([n_rot/2]: Llama 3.1's, Gemma 4's proportional
+  // RoPE). No YaRN: its files are refused (config.cpp).
   ggml_tensor *rope(ggml_tensor *x, const RopeParams &p, ggml_tensor *freq_factors = nullptr) const;
   // The layer's q [D_k, H_q, n], k [D_k, H_kv, n] and v [D_v, H_kv, n] from its input, through
   // separate projections or the fused one.
   struct Qkv {
     ggml_tensor *q, *k, *v;
   };
-  Qkv project_qkv(const LayerWeights &l, ggml_tensor *x) const;
+  Qkv project_qkv(int32_t layer, const LayerWeights &l, ggml_tensor *x) const;
   // q [D_k, H_q, n], k and v [D, H_kv, n] -> [D_v * H_q, n] through the cache the geometry gives
-  // `layer` (its own, or its donor's on an architecture that shares KV). The only place a graph
-  // touches the cache.
+  // `layer` (its own, or its donor's on an architecture that shares KV: a shared layer passes
+  // no k and v, and the donor's are served again). The only place a graph touches the cache.
   Result<ggml_tensor *> attend(int32_t layer, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
                                float scale) const;
   // True when only some rows' logits are wanted: after the last layer's attention has written
@@ -56,6 +60,8 @@ private:
   const GraphInputs &in_;
   kv::Step &step_;
   std::vector<ggml_tensor *> *hidden_;
+  // Each cache's k and v as its owner gave them, for the layers that share it.
+  mutable std::map<cache::CacheId, std::pair<ggml_tensor *, ggml_tensor *>> donor_kv_;
 };
 
 } // namespace offgraph::model

@@ -22,7 +22,7 @@ Result<std::unique_ptr<Model>> Model::open_metadata(const std::string &path) {
   if (Status s = m->arch_->bind_weights(binder, m->config_, m->weights_); !s.ok()) return s;
   if (Status s = binder.finish(m->config_.arch_name); !s.ok()) return s;
   auto layers = m->config_.layer_specs();
-  auto geo = cache::Geometry::build(layers, 0);
+  auto geo = cache::Geometry::build(layers, m->config_.n_kv_shared_layers);
   if (!geo.ok()) return geo.status();
   m->geometry_ = std::move(geo).value();
   m->layer_device_ = m->devices_->assign(m->config_.n_layer);

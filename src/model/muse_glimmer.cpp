@@ -12,9 +12,10 @@ namespace {
 
 Status read_config(ConfigReader &keys, ModelConfig &c) {
   const std::string &path = keys.file().path();
-  if (c.head_dim_k != c.head_dim_v)
-    return Status::error(path + ": muse-glimmer needs equal K and V head dims, got " +
-                         std::to_string(c.head_dim_k) + " and " + std::to_string(c.head_dim_v));
+  for (const LayerConfig &l : c.layers)
+    if (l.head_dim_k != l.head_dim_v)
+      return Status::error(path + ": muse-glimmer needs equal K and V head dims, got " +
+                           std::to_string(l.head_dim_k) + " and " + std::to_string(l.head_dim_v));
   OFFGRAPH_TRY(keys.f32("rope.freq_base_swa", c.rope_base_swa, 1e-3f, 1e12f, false));
   // Its RoPE layers are the sliding ones, whose frequencies llama.cpp never scales
   // (rope_freq_scale_train_swa is 1): a scaling factor would be ignored there, so none is taken.
@@ -38,32 +39,34 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
     if (int32_t((*arr)->size()) != c.n_layer)
       return Status::error(path + ": key '" + key + "' has " + std::to_string((*arr)->size()) +
                            " entries for " + std::to_string(c.n_layer) + " layers");
-    c.sliding = **arr;
+    for (int32_t i = 0; i < c.n_layer; ++i) c.layers[size_t(i)].sliding = (**arr)[size_t(i)];
   } else {
     int32_t period = 4;
     OFFGRAPH_TRY(keys.u32("attention.sliding_window_pattern", period, 1, 4096, false));
-    for (int32_t i = 0; i < c.n_layer; ++i) c.sliding[size_t(i)] = i % period < period - 1;
+    for (int32_t i = 0; i < c.n_layer; ++i) c.layers[size_t(i)].sliding = i % period < period - 1;
   }
-  return ok_status();
+  return read_sliding_shapes(keys, c, false);
 }
 
 // llama.cpp's muse-glimmer loader creates biases only for q, k and v (create_tensor_qkv); the
 // other projections take scales only (Projection::ScaleOnly), so any other bias is refused.
 Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
-  const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff;
+  const int64_t E = c.n_embd, V = c.n_vocab;
   constexpr Projection kScaleOnly = Projection::ScaleOnly;
   OFFGRAPH_TRY(b.bind(w.tok_embd, "token_embd.weight", {E, V}, Role::Embedding));
   OFFGRAPH_TRY(b.bind(w.output_norm, "output_norm.weight", {E}, Role::Vector));
   OFFGRAPH_TRY(b.bind(w.output, "output", E, V, kScaleOnly)); // never tied
   for (int32_t i = 0; i < c.n_layer; ++i) {
     LayerWeights l;
+    const LayerConfig &lc = c.layer(i);
+    const int64_t F = lc.n_ff;
     const std::string p = "blk." + std::to_string(i) + ".";
     OFFGRAPH_TRY(b.bind(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
-    OFFGRAPH_TRY(b.attention_qkv(p, E, c.q_width(), c.k_width(), c.v_width(), l));
-    OFFGRAPH_TRY(b.bind(l.attn_gate, p + "attn_gate", E, c.q_width(), kScaleOnly));
-    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", c.o_width(), E, kScaleOnly));
-    OFFGRAPH_TRY(b.bind(l.q_norm, p + "attn_q_norm.weight", {c.head_dim_k}, Role::Vector));
-    OFFGRAPH_TRY(b.bind(l.k_norm, p + "attn_k_norm.weight", {c.head_dim_k}, Role::Vector));
+    OFFGRAPH_TRY(b.attention_qkv(p, E, lc.q_width(), lc.k_width(), lc.v_width(), l));
+    OFFGRAPH_TRY(b.bind(l.attn_gate, p + "attn_gate", E, lc.q_width(), kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", lc.o_width(), E, kScaleOnly));
+    OFFGRAPH_TRY(b.bind(l.q_norm, p + "attn_q_norm.weight", {lc.head_dim_k}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.k_norm, p + "attn_k_norm.weight", {lc.head_dim_k}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ffn_gate, p + "ffn_gate", E, F, kScaleOnly));
@@ -86,13 +89,13 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
     const LayerWeights &l = w.layers[size_t(il)];
     x = g.layer_input(il, x);
     ggml_tensor *a = g.rms_norm(x, l.attn_norm, c.rms_eps);
-    auto [q, k, v] = g.project_qkv(l, a);
+    auto [q, k, v] = g.project_qkv(il, l, a);
     ggml_tensor *gate = l.attn_gate.apply(ctx, a);
     q = g.rms_norm(q, l.q_norm, c.rms_eps);
     k = g.rms_norm(k, l.k_norm, c.rms_eps);
-    if (c.sliding[size_t(il)]) { // NoPE on global layers
-      q = g.rope(q, c.rope(true));
-      k = g.rope(k, c.rope(true));
+    if (c.sliding(il)) { // NoPE on global layers
+      q = g.rope(q, c.rope(il));
+      k = g.rope(k, c.rope(il));
     }
     auto o = g.attend(il, q, k, v, c.attn_scale);
     if (!o.ok()) return o.status();
@@ -122,9 +125,12 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
   return ggml_scale(ctx, logits, c.logit_scale);
 }
 
+// MUSE_GLIMMER.md section 11.
+const RecommendedSampling kSampling = {1.0f, 0.95f, 64, 0.0f};
+
 } // namespace
 
-const Architecture kMuseGlimmer = {"muse-glimmer", Arch::MuseGlimmer, read_config, bind_weights,
+const Architecture kMuseGlimmer = {"muse-glimmer", &kSampling, read_config, bind_weights,
                                    build_graph};
 
 } // namespace offgraph::model

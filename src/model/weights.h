@@ -44,25 +44,33 @@ struct LayerWeights {
   Linear attn_gate;                      // [E, H_q*D_k] (Muse Glimmer)
   ggml_tensor *q_norm = nullptr;         // [D_k] (Muse Glimmer; the 3.87 factor lives here)
   ggml_tensor *k_norm = nullptr;         // [D_k] (Muse Glimmer)
-  ggml_tensor *post_attn_norm = nullptr; // [E] (Muse Glimmer)
-  ggml_tensor *post_ffn_norm = nullptr;  // [E] (Muse Glimmer)
+  ggml_tensor *post_attn_norm = nullptr; // [E] (Muse Glimmer, Gemma 4)
+  ggml_tensor *post_ffn_norm = nullptr;  // [E] (Muse Glimmer, Gemma 4)
+  ggml_tensor *out_scale = nullptr;      // [1] the layer output's multiplier (Gemma 4)
+  // Gemma 4's per-layer embedding: gate [E, P], projection [P, E], its norm [E].
+  Linear ple_gate, ple_proj;
+  ggml_tensor *ple_post_norm = nullptr;
 };
 
 struct Weights {
   ggml_tensor *tok_embd = nullptr;    // [E, V]
   ggml_tensor *output_norm = nullptr; // [E]
   Linear output;                      // [E, V]; w may be tok_embd (a tied head)
-  ggml_tensor *rope_freqs = nullptr;  // [n_rot/2] Llama 3.1 frequency factors, optional
+  ggml_tensor *rope_freqs = nullptr;  // [n_rot/2] frequency factors (Llama 3.1; Gemma 4's global
+                                      // layers' proportional RoPE)
+  // Gemma 4's per-layer embeddings (P per layer, L layers): the token table [P*L, V], the
+  // projection of the embedding [E, P*L] and its norm [P]. Read at the input, on the CPU.
+  ggml_tensor *ple_tok_embd = nullptr, *ple_model_proj = nullptr, *ple_proj_norm = nullptr;
   std::vector<LayerWeights> layers;
 };
 
 // Calls f(slot) for every tensor slot of the layer, bound or not (placement repoints them).
 template <class F> void for_each_slot(LayerWeights &l, F &&f) {
-  for (ggml_tensor **t :
-       {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
+  for (ggml_tensor **t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm,
+                          &l.post_ffn_norm, &l.out_scale, &l.ple_post_norm})
     f(*t);
-  for (Linear *p :
-       {&l.wq, &l.wk, &l.wv, &l.wqkv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.attn_gate})
+  for (Linear *p : {&l.wq, &l.wk, &l.wv, &l.wqkv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down,
+                    &l.attn_gate, &l.ple_gate, &l.ple_proj})
     for (ggml_tensor **t : {&p->w, &p->b, &p->s}) f(*t);
 }
 // The output head's slots: its norm and projection. (The rope frequencies stay on the CPU: every

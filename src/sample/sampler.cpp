@@ -129,17 +129,6 @@ Status validate(const SamplingParams &p, int32_t vocab_size) {
   return ok_status();
 }
 
-SamplingParams defaults_for(std::string_view architecture) {
-  SamplingParams p;
-  if (architecture == "muse-glimmer") {
-    p.temperature = 1.0f;
-    p.top_p = 0.95f;
-    p.top_k = 64;
-    p.min_p = 0.0f;
-  }
-  return p;
-}
-
 void Rng::reseed(uint64_t seed) {
   // splitmix64 spreads any seed (including 0) over the state; xoshiro must not start all-zero,
   // which splitmix64's outputs never are for four consecutive draws.

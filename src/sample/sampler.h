@@ -30,7 +30,8 @@ namespace offgraph::sample {
 
 struct SamplingParams {
   // Generic defaults are llama.cpp's common_params_sampling defaults, a widely tested middle
-  // ground: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties, window 64.
+  // ground: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties, window 64. A
+  // model's architecture may recommend others (engine::default_sampling).
   float temperature = 0.8f;        // >= 0; 0 = greedy
   int32_t top_k = 40;              // >= 0; 0 disables
   float top_p = 0.95f;             // in (0, 1]; 1 disables
@@ -46,11 +47,6 @@ struct SamplingParams {
 // Checks every field; the message names the offending field and value. `vocab_size` bounds the
 // token ids in logit_bias.
 Status validate(const SamplingParams &params, int32_t vocab_size);
-
-// Recommended parameters for an architecture (GGUF `general.architecture`). "muse-glimmer":
-// temperature 1.0, top_p 0.95, top_k 64, min_p 0.0 (MUSE_GLIMMER.md section 11). Anything else
-// gets the generic SamplingParams defaults above.
-SamplingParams defaults_for(std::string_view architecture);
 
 // xoshiro256** seeded through splitmix64: fixed integer arithmetic, so the same seed yields the
 // same stream on every platform (std::*_distribution outputs are implementation-defined).

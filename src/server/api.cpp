@@ -119,7 +119,7 @@ std::optional<ApiError> parse_logprobs(const json &body, bool chat, Job &job) {
 // 0 only where `zero_ok` (an echoed prompt scored without an answer).
 std::optional<ApiError> parse_sampling(const json &body, const ModelFacts &facts, Job &job,
                                        int32_t &max_tokens, bool zero_ok) {
-  sample::SamplingParams p = sample::defaults_for(facts.arch);
+  sample::SamplingParams p = facts.sampling;
   max_tokens = -1;
   const double least = zero_ok ? 0 : 1;
   if (auto e = read_number(body, "max_tokens", max_tokens, least, facts.max_tokens_cap)) return e;

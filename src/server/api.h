@@ -39,6 +39,7 @@ struct ModelFacts {
   const text::Template *chat_template = nullptr; // null: the model has none
   bool atem = false;                             // the template speaks Muse Glimmer's ATEM format
   std::string arch;
+  sample::SamplingParams sampling; // a request's defaults (engine::default_sampling)
   int32_t n_vocab = 0;
   int32_t context = 0;                  // per sequence
   int32_t max_tokens_cap = 0;           // the most tokens one request may ask for

@@ -825,6 +825,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.chat_template = template_ ? &*template_ : nullptr;
   facts_.atem = atem;
   facts_.arch = model.config().arch_name;
+  facts_.sampling = engine::default_sampling(model);
   facts_.n_vocab = model.config().n_vocab;
   facts_.context = engine_options.context;
   facts_.speculation = engine_options.speculation;

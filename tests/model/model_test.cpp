@@ -1,6 +1,7 @@
 // The model layer against full recomputation: decoding step by step and in prefill chunks of
 // varied size gives, at every position, the logits of recomputing the whole prefix from an empty
 // cache (where the sliding layers are not even rings). And malformed files get clear errors.
+#include "model/arch.h"
 #include "model/forward.h"
 #include "model_test_util.h"
 #include "synth/synth.h"
@@ -121,6 +122,21 @@ void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, 
 }
 
 // 50 positions: more than three windows of 12.
+// Each architecture's row carries the sampling its authors recommend (engine::default_sampling
+// puts it into a request that sets none).
+TEST(Architectures, RecommendedSampling) {
+  const Architecture *muse = find_architecture("muse-glimmer");
+  ASSERT_NE(muse, nullptr);
+  ASSERT_NE(muse->sampling, nullptr);
+  EXPECT_EQ(muse->sampling->temperature, 1.0f); // MUSE_GLIMMER.md 11
+  EXPECT_EQ(muse->sampling->top_p, 0.95f);
+  EXPECT_EQ(muse->sampling->top_k, 64);
+  EXPECT_EQ(muse->sampling->min_p, 0.0f);
+  const Architecture *llama = find_architecture("llama");
+  ASSERT_NE(llama, nullptr);
+  EXPECT_EQ(llama->sampling, nullptr); // the generic defaults
+}
+
 TEST(ModelRecompute, MuseGlimmerScalarPattern) {
   check_against_recompute(make_model(small_spec("muse-glimmer", false, 1), "mg-scalar.gguf"), 11,
                           50, 7);

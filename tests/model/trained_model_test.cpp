@@ -33,10 +33,10 @@ TEST(TrainedModel, LoadsWithItsVocabularyAndTemplate) {
   auto m = Model::load(kModel);
   ASSERT_TRUE(m.ok()) << m.message();
   const ModelConfig &c = (*m)->config();
-  EXPECT_EQ(c.arch, Arch::MuseGlimmer);
+  EXPECT_EQ(c.arch_name, "muse-glimmer");
   EXPECT_EQ(c.window, 64);
   ASSERT_EQ(c.n_layer % 4, 0);
-  for (int32_t i = 0; i < c.n_layer; ++i) EXPECT_EQ(c.sliding[size_t(i)], i % 4 != 3) << i;
+  for (int32_t i = 0; i < c.n_layer; ++i) EXPECT_EQ(c.sliding(i), i % 4 != 3) << i;
   EXPECT_FLOAT_EQ(c.softcap, 20.0f);
 
   auto tok = text::Tokenizer::from_gguf(kModel);

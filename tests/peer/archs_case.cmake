@@ -25,7 +25,7 @@ endif()
 # The `test` tokenizer has no text form: text commands say so, token-id commands run.
 execute_process(COMMAND ${OFFGRAPH} run -m ${model} -p "hello" -n 1
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(rc EQUAL 0 OR NOT err MATCHES "tokenizer model 'test' .* has no text form: such files run on token ids")
+if(rc EQUAL 0 OR NOT err MATCHES "tokenizer model .test. .* has no text form: such files run on token ids")
   file(REMOVE_RECURSE "${dir}")
   message(FATAL_ERROR "offgraph run on a 'test'-tokenizer file (${rc}): ${err}")
 endif()

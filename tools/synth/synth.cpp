@@ -16,10 +16,39 @@ namespace offgraph::synth {
 
 std::vector<std::string> preset_names() { return {"tiny", "small", "0.4b", "1b", "30b"}; }
 
+namespace {
+
+// Gemma 4's released shapes at test widths: E2B (35 layers, every 5th global, the last 20 reading
+// donors 13 and 14, one KV head, per-layer embeddings), E4B (42 layers, every 6th global, the
+// last 18 shared, two KV heads), 31B (every 6th global, no sharing, fewer KV heads on global
+// layers, whose V is K). Layer counts are cut so the donors keep their kinds.
+Result<SynthSpec> gemma4_preset(const std::string &name) {
+  SynthSpec s;
+  s.arch = "gemma4";
+  s.name = "offgraph-synth-gemma4-" + name;
+  s.n_embd = 64, s.n_head = 4, s.head_dim = 64, s.head_dim_swa = 32, s.n_ff = 128, s.window = 16;
+  if (name == "e2b" || name == "tiny") {
+    s.n_layer = 10, s.pattern_period = 5, s.n_kv_shared = 5, s.n_head_kv = 1,
+    s.n_embd_per_layer = 16;
+  } else if (name == "e4b") {
+    s.n_layer = 12, s.pattern_period = 6, s.n_kv_shared = 6, s.n_head_kv = 2,
+    s.n_embd_per_layer = 16;
+  } else if (name == "31b") {
+    s.n_layer = 12, s.pattern_period = 6, s.n_head_kv = 1, s.n_head_kv_swa = 2, s.global_v = false,
+    s.own_head = true;
+  } else {
+    return Status::error("synth: unknown gemma4 preset '" + name + "' (e2b, e4b, 31b)");
+  }
+  return s;
+}
+
+} // namespace
+
 Result<SynthSpec> preset(const std::string &name, const std::string &arch) {
+  if (arch == "gemma4") return gemma4_preset(name);
   if (arch != "muse-glimmer" && arch != "llama")
     return Status::error("synth: architecture '" + arch +
-                         "' is not supported (muse-glimmer, llama)");
+                         "' is not supported (muse-glimmer, llama, gemma4)");
   SynthSpec s;
   s.arch = arch;
   s.name = "offgraph-synth-" + arch + "-" + name;
@@ -61,13 +90,78 @@ Status read_file(const std::string &path, std::string &out) {
 
 } // namespace
 
+// Gemma 4's tensors (llama.cpp's gemma4 loader): QK norms with gains, sandwich norms, a GELU-gated
+// MLP, per-layer embeddings when s.n_embd_per_layer > 0, rope_freqs for the global layers'
+// proportional RoPE (a quarter of their dims rotated, as released), an output scale per layer;
+// shared layers have no K/V projection or K norm; global layers without V when !s.global_v.
+void gemma4_tensors(const SynthSpec &s, int64_t n_vocab, std::vector<TensorPlan> &plan) {
+  const int64_t E = s.n_embd, L = s.n_layer, P = s.n_embd_per_layer;
+  const ggml_type wt = s.weight_type;
+  auto slides = [&](int32_t i) { return i % s.pattern_period < s.pattern_period - 1; };
+  auto mat = [&](const std::string &n, int64_t in, int64_t outw, float extra = 1.0f) {
+    return matrix_plan(n, in, outw, fit(wt, in), TensorPlan::Normal,
+                       extra * float(1.0 / std::sqrt(double(in))));
+  };
+  auto gain = [&](const std::string &n, int64_t ne0) {
+    return vector_plan(n, ne0, TensorPlan::Gain, 0.1f);
+  };
+  const float branch = float(1.0 / std::sqrt(2.0 * s.n_layer));
+  // The embedding is scaled by sqrt(E) in the graph: rows of unit norm per element over sqrt(E).
+  plan.push_back(matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
+                             float(1.0 / std::sqrt(double(E)))));
+  plan.push_back(gain("output_norm.weight", E));
+  if (s.own_head)
+    plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
+                               float(4.0 / std::sqrt(double(E)))));
+  TensorPlan freqs = vector_plan("rope_freqs.weight", s.head_dim / 2, TensorPlan::Constant, 1.0f);
+  freqs.values.assign(size_t(s.head_dim / 2), 1e30f);
+  for (int32_t j = 0; j < s.head_dim / 8; ++j) freqs.values[size_t(j)] = 1.0f;
+  plan.push_back(freqs);
+  if (P > 0) {
+    plan.push_back(matrix_plan("per_layer_token_embd.weight", P * L, n_vocab, fit(wt, P * L),
+                               TensorPlan::Normal, float(1.0 / std::sqrt(double(P)))));
+    plan.push_back(mat("per_layer_model_proj.weight", E, P * L));
+    plan.push_back(gain("per_layer_proj_norm.weight", P));
+  }
+  const int32_t head_dim_swa = s.head_dim_swa > 0 ? s.head_dim_swa : s.head_dim;
+  const int32_t kv_swa = s.n_head_kv_swa > 0 ? s.n_head_kv_swa : s.n_head_kv;
+  for (int32_t i = 0; i < s.n_layer; ++i) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    const int64_t D = slides(i) ? head_dim_swa : s.head_dim, Hkv = slides(i) ? kv_swa : s.n_head_kv;
+    const bool owns_kv = i < s.n_layer - s.n_kv_shared;
+    plan.push_back(gain(b + "attn_norm.weight", E));
+    plan.push_back(mat(b + "attn_q.weight", E, s.n_head * D));
+    if (owns_kv) {
+      plan.push_back(mat(b + "attn_k.weight", E, Hkv * D));
+      if (slides(i) || s.global_v) plan.push_back(mat(b + "attn_v.weight", E, Hkv * D));
+    }
+    plan.push_back(mat(b + "attn_output.weight", s.n_head * D, E));
+    plan.push_back(gain(b + "attn_q_norm.weight", D));
+    if (owns_kv) plan.push_back(gain(b + "attn_k_norm.weight", D));
+    plan.push_back(vector_plan(b + "post_attention_norm.weight", E, TensorPlan::Constant, branch));
+    plan.push_back(gain(b + "ffn_norm.weight", E));
+    plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
+    plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
+    plan.push_back(mat(b + "ffn_down.weight", s.n_ff, E));
+    plan.push_back(vector_plan(b + "post_ffw_norm.weight", E, TensorPlan::Constant, branch));
+    if (P > 0) {
+      plan.push_back(mat(b + "inp_gate.weight", E, P));
+      plan.push_back(mat(b + "proj.weight", P, E));
+      plan.push_back(vector_plan(b + "post_norm.weight", E, TensorPlan::Constant, branch));
+    }
+    plan.push_back(vector_plan(b + "layer_output_scale.weight", 1, TensorPlan::Gain, 0.1f));
+  }
+}
+
 Result<std::string> write_model(const SynthSpec &s, const std::string &path,
                                 const std::function<void(uint64_t, uint64_t)> &progress) {
-  const bool muse = s.arch == "muse-glimmer";
-  if (!muse && s.arch != "llama")
+  const bool muse = s.arch == "muse-glimmer", gemma4 = s.arch == "gemma4";
+  if (!muse && !gemma4 && s.arch != "llama")
     return Status::error("synth: unknown architecture '" + s.arch + "'");
   if (s.n_layer < 1 || s.n_embd < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.head_dim < 2 ||
-      s.n_ff < 1 || s.n_head % s.n_head_kv != 0 || (muse && s.window < 1))
+      s.n_ff < 1 || s.n_head % s.n_head_kv != 0 || ((muse || gemma4) && s.window < 1) ||
+      (s.n_head_kv_swa > 0 && s.n_head % s.n_head_kv_swa != 0) || s.n_kv_shared < 0 ||
+      s.n_kv_shared >= s.n_layer)
     return Status::error("synth: inconsistent sizes (layers, embd, heads multiple of KV heads, "
                          "head dim >= 2, ff, window >= 1)");
 
@@ -91,6 +185,8 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
   }
   if (n_vocab < 1)
     return Status::error("synth: no vocabulary (give a vocab GGUF or a vocabulary size)");
+  // No vocabulary: llama.cpp's name for that, so that libllama loads the file (tokens only).
+  if (s.vocab_path.empty()) gguf_set_val_str(out.get(), "tokenizer.ggml.model", "none");
   if (!s.template_path.empty()) {
     std::string tmpl;
     if (Status st = read_file(s.template_path, tmpl); !st.ok()) return st;
@@ -109,23 +205,43 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
   u32("feed_forward_length", s.n_ff);
   u32("block_count", s.n_layer);
   u32("attention.head_count", s.n_head);
-  u32("attention.head_count_kv", s.n_head_kv);
+  auto slides = [&](int32_t i) { return i % s.pattern_period < s.pattern_period - 1; };
+  const int32_t head_dim_swa = s.head_dim_swa > 0 ? s.head_dim_swa : s.head_dim;
+  const int32_t kv_swa = s.n_head_kv_swa > 0 ? s.n_head_kv_swa : s.n_head_kv;
+  if (gemma4) { // per-layer KV heads, per-kind head sizes and rotation
+    std::vector<uint32_t> kv(size_t(s.n_layer));
+    for (int32_t i = 0; i < s.n_layer; ++i)
+      kv[size_t(i)] = uint32_t(slides(i) ? kv_swa : s.n_head_kv);
+    gguf_set_arr_data(out.get(), (p + "attention.head_count_kv").c_str(), GGUF_TYPE_UINT32,
+                      kv.data(), kv.size());
+    u32("attention.key_length_swa", head_dim_swa);
+    u32("attention.value_length_swa", head_dim_swa);
+    u32("rope.dimension_count_swa", head_dim_swa);
+    u32("attention.shared_kv_layers", s.n_kv_shared);
+    u32("embedding_length_per_layer_input", s.n_embd_per_layer);
+    gguf_set_val_f32(out.get(), (p + "rope.freq_base_swa").c_str(), 10000.0f);
+    gguf_set_val_f32(out.get(), (p + "final_logit_softcapping").c_str(), 30.0f);
+  } else {
+    u32("attention.head_count_kv", s.n_head_kv);
+  }
   u32("attention.key_length", s.head_dim);
   u32("attention.value_length", s.head_dim);
   u32("rope.dimension_count", s.head_dim);
   u32("vocab_size", n_vocab);
   gguf_set_val_f32(out.get(), (p + "attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
   gguf_set_val_f32(out.get(), (p + "rope.freq_base").c_str(), 500000.0f);
-  if (muse) {
+  if (muse || gemma4) {
     u32("attention.sliding_window", s.window);
-    if (s.pattern_array) {
+    if (s.pattern_array || gemma4) {
       std::vector<uint8_t> pattern(size_t(s.n_layer));
-      for (int32_t i = 0; i < s.n_layer; ++i) pattern[size_t(i)] = i % 4 != 3;
+      for (int32_t i = 0; i < s.n_layer; ++i) pattern[size_t(i)] = gemma4 ? slides(i) : i % 4 != 3;
       gguf_set_arr_data(out.get(), (p + "attention.sliding_window_pattern").c_str(), GGUF_TYPE_BOOL,
                         pattern.data(), pattern.size());
     } else {
       u32("attention.sliding_window_pattern", s.pattern_period);
     }
+  }
+  if (muse) {
     gguf_set_val_f32(out.get(), (p + "final_logit_softcapping").c_str(), 20.0f);
     // The published multiplier is 1/sqrt(embd / 256).
     gguf_set_val_f32(out.get(), (p + "logit_scale").c_str(),
@@ -155,31 +271,36 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
     return vector_plan(n, ne0, TensorPlan::Constant, branch);
   };
   std::vector<TensorPlan> plan;
-  plan.push_back(
-      matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f));
-  plan.push_back(gain("output_norm.weight", E));
-  // A head 4x the unit scale spreads the logits so greedy choices are decisive.
-  plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
-                             float(4.0 / std::sqrt(double(E)))));
-  for (int32_t i = 0; i < s.n_layer; ++i) {
-    const std::string b = "blk." + std::to_string(i) + ".";
-    plan.push_back(gain(b + "attn_norm.weight", E));
-    plan.push_back(mat(b + "attn_q.weight", E, QW));
-    plan.push_back(mat(b + "attn_k.weight", E, KW));
-    plan.push_back(mat(b + "attn_v.weight", E, KW));
-    if (muse) {
-      plan.push_back(mat(b + "attn_gate.weight", E, QW));
-      plan.push_back(
-          vector_plan(b + "attn_q_norm.weight", s.head_dim, TensorPlan::Constant, 3.87f));
-      plan.push_back(vector_plan(b + "attn_k_norm.weight", s.head_dim, TensorPlan::Constant, 1.0f));
+  if (gemma4) {
+    gemma4_tensors(s, n_vocab, plan);
+  } else {
+    plan.push_back(
+        matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f));
+    plan.push_back(gain("output_norm.weight", E));
+    // A head 4x the unit scale spreads the logits so greedy choices are decisive.
+    plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
+                               float(4.0 / std::sqrt(double(E)))));
+    for (int32_t i = 0; i < s.n_layer; ++i) {
+      const std::string b = "blk." + std::to_string(i) + ".";
+      plan.push_back(gain(b + "attn_norm.weight", E));
+      plan.push_back(mat(b + "attn_q.weight", E, QW));
+      plan.push_back(mat(b + "attn_k.weight", E, KW));
+      plan.push_back(mat(b + "attn_v.weight", E, KW));
+      if (muse) {
+        plan.push_back(mat(b + "attn_gate.weight", E, QW));
+        plan.push_back(
+            vector_plan(b + "attn_q_norm.weight", s.head_dim, TensorPlan::Constant, 3.87f));
+        plan.push_back(
+            vector_plan(b + "attn_k_norm.weight", s.head_dim, TensorPlan::Constant, 1.0f));
+      }
+      plan.push_back(out_mat(b + "attn_output.weight", QW, E));
+      if (muse) plan.push_back(post_gain(b + "post_attention_norm.weight", E));
+      plan.push_back(gain(b + "ffn_norm.weight", E));
+      plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
+      plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
+      plan.push_back(out_mat(b + "ffn_down.weight", s.n_ff, E));
+      if (muse) plan.push_back(post_gain(b + "post_ffw_norm.weight", E));
     }
-    plan.push_back(out_mat(b + "attn_output.weight", QW, E));
-    if (muse) plan.push_back(post_gain(b + "post_attention_norm.weight", E));
-    plan.push_back(gain(b + "ffn_norm.weight", E));
-    plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
-    plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
-    plan.push_back(out_mat(b + "ffn_down.weight", s.n_ff, E));
-    if (muse) plan.push_back(post_gain(b + "post_ffw_norm.weight", E));
   }
 
   uint64_t n_params = 0, total = 0;

@@ -78,19 +78,23 @@ Status write_gguf(gguf_context *keys, const std::vector<TensorPlan> &plan, const
         std::mt19937_64 &rng = parallel ? own : stream;
         std::normal_distribution<float> normal(0.0f, 1.0f);
         values.resize(size_t(t.ne[0] * n_rows));
-        for (float &v : values) {
-          switch (t.init) {
-          case TensorPlan::Normal:
-            v = t.scale * normal(rng);
-            break;
-          case TensorPlan::Gain:
-            v = 1.0f + t.scale * normal(rng);
-            break;
-          case TensorPlan::Constant:
-            v = t.scale;
-            break;
+        if (!t.values.empty()) {
+          std::copy(t.values.begin() + row0 * t.ne[0], t.values.begin() + (row0 + n_rows) * t.ne[0],
+                    values.begin());
+        } else
+          for (float &v : values) {
+            switch (t.init) {
+            case TensorPlan::Normal:
+              v = t.scale * normal(rng);
+              break;
+            case TensorPlan::Gain:
+              v = 1.0f + t.scale * normal(rng);
+              break;
+            case TensorPlan::Constant:
+              v = t.scale;
+              break;
+            }
           }
-        }
         ggml_quantize_chunk(t.type, values.data(), bytes.data() + size_t(row0) * row_bytes, 0,
                             n_rows, t.ne[0], nullptr);
       }

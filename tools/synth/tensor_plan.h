@@ -20,8 +20,9 @@ struct TensorPlan {
   std::array<int64_t, 4> ne; // ggml order; trailing 1s for fewer dimensions
   ggml_type type;
   enum Init { Normal, Gain, Constant } init;
-  float scale;    // std-dev (Normal), spread (Gain) or value (Constant)
-  int n_dims = 2; // as written (1 for vectors)
+  float scale;                    // std-dev (Normal), spread (Gain) or value (Constant)
+  int n_dims = 2;                 // as written (1 for vectors)
+  std::vector<float> values = {}; // exact values instead of draws (f32 vectors: rope_freqs)
 };
 
 inline TensorPlan vector_plan(std::string name, int64_t n, TensorPlan::Init init, float scale) {

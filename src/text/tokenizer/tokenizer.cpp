@@ -154,10 +154,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const gguf_context *ctx)
 Status Tokenizer::load(const gguf_context *ctx) {
   auto model = get_str(ctx, "tokenizer.ggml.model", true);
   if (!model.ok()) return model.status();
-  if (*model == "test")
-    return Status::error("tokenizer model 'test' (tokenizer.ggml.model) is llama.cpp's placeholder "
-                         "for generated test models and has no text form: such files run on token "
-                         "ids only (offgraph logits --tokens or --random, offgraph bench)");
+  if (*model == "test" || *model == "none" || *model == "no_vocab")
+    return Status::error("tokenizer model '" + *model +
+                         "' (tokenizer.ggml.model) is llama.cpp's placeholder for a file without a "
+                         "vocabulary and has no text form: such files run on token ids only "
+                         "(offgraph logits --tokens or --random, offgraph bench)");
   if (*model != "gpt2" && *model != "gemma4") {
     return Status::error("tokenizer model '" + *model +
                          "' (tokenizer.ggml.model) is not supported; 'gpt2' (byte-level BPE) and "
