@@ -17,8 +17,10 @@ int32_t ModelConfig::n_sliding() const {
 
 RopeParams ModelConfig::rope(int32_t i) const {
   const bool swa = sliding(i);
-  return {layer(i).n_rot,  rope_mode,        swa ? rope_base_swa : rope_base,
-          rope_freq_scale, rope_attn_factor, n_ctx_train};
+  // llama.cpp never scales the sliding layers' frequencies (rope_freq_scale_train_swa is 1).
+  return {
+      layer(i).n_rot,   rope_mode,  swa ? rope_base_swa : rope_base, swa ? 1.0f : rope_freq_scale,
+      rope_attn_factor, n_ctx_train};
 }
 
 std::vector<cache::LayerSpec> ModelConfig::layer_specs() const {
@@ -241,6 +243,23 @@ Status ConfigReader::audit() const {
 
 // ---- the keys every architecture shares --------------------------------------------------------
 
+Status same_shape_on_every_layer(const ConfigReader &keys, const ModelConfig &c) {
+  const LayerConfig &a = c.layers.at(0);
+  for (size_t i = 1; i < c.layers.size(); ++i) {
+    const LayerConfig &b = c.layers[i];
+    if (b.n_head != a.n_head || b.n_head_kv != a.n_head_kv || b.n_ff != a.n_ff ||
+        b.head_dim_k != a.head_dim_k || b.head_dim_v != a.head_dim_v || b.n_rot != a.n_rot)
+      return Status::error(keys.file().path() + ": layer " + std::to_string(i) + " has " +
+                           std::to_string(b.n_head) + " heads / " + std::to_string(b.n_head_kv) +
+                           " KV heads / FFN " + std::to_string(b.n_ff) + " where layer 0 has " +
+                           std::to_string(a.n_head) + " / " + std::to_string(a.n_head_kv) + " / " +
+                           std::to_string(a.n_ff) + "; " +
+                           keys.prefix().substr(0, keys.prefix().size() - 1) +
+                           " has one shape for every layer (as llama.cpp's graph)");
+  }
+  return ok_status();
+}
+
 Status read_sliding_shapes(ConfigReader &keys, ModelConfig &c, bool per_kind) {
   const LayerConfig &first = c.layers.at(0);
   const std::pair<const char *, int32_t LayerConfig::*> fields[] = {
@@ -395,7 +414,8 @@ Result<ModelConfig> read_config(const GgufFile &f) {
       return Status::error(f.path() + ": layer " + std::to_string(i) + ": " +
                            std::to_string(l.n_head) + " attention heads are not a multiple of " +
                            std::to_string(l.n_head_kv) + " KV heads");
-    l.head_dim_k = head_dim_k > 0 ? head_dim_k : c.n_embd / l.n_head;
+    // llama.cpp's default head size: embedding / the first layer's head count, for every layer.
+    l.head_dim_k = head_dim_k > 0 ? head_dim_k : c.n_embd / heads[0];
     if (l.head_dim_k < 1)
       return Status::error(f.path() + ": head dim is 0 (embedding_length < head_count)");
     l.head_dim_v = head_dim_v > 0 ? head_dim_v : l.head_dim_k;

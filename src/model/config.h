@@ -121,6 +121,9 @@ Status read_per_layer(ConfigReader &keys, const std::string &suffix, int32_t n_l
 // they apply to the sliding layers (Gemma 4); otherwise a value other than the other layers' is
 // refused, for an architecture whose graph has one head size.
 Status read_sliding_shapes(ConfigReader &keys, ModelConfig &c, bool per_kind);
+// Every layer has layer 0's heads, KV heads, FFN width and head sizes, or an error naming the
+// first that differs (architectures whose llama.cpp graph reads them once).
+Status same_shape_on_every_layer(const ConfigReader &keys, const ModelConfig &c);
 
 // RoPE scaling as llama.cpp reads it (rope.scaling.type linear, its default, or none; YaRN and
 // LongRoPE are refused with the value; rope.scaling.factor divides the frequencies, none or 0

@@ -47,6 +47,7 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
                            std::to_string(i) + " has " + std::to_string(c.layers[i].head_dim_k) +
                            " and " + std::to_string(c.layers[i].head_dim_v));
 
+  c.rope_base_swa = 10000.0f; // llama.cpp's default here, not rope.freq_base
   OFFGRAPH_TRY(keys.f32("rope.freq_base_swa", c.rope_base_swa, 1e-3f, 1e12f, false));
   OFFGRAPH_TRY(read_rope_scaling(keys, c));
   c.rope_mode = GGML_ROPE_TYPE_NEOX;

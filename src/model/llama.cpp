@@ -33,6 +33,7 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
   keys.set_neutral(keys.prefix() + "final_logit_softcapping", {0, 30});
   keys.mark_read("rope.freq_base_swa"); // no sliding layers: nothing it could apply to
   OFFGRAPH_TRY(read_sliding_shapes(keys, c, false));
+  OFFGRAPH_TRY(same_shape_on_every_layer(keys, c));
   return read_rope_scaling(keys, c);
 }
 

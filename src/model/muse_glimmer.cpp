@@ -45,7 +45,8 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
     OFFGRAPH_TRY(keys.u32("attention.sliding_window_pattern", period, 1, 4096, false));
     for (int32_t i = 0; i < c.n_layer; ++i) c.layers[size_t(i)].sliding = i % period < period - 1;
   }
-  return read_sliding_shapes(keys, c, false);
+  OFFGRAPH_TRY(read_sliding_shapes(keys, c, false));
+  return same_shape_on_every_layer(keys, c);
 }
 
 // llama.cpp's muse-glimmer loader creates biases only for q, k and v (create_tensor_qkv); the

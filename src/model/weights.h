@@ -74,7 +74,7 @@ template <class F> void for_each_slot(LayerWeights &l, F &&f) {
     for (ggml_tensor **t : {&p->w, &p->b, &p->s}) f(*t);
 }
 // The output head's slots: its norm and projection. (The rope frequencies stay on the CPU: every
-// layer reads them, and they are 64 floats.)
+// layer reads them, and they are a few hundred floats.)
 template <class F> void for_each_output_slot(Weights &w, F &&f) {
   for (ggml_tensor **t : {&w.output_norm, &w.output.w, &w.output.b, &w.output.s}) f(*t);
 }

@@ -121,7 +121,6 @@ void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, 
               ggml_type_name(inc.model->weights().layers[0].wq.w->type), N, worst, tolerance);
 }
 
-// 50 positions: more than three windows of 12.
 // Each architecture's row carries the sampling its authors recommend (engine::default_sampling
 // puts it into a request that sets none).
 TEST(Architectures, RecommendedSampling) {
@@ -137,6 +136,7 @@ TEST(Architectures, RecommendedSampling) {
   EXPECT_EQ(llama->sampling, nullptr); // the generic defaults
 }
 
+// 50 positions: more than three windows of 12.
 TEST(ModelRecompute, MuseGlimmerScalarPattern) {
   check_against_recompute(make_model(small_spec("muse-glimmer", false, 1), "mg-scalar.gguf"), 11,
                           50, 7);

@@ -280,8 +280,11 @@ Status Tokenizer::load(const gguf_context *ctx) {
 
   // Gemma 4 waits for a tool's answer at <|tool_response>, which llama.cpp ends generation on.
   if (pre_.kind == PreTokenizer::kNewlineRuns)
-    if (auto id = find_token("<|tool_response>"); id && token_type(*id) != TokenType::kNormal)
+    if (auto id = find_token("<|tool_response>"); id && token_type(*id) != TokenType::kNormal) {
       extra_eog_.push_back(*id);
+      // llama.cpp makes every end-of-generation token a control token.
+      types_[size_t(*id)] = TokenType::kControl;
+    }
 
   add_bos_default_ = pre_.kind == PreTokenizer::kLlama3;
   if (const int64_t k = gguf_find_key(ctx, "tokenizer.ggml.add_bos_token"); k >= 0) {
