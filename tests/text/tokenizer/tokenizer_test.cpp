@@ -160,8 +160,8 @@ TEST_P(LlamaVectors, MatchLlamaCpp) {
   EXPECT_EQ(failures, 0u) << "of " << cases.size() << " cases";
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaVectors, ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaVectors,
+                         ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"), param_name);
 
 // --- properties over a real vocabulary ---
 
@@ -214,8 +214,8 @@ TEST_P(RealVocab, PlainTextNeverYieldsControlTokens) {
   EXPECT_GT(n_control, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab, ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Vocabs, RealVocab,
+                         ::testing::Values("llama-bpe", "gpt-2", "qwen2", "gemma-4"), param_name);
 
 } // namespace
 } // namespace offgraph::text
