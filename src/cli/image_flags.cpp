@@ -21,6 +21,11 @@ Result<ImageInput> load_image_input(const ImageFlags &f, const model::Model &tex
   if (f.mmproj.empty()) return in;
   if (f.max_image_bytes < 1) return Status::error("--max-image-bytes must be at least 1");
   if (f.image_cache_mib < 0) return Status::error("--image-cache must not be negative");
+  if (text_model.config().arch_name != model::VisionModel::kTextArchitecture)
+    return Status::error("--mmproj: the vision encoder offgraph reads feeds a " +
+                         std::string(model::VisionModel::kTextArchitecture) +
+                         " text model; this model is " + text_model.config().arch_name +
+                         ", which takes no image rows");
   auto vision = model::VisionModel::load(f.mmproj, text_model.config().n_embd);
   if (!vision.ok()) return Status::error("--mmproj: " + vision.message());
   in.vision = std::move(vision).value();

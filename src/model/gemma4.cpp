@@ -57,7 +57,7 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
   keys.set_neutral(p + "logit_scale", {0, 1});
 
   int32_t per_layer = 0;
-  OFFGRAPH_TRY(keys.u32("embedding_length_per_layer_input", per_layer, 0, 1 << 16, false));
+  OFFGRAPH_TRY(keys.u32("embedding_length_per_layer_input", per_layer, 0, 1 << 16, true));
   c.n_embd_per_layer = per_layer;
 
   // KV sharing: the last n layers read a donor's cache. Geometry::build takes the last earlier
@@ -216,15 +216,7 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
     }
     if (l.out_scale) x = ggml_mul(ctx, x, l.out_scale);
   }
-  ggml_tensor *logits = w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps));
-  if (c.softcap > 0) {
-    const Devices &d = g.model().devices();
-    if (d.is_cpu(g.model().output_device()))
-      return softcap_logits(ctx, logits, g.model().softcap());
-    const SoftcapParams &sp = *g.model().softcap();
-    return ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, sp.pre)), sp.cap);
-  }
-  return logits;
+  return g.scaled_logits(w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps)));
 }
 
 // Gemma 4's generation_config.json.

@@ -83,6 +83,17 @@ Result<ggml_tensor *> GraphBuilder::attend(int32_t layer, ggml_tensor *q, ggml_t
   return ggml_reshape_2d(ctx_, out, out->ne[0] * out->ne[1], out->ne[2]);
 }
 
+ggml_tensor *GraphBuilder::scaled_logits(ggml_tensor *logits) const {
+  const ModelConfig &c = config();
+  if (c.softcap > 0) {
+    if (model_.devices().is_cpu(model_.output_device()))
+      return softcap_logits(ctx_, logits, model_.softcap());
+    const SoftcapParams &p = *model_.softcap();
+    return ggml_scale(ctx_, ggml_tanh(ctx_, ggml_scale(ctx_, logits, p.pre)), p.cap);
+  }
+  return c.logit_scale == 1.0f ? logits : ggml_scale(ctx_, logits, c.logit_scale);
+}
+
 ggml_tensor *GraphBuilder::layer_input(int32_t layer, ggml_tensor *x) const {
   const auto &wanted = batch_.hidden_layers;
   if (hidden_ && std::binary_search(wanted.begin(), wanted.end(), layer)) hidden_->push_back(x);

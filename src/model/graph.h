@@ -45,6 +45,11 @@ public:
   // no k and v, and the donor's are served again). The only place a graph touches the cache.
   Result<ggml_tensor *> attend(int32_t layer, ggml_tensor *q, ggml_tensor *k, ggml_tensor *v,
                                float scale) const;
+  // The head's output with the model's logit scale and final soft-cap (ModelConfig::logit_scale,
+  // softcap): cap * tanh(logits * scale / cap) in one pass on the CPU (softcap.h says why not
+  // ggml's ops there), ggml's ops on a device (no custom op ever reaches a device, and the
+  // logits stay there until they are read); without a cap, the scale alone (none when 1).
+  ggml_tensor *scaled_logits(ggml_tensor *logits) const;
   // True when only some rows' logits are wanted: after the last layer's attention has written
   // every row's K/V, the graph may keep just those rows (a 512-token prompt chunk keeps 1).
   bool keeps_logit_rows() const { return int64_t(batch_.logit_rows.size()) < n_tokens(); }

@@ -90,7 +90,7 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
     ggml_tensor *h = ggml_swiglu_split(ctx, l.ffn_gate.apply(ctx, f), l.ffn_up.apply(ctx, f));
     x = ggml_add(ctx, x, l.ffn_down.apply(ctx, h));
   }
-  return w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps));
+  return g.scaled_logits(w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps)));
 }
 
 } // namespace

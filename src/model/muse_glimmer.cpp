@@ -112,18 +112,7 @@ Result<ggml_tensor *> build_graph(const GraphBuilder &g) {
     ggml_tensor *h = ggml_swiglu_split(ctx, l.ffn_gate.apply(ctx, f), l.ffn_up.apply(ctx, f));
     x = ggml_add(ctx, x, g.rms_norm(l.ffn_down.apply(ctx, h), l.post_ffn_norm, c.post_norm_eps));
   }
-  ggml_tensor *logits = w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps));
-  // cap * tanh(logits * logit_scale / cap) in one pass on the CPU (softcap.h says why not
-  // ggml's ops there); on a device, ggml's ops (no custom op ever reaches a device, and the
-  // logits stay there until they are read).
-  if (c.softcap > 0) {
-    const Devices &d = g.model().devices();
-    if (d.is_cpu(g.model().output_device()))
-      return softcap_logits(ctx, logits, g.model().softcap());
-    const SoftcapParams &p = *g.model().softcap();
-    return ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, p.pre)), p.cap);
-  }
-  return ggml_scale(ctx, logits, c.logit_scale);
+  return g.scaled_logits(w.output.apply(ctx, g.rms_norm(x, w.output_norm, c.rms_eps)));
 }
 
 // MUSE_GLIMMER.md section 11.

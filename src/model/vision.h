@@ -13,6 +13,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace offgraph::model {
@@ -52,6 +53,9 @@ struct VisionWeights {
 
 class VisionModel {
 public:
+  // The text architecture whose rows the encoder's projection writes (the only projector type
+  // read, clip.projector_type = muse-glimmer).
+  static constexpr std::string_view kTextArchitecture = "muse-glimmer";
   // Opens, validates and maps the file. `n_embd_text` (when not 0): the text model's width,
   // which the projection's output must equal.
   static Result<std::unique_ptr<VisionModel>> load(const std::string &path,

@@ -28,6 +28,7 @@ Result<SynthSpec> gemma4_preset(const std::string &name) {
   s.name = "offgraph-synth-gemma4-" + name;
   s.n_embd = 64, s.n_head = 4, s.head_dim = 64, s.head_dim_swa = 32, s.n_ff = 128, s.window = 16;
   if (name == "e2b" || name == "tiny") {
+    s.double_wide_shared = true;
     s.n_layer = 10, s.pattern_period = 5, s.n_kv_shared = 5, s.n_head_kv = 1,
     s.n_embd_per_layer = 16;
   } else if (name == "e4b") {
@@ -90,6 +91,12 @@ Status read_file(const std::string &path, std::string &out) {
 
 } // namespace
 
+// Layer i's FFN width: twice the width on the shared layers of a double-wide file (E2B's
+// use_double_wide_mlp, which the converter writes as a per-layer feed_forward_length).
+int64_t ffn_width(const SynthSpec &s, int32_t i) {
+  return s.double_wide_shared && i >= s.n_layer - s.n_kv_shared ? 2 * int64_t(s.n_ff) : s.n_ff;
+}
+
 // Gemma 4's tensors (llama.cpp's gemma4 loader): QK norms with gains, sandwich norms, a GELU-gated
 // MLP, per-layer embeddings when s.n_embd_per_layer > 0, rope_freqs for the global layers'
 // proportional RoPE (a quarter of their dims rotated, as released), an output scale per layer;
@@ -140,9 +147,10 @@ void gemma4_tensors(const SynthSpec &s, int64_t n_vocab, std::vector<TensorPlan>
     if (owns_kv) plan.push_back(gain(b + "attn_k_norm.weight", D));
     plan.push_back(vector_plan(b + "post_attention_norm.weight", E, TensorPlan::Constant, branch));
     plan.push_back(gain(b + "ffn_norm.weight", E));
-    plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
-    plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
-    plan.push_back(mat(b + "ffn_down.weight", s.n_ff, E));
+    const int64_t F = ffn_width(s, i);
+    plan.push_back(mat(b + "ffn_gate.weight", E, F));
+    plan.push_back(mat(b + "ffn_up.weight", E, F));
+    plan.push_back(mat(b + "ffn_down.weight", F, E));
     plan.push_back(vector_plan(b + "post_ffw_norm.weight", E, TensorPlan::Constant, branch));
     if (P > 0) {
       plan.push_back(mat(b + "inp_gate.weight", E, P));
@@ -164,6 +172,16 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
       s.n_kv_shared >= s.n_layer)
     return Status::error("synth: inconsistent sizes (layers, embd, heads multiple of KV heads, "
                          "head dim >= 2, ff, window >= 1)");
+  if (gemma4 && s.n_kv_shared > 0) { // the donors the loader accepts (gemma4.cpp says why)
+    const int32_t n_kv = s.n_layer - s.n_kv_shared, period = s.pattern_period;
+    auto slides = [&](int32_t i) { return i % period < period - 1; };
+    if (n_kv < 2 || !slides(n_kv - 2) || slides(n_kv - 1))
+      return Status::error("synth: with " + std::to_string(s.n_kv_shared) + " shared of " +
+                           std::to_string(s.n_layer) + " layers the last two that keep KV (" +
+                           std::to_string(n_kv - 2) + ", " + std::to_string(n_kv - 1) +
+                           ") must be a sliding then a global layer (every " +
+                           std::to_string(period) + "th is global)");
+  }
 
   gguf_context_ptr out(gguf_init_empty());
   int64_t n_vocab = s.n_vocab;
@@ -202,7 +220,14 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
   gguf_set_val_u32(out.get(), "general.file_type", s.weight_type == GGML_TYPE_F32 ? 0 : 1);
   u32("context_length", s.n_ctx);
   u32("embedding_length", s.n_embd);
-  u32("feed_forward_length", s.n_ff);
+  if (s.double_wide_shared) {
+    std::vector<uint32_t> ff(size_t(s.n_layer));
+    for (int32_t i = 0; i < s.n_layer; ++i) ff[size_t(i)] = uint32_t(ffn_width(s, i));
+    gguf_set_arr_data(out.get(), (p + "feed_forward_length").c_str(), GGUF_TYPE_UINT32, ff.data(),
+                      ff.size());
+  } else {
+    u32("feed_forward_length", s.n_ff);
+  }
   u32("block_count", s.n_layer);
   u32("attention.head_count", s.n_head);
   auto slides = [&](int32_t i) { return i % s.pattern_period < s.pattern_period - 1; };

@@ -27,6 +27,7 @@ struct SynthSpec {
   // projection (without, V = K) and the head its own tensor (without, tied to the embedding).
   int32_t head_dim_swa = 0, n_head_kv_swa = 0, n_kv_shared = 0, n_embd_per_layer = 0;
   bool global_v = true, own_head = false;
+  bool double_wide_shared = false;       // gemma4: the shared layers' FFN twice as wide
   ggml_type weight_type = GGML_TYPE_F32; // matrices and the embedding; norms stay f32
   uint64_t seed = 1;
   std::string vocab_path;     // a vocab-only GGUF whose tokenizer.* keys are copied

@@ -218,12 +218,14 @@ Status Tokenizer::load(const gguf_context *ctx) {
       pieces_[i] = unescape_spaces(text);
     }
   }
-  // A byte token's piece is also a character's: the character's own token wins.
+  // A SentencePiece byte token's piece is also a character's: the character's own token wins.
   for (size_t i = 0; i < n; ++i)
-    if (types_[i] != TokenType::kByte) piece_to_id_[pieces_[i]] = static_cast<int32_t>(i);
-  for (size_t i = 0; i < n; ++i)
-    if (types_[i] == TokenType::kByte)
-      piece_to_id_.try_emplace(pieces_[i], static_cast<int32_t>(i));
+    if (!pre_.spm_style || types_[i] != TokenType::kByte)
+      piece_to_id_[pieces_[i]] = static_cast<int32_t>(i);
+  if (pre_.spm_style)
+    for (size_t i = 0; i < n; ++i)
+      if (types_[i] == TokenType::kByte)
+        piece_to_id_.try_emplace(pieces_[i], static_cast<int32_t>(i));
   if (pre_.spm_style) {
     text_to_id_.reserve(n);
     for (const auto &[text, id] : text_to_id) text_to_id_.emplace(std::string(text), id);
