@@ -352,6 +352,70 @@ def gemma2_cases():
     ]
 
 
+def gemma4_cases():
+    """Gemma 4 (both shipped variants): thinking on and off, tool declarations with nested
+    schemas, calls whose arguments hold every value kind (None prints as Python writes it),
+    results as role:tool messages and as the native tool_responses field, thinking in history,
+    content parts with an image."""
+    base = {"bos_token": "<bos>", "eos_token": "<eos>"}
+    system = {"role": "system", "content": "  You are a concise assistant.  "}
+    user = {"role": "user", "content": "What's the weather like in Zürich tomorrow?"}
+    result = {"role": "tool", "tool_call_id": "call_1", "name": "weather.get_forecast",
+              "content": "{\"temp_c\": 21, \"sky\": \"clear\"}"}
+    cases = []
+
+    def add(name, messages, **kw):
+        ctx = dict(base)
+        ctx["messages"] = messages
+        ctx.update(kw)
+        cases.append((name, ctx))
+
+    add("user_only", [user], add_generation_prompt=True)
+    add("user_only_thinking", [user], add_generation_prompt=True, enable_thinking=True)
+    add("system_thinking_off", [system, user], add_generation_prompt=True, enable_thinking=False)
+    add("developer_first", [{"role": "developer", "content": "Be brief."}, user],
+        add_generation_prompt=True)
+    add("tools_declared", [system, user], tools=[WEATHER_TOOL, ALERTS_TOOL, SEARCH_TOOL],
+        add_generation_prompt=True, enable_thinking=True)
+    add("tool_call_and_result", [
+        user, {"role": "assistant", "content": None, "tool_calls": [FORECAST_CALL]}, result,
+    ], tools=[WEATHER_TOOL], add_generation_prompt=True)
+    add("tool_call_pending", [
+        user, {"role": "assistant", "content": "", "tool_calls": [SEARCH_CALL]},
+    ], tools=[SEARCH_TOOL], add_generation_prompt=True)
+    add("parallel_calls_reasoning", [
+        system, user,
+        {"role": "assistant", "reasoning_content": "I need the forecast and a web search.",
+         "tool_calls": [FORECAST_CALL, SEARCH_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+        {"role": "tool", "tool_call_id": "call_2",
+         "content": [{"type": "text", "text": "Föhn: a warm dry wind."}]},
+    ], tools=[WEATHER_TOOL, SEARCH_TOOL], add_generation_prompt=True, enable_thinking=True)
+    add("round_trip_then_user", [
+        user, {"role": "assistant", "content": "", "tool_calls": [FORECAST_CALL]}, result,
+        {"role": "assistant", "content": "Sunny and 21°C."},
+        {"role": "user", "content": "Thanks!"},
+    ], tools=[WEATHER_TOOL], add_generation_prompt=True)
+    add("native_tool_responses", [
+        user, {"role": "assistant", "tool_calls": [FORECAST_CALL, SEARCH_CALL],
+               "tool_responses": [
+                   {"name": "weather.get_forecast", "response": {"temp_c": 21, "sky": "clear",
+                                                                 "hourly": [1.5, None, True]}},
+                   {"name": "search", "response": "no results"}],
+               "content": "It will be clear."},
+        {"role": "user", "content": "And Bern?"},
+    ], tools=[WEATHER_TOOL, SEARCH_TOOL], add_generation_prompt=True)
+    add("thinking_in_history_stripped", [
+        user, {"role": "assistant",
+               "content": "<|channel>thought\nLet me recall.<channel|>Sunny.  "},
+        {"role": "user", "content": [{"type": "text", "text": " Show me "},
+                                     {"type": "image"}, {"type": "text", "text": "this"}]},
+    ], add_generation_prompt=True)
+    add("no_generation_prompt", [system, user, {"role": "assistant", "content": "Clear."}],
+        add_generation_prompt=False)
+    return cases
+
+
 def generic_cases():
     """One conversation set for templates that only need to be exercised broadly."""
     base = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -388,6 +452,8 @@ TEMPLATES = {
     "Qwen-Qwen2.5-7B-Instruct": qwen25_cases,
     "Qwen-Qwen3-0.6B": qwen3_cases,
     "google-gemma-2-2b-it": gemma2_cases,
+    "google-gemma-4-31B-it": gemma4_cases,
+    "google-gemma-4-31B-it-interleaved": gemma4_cases,
     # Broad coverage: Markup via |safe (functionary), int dict keys (Seed-OSS), heavy macros
     # and namespaces (gpt-oss), tojson-based tool prompts (Hermes 3), DeepSeek's format.
     "openai-gpt-oss-120b": generic_cases,
