@@ -27,7 +27,7 @@ std::string show(const std::string &s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void check_same(const text::AtemMessage &a, const text::AtemMessage &b, const char *what) {
+void check_same(const text::ChatMessage &a, const text::ChatMessage &b, const char *what) {
   FUZZ_CHECK(a.reasoning_content == b.reasoning_content, "%s: reasoning differs:\n%s\n%s", what,
              show(a.reasoning_content).c_str(), show(b.reasoning_content).c_str());
   FUZZ_CHECK(a.content == b.content, "%s: content differs:\n%s\n%s", what, show(a.content).c_str(),
@@ -56,19 +56,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   std::string sizes = in.rest(); // chunk sizes, cycled
   if (sizes.empty()) sizes = "\x01";
 
-  const text::AtemMessage whole = text::parse_atem(text, tools);
+  const text::ChatMessage whole = text::parse_atem(text, tools);
 
   text::AtemParser p(tools);
   std::string reasoning, content;
   size_t calls = 0;
-  auto absorb = [&](const std::vector<text::AtemEvent> &events) {
+  auto absorb = [&](const std::vector<text::ChatEvent> &events) {
     for (const auto &e : events) {
       for (const char *marker :
            {"<|eot|>", "<|eom|>", "<|start|>", "<|message|>", "<|end_of_text|>"})
         FUZZ_CHECK(e.text.find(marker) == std::string::npos, "a delta carries %s", marker);
-      if (e.kind == text::AtemEvent::Kind::Reasoning) reasoning += e.text;
-      if (e.kind == text::AtemEvent::Kind::Content) content += e.text;
-      if (e.kind == text::AtemEvent::Kind::ToolCall) ++calls;
+      if (e.kind == text::ChatEvent::Kind::Reasoning) reasoning += e.text;
+      if (e.kind == text::ChatEvent::Kind::Content) content += e.text;
+      if (e.kind == text::ChatEvent::Kind::ToolCall) ++calls;
     }
     FUZZ_CHECK(reasoning == p.message().reasoning_content, "reasoning deltas != aggregate");
     FUZZ_CHECK(content == p.message().content, "content deltas != aggregate");

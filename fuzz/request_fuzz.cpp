@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
   f.muse = fuzz::muse_template();
   f.facts.tokenizer = f.tokenizer.get();
   f.facts.chat_template = &*f.muse;
-  f.facts.atem = true;
+  f.facts.format = text::ChatFormat::kAtem;
   f.facts.arch = "muse-glimmer";
   f.facts.n_vocab = f.tokenizer->n_vocab();
   f.facts.context = 4096;

@@ -9,7 +9,7 @@
 #include "engine/engine.h"
 #include "kv/storage_types.h"
 #include "sample/sampler.h"
-#include "text/atem/atem_parser.h"
+#include "text/chat/chat_format.h"
 #include "text/chat/chat_prompt.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -51,7 +51,9 @@ void add_common(CLI::App *cmd, CommonOpts &o) {
   cmd->add_option("--min-p", o.min_p, "min-p (0 disables)");
   cmd->add_option("--repeat-penalty", o.repeat_penalty, "repetition penalty (1 disables)");
   o.seed_option = cmd->add_option("--seed", o.seed, "sampling seed (default: random)");
-  cmd->add_option("--reasoning", o.reasoning, "reasoning strength: low, medium, high, xhigh")
+  cmd->add_option("--reasoning", o.reasoning,
+                  "reasoning: none, minimal (thinking off where the template has an off), low, "
+                  "medium, high, xhigh")
       ->capture_default_str();
   cmd->add_option("--system", o.system, "system message");
   cmd->add_option("--template", o.template_file, "chat template file (default: the model's own)");
@@ -78,7 +80,8 @@ struct Loaded {
   // Turn t samples with seed + t: asking again after /undo draws a new answer, and a given --seed
   // still replays the whole session.
   uint64_t turn = 0;
-  bool atem = false; // the template speaks ATEM (Muse Glimmer): parse reasoning and tool calls
+  // What the template speaks: its parser splits reasoning and tool calls from the answer.
+  text::ChatFormat format = text::ChatFormat::kPlain;
 };
 
 Result<Loaded> load(CommonOpts o, bool need_template) {
@@ -146,12 +149,12 @@ Result<Loaded> load(CommonOpts o, bool need_template) {
     auto parsed = text::Template::parse(l.chat_template);
     if (!parsed.ok()) return Status::error("chat template: " + parsed.message());
     l.parsed_template = std::move(parsed).value();
-    l.atem = text::speaks_atem(l.chat_template);
+    l.format = text::detect_chat_format(l.chat_template);
   }
-  if (o.reasoning != "low" && o.reasoning != "medium" && o.reasoning != "high" &&
-      o.reasoning != "xhigh")
-    return Status::error("--reasoning must be low, medium, high or xhigh, not '" + o.reasoning +
-                         "'");
+  if (o.reasoning != "none" && o.reasoning != "minimal" && o.reasoning != "low" &&
+      o.reasoning != "medium" && o.reasoning != "high" && o.reasoning != "xhigh")
+    return Status::error("--reasoning must be none, minimal, low, medium, high or xhigh, not '" +
+                         o.reasoning + "'");
   return l;
 }
 
@@ -198,7 +201,7 @@ Result<Prompt> render_prompt(const Loaded &l, const nlohmann::ordered_json &mess
   nlohmann::ordered_json ctx;
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
-  ctx["reasoning_strength"] = reasoning;
+  text::set_reasoning(l.format, reasoning, ctx);
   text::add_token_variables(*l.tokenizer, ctx);
   // Control tokens come only from the template's own text, never from what the user typed.
   auto tokens = text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx);
@@ -270,23 +273,24 @@ void print_stats(const engine::EngineStats &s) {
                    double(d->accepted + d->verifications) / double(d->verifications));
 }
 
-// Streams ATEM events: reasoning dimmed on stderr, the answer on stdout, tool calls as JSON.
-struct AtemPrinter {
+// Streams a chat format's events: reasoning dimmed on stderr, the answer on stdout, tool calls as
+// JSON.
+struct ChatPrinter {
   bool tty_err = isatty(2);
-  void operator()(const std::vector<text::AtemEvent> &events) const {
+  void operator()(const std::vector<text::ChatEvent> &events) const {
     for (const auto &e : events) {
       switch (e.kind) {
-      case text::AtemEvent::Kind::Reasoning:
+      case text::ChatEvent::Kind::Reasoning:
         std::fprintf(stderr, "%s%s%s", tty_err ? "\x1b[2m" : "", e.text.c_str(),
                      tty_err ? "\x1b[0m" : "");
         break;
-      case text::AtemEvent::Kind::Content:
+      case text::ChatEvent::Kind::Content:
         std::fputs(e.text.c_str(), stdout);
         break;
-      case text::AtemEvent::Kind::ToolCall:
+      case text::ChatEvent::Kind::ToolCall:
         std::printf("\n[tool call] %s %s\n", e.call.name.c_str(), e.call.arguments.dump().c_str());
         break;
-      case text::AtemEvent::Kind::EndOfTurn:
+      case text::ChatEvent::Kind::EndOfTurn:
         break;
       }
     }
@@ -353,19 +357,18 @@ std::function<int()> add_run(CLI::App &app) {
       prompt = Prompt{l.tokenizer->encode(o->prompt, l.tokenizer->add_bos_default(), false), {}};
     }
     if (!prompt.ok()) return fail(prompt.message());
-    text::AtemParser atem;
-    AtemPrinter print;
-    const bool parse_atem = o->chat && l.atem;
-    auto out = generate(l, *prompt, o->n_predict, parse_atem, [&](const std::string &t) {
+    auto parser = o->chat ? text::make_output_parser(l.format, nlohmann::json::array()) : nullptr;
+    ChatPrinter print;
+    auto out = generate(l, *prompt, o->n_predict, parser != nullptr, [&](const std::string &t) {
       if (t.empty()) return;
-      if (parse_atem) {
-        print(atem.feed(t));
+      if (parser) {
+        print(parser->feed(t));
       } else {
         std::fputs(t.c_str(), stdout);
         std::fflush(stdout);
       }
     });
-    if (parse_atem) print(atem.finish());
+    if (parser) print(parser->finish());
     if (!out.ok()) return fail(out.message());
     std::printf("\n");
     print_stats(l.engine->stats());
@@ -478,19 +481,19 @@ std::function<int()> add_chat(CLI::App &app) {
         std::fprintf(stderr, "%s\n", prompt.message().c_str());
         continue;
       }
-      text::AtemParser atem;
-      AtemPrinter print;
-      std::string plain; // the answer of a model whose template is not ATEM
-      auto out = generate(l, *prompt, o->n_predict, l.atem, [&](const std::string &t) {
-        if (l.atem) {
-          print(atem.feed(t));
+      auto parser = text::make_output_parser(l.format, nlohmann::json::array());
+      ChatPrinter print;
+      std::string plain; // the answer of a model whose template has no known format
+      auto out = generate(l, *prompt, o->n_predict, parser != nullptr, [&](const std::string &t) {
+        if (parser) {
+          print(parser->feed(t));
         } else {
           plain += t;
           std::fputs(t.c_str(), stdout);
           std::fflush(stdout);
         }
       });
-      if (l.atem) print(atem.finish());
+      if (parser) print(parser->finish());
       std::printf("\n");
       std::fflush(stdout);
       if (!out.ok()) {
@@ -502,10 +505,10 @@ std::function<int()> add_chat(CLI::App &app) {
       // History keeps the answer, not the reasoning (as the template drops it), so the next prompt
       // diverges right after this one's end: the snapshot there makes the reuse exact.
       nlohmann::ordered_json reply = {{"role", "assistant"},
-                                      {"content", l.atem ? atem.message().content : plain}};
-      if (!atem.message().tool_calls.empty()) {
+                                      {"content", parser ? parser->message().content : plain}};
+      if (parser && !parser->message().tool_calls.empty()) {
         nlohmann::ordered_json calls = nlohmann::ordered_json::array();
-        for (const auto &c : atem.message().tool_calls)
+        for (const auto &c : parser->message().tool_calls)
           calls.push_back(
               {{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
         reply["tool_calls"] = calls;

@@ -440,7 +440,7 @@ static std::optional<ApiError> chat_context(const Conversation &conv, const Mode
     const bool text = msg.contains("content") &&
                       ((msg["content"].is_string() && !msg["content"].get<std::string>().empty()) ||
                        (msg["content"].is_array() && !msg["content"].empty()));
-    if (facts.atem && role == "assistant" && calls && text) {
+    if (facts.format == text::ChatFormat::kAtem && role == "assistant" && calls && text) {
       json said = msg;
       said.erase("tool_calls");
       said["end_turn"] = false;
@@ -450,13 +450,14 @@ static std::optional<ApiError> chat_context(const Conversation &conv, const Mode
     }
     messages.push_back(std::move(msg));
   }
+  if (facts.fold_tool_results) text::fold_tool_results(messages);
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
   const std::string &e = conv.reasoning_effort;
   if (e != "low" && e != "medium" && e != "high" && e != "xhigh" && e != "minimal" && e != "none")
     return bad("reasoning_effort",
                "'reasoning_effort' must be none, minimal, low, medium, high or xhigh");
-  ctx["reasoning_strength"] = (e == "minimal" || e == "none") ? "low" : e; // no "off" exists
+  text::set_reasoning(facts.format, e, ctx);
 
   tools_out = json::array();
   if (!conv.tools.is_array()) return bad("tools", "'tools' must be a list", "invalid_type");

@@ -7,6 +7,7 @@
 #include "engine/images.h"
 #include "server/request.h"
 #include "server/structured.h"
+#include "text/chat/chat_format.h"
 #include "text/template/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -36,8 +37,10 @@ ApiError api_error(const Status &s);
 // What request parsing needs to know of the served model.
 struct ModelFacts {
   const text::Tokenizer *tokenizer = nullptr;
-  const text::Template *chat_template = nullptr; // null: the model has none
-  bool atem = false;                             // the template speaks Muse Glimmer's ATEM format
+  const text::Template *chat_template = nullptr;      // null: the model has none
+  text::ChatFormat format = text::ChatFormat::kPlain; // what the template speaks (chat_format.h)
+  // A Gemma 4 template that reads tool results only from `tool_responses` (fold_tool_results).
+  bool fold_tool_results = false;
   std::string arch;
   sample::SamplingParams sampling; // a request's defaults (engine::default_sampling)
   int32_t n_vocab = 0;

@@ -5,10 +5,11 @@
 
 namespace offgraph::server {
 
-ChoiceOutput::ChoiceOutput(const text::Tokenizer &tokenizer, bool atem, const json &tools,
-                           const std::vector<std::string> &stop_strings,
+ChoiceOutput::ChoiceOutput(const text::Tokenizer &tokenizer, text::ChatFormat format,
+                           const json &tools, const std::vector<std::string> &stop_strings,
                            std::vector<int32_t> stop_tokens)
-    : detok_(tokenizer, atem), atem_(nlohmann::json::parse(tools.dump())), use_atem_(atem),
+    : detok_(tokenizer, format != text::ChatFormat::kPlain),
+      parser_(text::make_output_parser(format, nlohmann::json::parse(tools.dump()))),
       stop_tokens_(std::move(stop_tokens)) {
   if (!stop_strings.empty())
     if (auto set = sample::StopSet::create({}, stop_strings); set.ok()) {
@@ -42,15 +43,15 @@ ChoiceOutput::Delta ChoiceOutput::absorb(const std::string &piece) {
     stopped_ = u.stop_string.has_value();
     if (stopped_) stop_string_ = stops_->stop_strings()[*u.stop_string];
   }
-  if (!use_atem_) {
+  if (!parser_) {
     d.content = text;
     content_ += text;
     return d;
   }
-  for (const auto &e : atem_.feed(text)) {
-    if (e.kind == text::AtemEvent::Kind::Reasoning) d.reasoning += e.text;
-    if (e.kind == text::AtemEvent::Kind::Content) d.content += e.text;
-    if (e.kind == text::AtemEvent::Kind::ToolCall) d.tool_calls.push_back(call(e.call));
+  for (const auto &e : parser_->feed(text)) {
+    if (e.kind == text::ChatEvent::Kind::Reasoning) d.reasoning += e.text;
+    if (e.kind == text::ChatEvent::Kind::Content) d.content += e.text;
+    if (e.kind == text::ChatEvent::Kind::ToolCall) d.tool_calls.push_back(call(e.call));
   }
   return d;
 }
@@ -60,9 +61,8 @@ ChoiceOutput::Delta ChoiceOutput::feed(int32_t token, const sample::TokenLogprob
   ++completion_;
   if (logprobs) logprobs_.push_back(*logprobs);
   std::string piece = detok_.feed(token);
-  // An end-of-turn token is text only where the ATEM parser wants to see it.
-  if (!use_atem_ &&
-      std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end())
+  // An end-of-turn token is text only where a chat format's parser wants to see it.
+  if (!parser_ && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end())
     piece.clear();
   return absorb(piece);
 }
@@ -80,20 +80,22 @@ ChoiceOutput::Delta ChoiceOutput::finish(bool cut) {
     if (matcher_ && !stopped_) add(absorb(matcher_->finish()));
   }
   finished_ = true;
-  if (use_atem_) // what the parser held back when the stream ended: every kind, not only content
-    for (const auto &e : atem_.finish()) {
-      if (e.kind == text::AtemEvent::Kind::Reasoning) d.reasoning += e.text;
-      if (e.kind == text::AtemEvent::Kind::Content) d.content += e.text;
-      if (e.kind != text::AtemEvent::Kind::ToolCall) continue;
+  if (parser_) // what the parser held back when the stream ended: every kind, not only content
+    for (const auto &e : parser_->finish()) {
+      if (e.kind == text::ChatEvent::Kind::Reasoning) d.reasoning += e.text;
+      if (e.kind == text::ChatEvent::Kind::Content) d.content += e.text;
+      if (e.kind != text::ChatEvent::Kind::ToolCall) continue;
       if (!cut || stopped_) d.tool_calls.push_back(call(e.call)); // cut: a guess, left out
     }
   return d;
 }
 
-std::string ChoiceOutput::content() const { return use_atem_ ? atem_.message().content : content_; }
+std::string ChoiceOutput::content() const {
+  return parser_ ? parser_->message().content : content_;
+}
 
 std::string ChoiceOutput::reasoning() const {
-  return use_atem_ ? atem_.message().reasoning_content : reasoning_;
+  return parser_ ? parser_->message().reasoning_content : reasoning_;
 }
 
 ChoiceOutput::json ChoiceOutput::tool_calls() const {

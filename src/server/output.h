@@ -1,15 +1,16 @@
 // The answer of one choice, assembled from generated tokens: detokenized (split characters held
 // back), cut at stop strings (no byte of one ever shown), and split into reasoning, content and
-// tool calls by the ATEM parser for Muse Glimmer templates.
+// tool calls by the parser of the template's chat format.
 #pragma once
 
 #include "sample/logprobs.h"
 #include "sample/stop.h"
-#include "text/atem/atem_parser.h"
+#include "text/chat/chat_format.h"
 #include "text/tokenizer/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -31,7 +32,8 @@ public:
   };
 
   // `stop_strings` were validated by the request parser.
-  ChoiceOutput(const text::Tokenizer &tokenizer, bool atem, const json &tools,
+  // `format`: the chat format whose parser splits the answer (kPlain: all of it is content).
+  ChoiceOutput(const text::Tokenizer &tokenizer, text::ChatFormat format, const json &tools,
                const std::vector<std::string> &stop_strings, std::vector<int32_t> stop_tokens);
   ChoiceOutput(const ChoiceOutput &) = delete; // the matcher points into stops_
   ChoiceOutput &operator=(const ChoiceOutput &) = delete;
@@ -66,10 +68,9 @@ private:
   text::Detokenizer detok_;
   std::optional<sample::StopSet> stops_;
   std::optional<sample::StopMatcher> matcher_;
-  text::AtemParser atem_;
-  bool use_atem_;
+  std::unique_ptr<text::ChatOutputParser> parser_; // null: plain text
   std::vector<int32_t> stop_tokens_;
-  std::string content_, reasoning_; // without ATEM: the text; with it the parser aggregates
+  std::string content_, reasoning_; // without a parser: the text; with one it aggregates
   json calls_ = json::array();
   bool stopped_ = false, finished_ = false;
   std::string stop_string_;

@@ -245,11 +245,11 @@ struct Routes {
 
   // The call's outputs and channel, and the job handed to the engine; false when it was refused
   // (the answer is written).
-  bool submit(httplib::Response &res, Call &call, bool atem_output, bool anthropic) {
+  bool submit(httplib::Response &res, Call &call, text::ChatFormat format, bool anthropic) {
     const int32_t n = call.job.request.n;
     call.channel = std::make_shared<Channel>(n);
     for (int32_t c = 0; c < n; ++c)
-      call.outs.push_back(std::make_unique<ChoiceOutput>(*s.tokenizer_, atem_output, call.job.tools,
+      call.outs.push_back(std::make_unique<ChoiceOutput>(*s.tokenizer_, format, call.job.tools,
                                                          call.job.stop_strings,
                                                          call.job.request.stop_tokens));
     call.reasons.assign(size_t(n), engine::FinishReason::None);
@@ -294,7 +294,7 @@ struct Routes {
       if (auto e = parse_request(*body, chat, s.facts_, call->job)) return fail(res, *e);
     }
     if (auto e = attach_images(s.facts_, call->job)) return fail(res, *e);
-    if (!submit(res, *call, chat && s.facts_.atem, false)) return;
+    if (!submit(res, *call, chat ? s.facts_.format : text::ChatFormat::kPlain, false)) return;
     call->head = {(chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id), chat, now_seconds(),
                   s.options_.model_name};
     if (call->job.stream)
@@ -431,7 +431,7 @@ struct Routes {
     if (count_only) return send(res, 200, {{"input_tokens", job.request.prompt.size()}});
     job.request.report_admission = job.stream; // message_start tells the cache before the answer
     call->keep_deltas = !job.stream;
-    if (!submit(res, *call, s.facts_.atem, true)) return;
+    if (!submit(res, *call, s.facts_.format, true)) return;
     const anthropic::MessageHead head{"msg_" + s.boot_id_ + std::to_string(call->id),
                                       s.options_.model_name};
     if (job.stream) return message_stream(req, res, call, head);
@@ -543,7 +543,7 @@ struct Routes {
       return fail(res, *e);
     }
     call->keep_deltas = !job.stream;
-    if (!submit(res, *call, s.facts_.atem, false)) return;
+    if (!submit(res, *call, s.facts_.format, false)) return;
     // Unguessable: a stored response is read, continued or deleted by its id alone.
     thread_local std::mt19937_64 random_bits{std::random_device{}()};
     char nonce[24];
@@ -804,12 +804,14 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   auto tok = text::Tokenizer::from_gguf(model.file().path());
   if (!tok.ok()) return tok.status();
   std::optional<text::Template> chat_template;
-  bool atem = false;
+  text::ChatFormat format = text::ChatFormat::kPlain;
+  bool fold = false;
   if (auto t = model.file().str("tokenizer.chat_template"); t.ok()) {
     auto parsed = text::Template::parse(*t);
     if (!parsed.ok()) return Status::error("the model's chat template: " + parsed.message());
     chat_template = std::move(parsed).value();
-    atem = text::speaks_atem(*t);
+    format = text::detect_chat_format(*t);
+    fold = format == text::ChatFormat::kGemma4 && !text::reads_tool_messages(*t);
   }
   auto e = engine::Engine::create(model, engine_options);
   if (!e.ok()) return e.status();
@@ -823,7 +825,8 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
     options_.model_name = model.config().name.empty() ? "offgraph" : model.config().name;
   facts_.tokenizer = tokenizer_.get();
   facts_.chat_template = template_ ? &*template_ : nullptr;
-  facts_.atem = atem;
+  facts_.format = format;
+  facts_.fold_tool_results = fold;
   facts_.arch = model.config().arch_name;
   facts_.sampling = engine::default_sampling(model);
   facts_.n_vocab = model.config().n_vocab;

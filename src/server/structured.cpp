@@ -5,6 +5,7 @@
 #include "sample/lark.h"
 #include "server/api.h"
 #include "text/atem/atem_grammar.h"
+#include "text/chat/chat_format.h"
 
 #include <cstdio>
 
@@ -41,7 +42,7 @@ size_t GrammarCache::size() const {
 
 namespace {
 
-using Content = text::AtemTurnSpec::Content;
+using Content = text::TurnSpec::Content;
 
 ApiError bad(const std::string &param, const std::string &message,
              const std::string &code = "invalid_value") {
@@ -50,7 +51,7 @@ ApiError bad(const std::string &param, const std::string &message,
 
 bool given(const json &body, const char *key) { return body.contains(key) && !body[key].is_null(); }
 
-std::optional<ApiError> read_response_format(const json &rf, text::AtemTurnSpec &spec) {
+std::optional<ApiError> read_response_format(const json &rf, text::TurnSpec &spec) {
   if (rf.is_null()) return std::nullopt;
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
     return bad("response_format", "'response_format' must be an object with a 'type'",
@@ -103,7 +104,7 @@ std::optional<ApiError> read_response_format(const json &rf, text::AtemTurnSpec 
 }
 
 std::optional<ApiError> read_grammar(const json &grammar, const ModelFacts &facts,
-                                     text::AtemTurnSpec &spec) {
+                                     text::TurnSpec &spec) {
   if (grammar.is_null()) return std::nullopt;
   if (!grammar.is_string()) return bad("grammar", "'grammar' must be GBNF text", "invalid_type");
   if (spec.content != Content::kText)
@@ -125,7 +126,7 @@ std::optional<ApiError> read_grammar(const json &grammar, const ModelFacts &fact
 }
 
 std::optional<ApiError> read_tools(const json &tools, const Conversation &conv,
-                                   text::AtemTurnSpec &spec, bool &strict_any) {
+                                   text::TurnSpec &spec, bool &strict_any) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const json &fn = tools[i]["function"];
     const std::string name = fn["name"];
@@ -145,7 +146,7 @@ std::optional<ApiError> read_tools(const json &tools, const Conversation &conv,
 
 // The custom tools' input grammars (Conversation::tool_grammars): always enforced, as the format
 // promises; plain text too, so that the input comes back whole (no marker of the call inside it).
-std::optional<ApiError> read_tool_grammars(const Conversation &conv, text::AtemTurnSpec &spec) {
+std::optional<ApiError> read_tool_grammars(const Conversation &conv, text::TurnSpec &spec) {
   for (auto &tool : spec.tools) {
     if (!conv.tool_grammars.contains(tool.name)) continue;
     const json &g = conv.tool_grammars[tool.name];
@@ -170,19 +171,29 @@ std::optional<ApiError> read_tool_grammars(const Conversation &conv, text::AtemT
   return std::nullopt;
 }
 
+// Whether a constrained turn may reason first. Muse Glimmer has no "off" (MUSE_GLIMMER.md
+// section 10): under a grammar, "none" can be enforced. Gemma 4's prompt closes the thought
+// channel itself when thinking is off (enable_thinking: none and minimal), so the turn has none.
+bool reasoning_allowed(text::ChatFormat format, const std::string &effort) {
+  if (format == text::ChatFormat::kGemma4) return effort != "none" && effort != "minimal";
+  return effort != "none";
+}
+
 } // namespace
 
 std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<bool> &cancel) {
   std::optional<Result<text::AtemWarmUp>> turn;
-  if (facts.atem) turn = text::atem_warm_up_turn(*facts.tokenizer);
-  return std::thread([vocabulary = facts.vocabulary, turn = std::move(turn), &cancel] {
+  if (facts.format == text::ChatFormat::kAtem) turn = text::atem_warm_up_turn(*facts.tokenizer);
+  const bool chat_json = facts.format != text::ChatFormat::kPlain;
+  return std::thread([vocabulary = facts.vocabulary, turn = std::move(turn), chat_json, &cancel] {
     auto report = [](const Status &s) {
       if (!s.ok()) std::fprintf(stderr, "offgraph: grammar warm-up: %s\n", s.message().c_str());
     };
-    // Completions (and models without a chat format) write plain JSON; ATEM chat escapes '<'.
+    // Completions (and models without a chat format) write plain JSON; chat formats escape '<'.
     report(sample::warm_json_tables(vocabulary, {}, &cancel));
-    if (!turn) return;
+    if (!chat_json) return;
     report(sample::warm_json_tables(vocabulary, {.escape_lt = true}, &cancel));
+    if (!turn) return;
     if (!turn->ok()) return report(turn->status());
     auto compiled = sample::compile_grammar((*turn)->grammar, vocabulary, {});
     report(compiled.ok() ? sample::warm_up(*compiled, (*turn)->symbols, &cancel)
@@ -192,7 +203,7 @@ std::thread start_grammar_warm_up(const ModelFacts &facts, const std::atomic<boo
 
 std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
                                          const ModelFacts &facts, Job &job) {
-  text::AtemTurnSpec spec;
+  text::TurnSpec spec;
   if (auto e = read_response_format(conv.response_format, spec)) {
     if (e->param.rfind("response_format", 0) == 0) // in the API's own name
       e->param = conv.format_field + e->param.substr(std::string("response_format").size());
@@ -210,8 +221,9 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
   if (spec.content == Content::kText && !strict_any && !forced && !single) return std::nullopt;
   if (!facts.vocabulary) return ApiError{500, "no grammar vocabulary", "", "internal_error"};
 
-  const bool atem = chat && facts.atem;
-  if (!atem && (strict_any || forced || single))
+  const text::ChatFormat format = chat ? facts.format : text::ChatFormat::kPlain;
+  const bool formatted = format != text::ChatFormat::kPlain;
+  if (!formatted && (strict_any || forced || single))
     return bad(forced   ? "tool_choice"
                : single ? "parallel_tool_calls"
                         : "tools",
@@ -223,11 +235,11 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
                           "tool-call format",
                "unsupported");
   // The key is everything the grammar is built from.
-  json key = {{"atem", atem},
+  json key = {{"format", text::chat_format_name(format)},
               {"response_format", conv.response_format},
               {"grammar", conv.grammar},
               {"stop", job.request.stop_tokens}};
-  if (atem) {
+  if (formatted) {
     key["tools"] = json::array();
     for (const auto &t : spec.tools)
       key["tools"].push_back(
@@ -235,20 +247,18 @@ std::optional<ApiError> parse_structured(const Conversation &conv, bool chat,
            conv.tool_grammars.contains(t.name) ? conv.tool_grammars[t.name] : json()});
     key["answer"] = !forced;
     key["parallel"] = spec.parallel_calls;
-    key["reasoning"] = conv.reasoning_effort != "none";
+    key["reasoning"] = reasoning_allowed(format, conv.reasoning_effort);
   }
   const std::string k = key.dump();
   if (auto hit = facts.grammars ? facts.grammars->find(k) : nullptr) {
     job.request.grammar = std::move(hit);
     return std::nullopt;
   }
-  if (atem)
+  if (formatted)
     if (auto e = read_tool_grammars(conv, spec)) return e;
   spec.answer = !forced;
-  // The model has no "off" (MUSE_GLIMMER.md section 10); under a grammar, none can be enforced.
-  spec.reasoning = conv.reasoning_effort != "none";
-  auto grammar =
-      atem ? text::atem_turn_grammar(*facts.tokenizer, spec) : text::plain_answer_grammar(spec);
+  spec.reasoning = reasoning_allowed(format, conv.reasoning_effort);
+  auto grammar = text::turn_grammar(format, *facts.tokenizer, spec);
   if (!grammar.ok()) {
     const std::string &m = grammar.message();
     if (spec.content == Content::kGrammar && m.rfind("tools", 0) != 0)

@@ -12,7 +12,7 @@ namespace offgraph::text {
 namespace {
 
 // Feeds `text` in two pieces cut at `cut` and returns the message and every delta.
-AtemMessage feed_cut(const std::string &text, size_t cut, std::vector<AtemEvent> &events) {
+ChatMessage feed_cut(const std::string &text, size_t cut, std::vector<ChatEvent> &events) {
   AtemParser p;
   for (auto &e : p.feed(text.substr(0, cut))) events.push_back(e);
   for (auto &e : p.feed(text.substr(cut))) events.push_back(e);
@@ -25,10 +25,10 @@ AtemMessage feed_cut(const std::string &text, size_t cut, std::vector<AtemEvent>
 TEST(FuzzRegressions, AtemHeaderLengthDoesNotDependOnWhereTheStreamIsCut) {
   const std::string header = "assistant to=weather.get " + std::string(230, 'x');
   const std::string text = " to=self<|message|>hm<|eom|><|start|>" + header + "<|eot|>";
-  const AtemMessage whole = parse_atem(text);
+  const ChatMessage whole = parse_atem(text);
   for (size_t cut = 0; cut <= text.size(); ++cut) {
-    std::vector<AtemEvent> events;
-    const AtemMessage split = feed_cut(text, cut, events);
+    std::vector<ChatEvent> events;
+    const ChatMessage split = feed_cut(text, cut, events);
     ASSERT_EQ(split.content, whole.content) << "cut at " << cut;
     ASSERT_EQ(split.reasoning_content, whole.reasoning_content) << "cut at " << cut;
     ASSERT_EQ(split.ended, whole.ended) << "cut at " << cut;
@@ -40,9 +40,9 @@ TEST(FuzzRegressions, AtemHeaderLengthDoesNotDependOnWhereTheStreamIsCut) {
 TEST(FuzzRegressions, AtemNoDeltaSpellsAMarkerAcrossMessages) {
   const std::string text = " to=calc.add<|<|start|>message|><atem:funct";
   for (size_t cut = 0; cut <= text.size(); ++cut) {
-    std::vector<AtemEvent> events;
+    std::vector<ChatEvent> events;
     (void)feed_cut(text, cut, events);
-    for (const AtemEvent &e : events)
+    for (const ChatEvent &e : events)
       EXPECT_EQ(e.text.find("<|message|>"), std::string::npos)
           << "cut at " << cut << ": " << e.text;
   }
@@ -59,7 +59,7 @@ TEST(FuzzRegressions, AtemToolSchemasOfAnyShapeNeverThrow) {
     return nlohmann::json::parse(std::string(R"([{"type": "function", "function": )") + schema +
                                  "}]");
   };
-  AtemMessage m;
+  ChatMessage m;
   ASSERT_NO_THROW(m = parse_atem(call, tools(R"({"name": "f", "parameters": {"properties":
                                              {"s": {"type": ["string", "null"]}}}})")));
   ASSERT_EQ(m.tool_calls.size(), 1u);

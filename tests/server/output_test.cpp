@@ -33,8 +33,9 @@ struct Fed {
   std::vector<json> parts;
 };
 Fed feed(const std::string &text, bool atem, std::vector<std::string> stops = {}) {
-  Fed f{std::make_unique<ChoiceOutput>(tokenizer(), atem, tools(), stops,
-                                       tokenizer().end_of_generation_ids()),
+  Fed f{std::make_unique<ChoiceOutput>(tokenizer(),
+                                       atem ? text::ChatFormat::kAtem : text::ChatFormat::kPlain,
+                                       tools(), stops, tokenizer().end_of_generation_ids()),
         {}};
   for (int32_t id : tokenizer().encode(text, false, true)) {
     for (json &p : delta_parts(f.out->feed(id))) f.parts.push_back(std::move(p));

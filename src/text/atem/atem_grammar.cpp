@@ -27,26 +27,6 @@ const std::vector<std::string> kRawInputMarkers = [] {
   return out;
 }();
 
-// `text` as the model writes it: the vocabulary's special tokens as themselves, the rest as bytes.
-Sequence marked(GrammarBuilder &b, const Tokenizer &t, std::string_view text) {
-  Sequence out;
-  for (int32_t id : t.encode(text, false, true)) {
-    if (t.is_control(id)) {
-      out.push_back(GrammarBuilder::special(id));
-      continue;
-    }
-    const Sequence bytes = b.literal(t.decode({id}));
-    out.insert(out.end(), bytes.begin(), bytes.end());
-  }
-  return out;
-}
-
-Sequence join(std::initializer_list<Sequence> parts) {
-  Sequence out;
-  for (const Sequence &p : parts) out.insert(out.end(), p.begin(), p.end());
-  return out;
-}
-
 // Free text: bytes that never spell "<|", where every marker the ATEM parser reads in the text
 // begins (it reads a marker written as ordinary tokens as the marker itself); no special token.
 //   text ::= "" | [^<] text | "<" after-lt ;  after-lt ::= "" | "<" after-lt | [^<|] text
@@ -66,44 +46,10 @@ Element free_text(GrammarBuilder &b) {
   return GrammarBuilder::ref(text);
 }
 
-bool accepts_string(const ojson &schema) {
-  if (!schema.is_object() || !schema.contains("type")) return false;
-  const ojson &type = schema["type"];
-  if (type.is_array())
-    return std::any_of(type.begin(), type.end(), [](const ojson &x) { return x == "string"; });
-  return type == "string";
-}
-
-// A raw string argument: the schema's strings with the markers the parsers read taken out
-// exactly (kRawInputMarkers), so that code with '<' in it can be written. The product costs about
-// 90 rules per count of a bounded string (maxLength 20: 2,474 rules), so each value may take up to
-// kMaxExcludedValueRules (maxLength up to about 90) out of a turn's `budget`; past either, strings
-// without '<' as before: sound, and small.
-constexpr size_t kMaxExcludedValueRules = 8000;
-constexpr size_t kExcludedRulesPerTurn = 40000;
-Result<Element> raw_string_value(GrammarBuilder &b, sample::JsonSchemaCompiler &compiler,
-                                 const ojson &params, const ojson &schema, const std::string &path,
-                                 size_t &budget) {
-  GrammarBuilder own;
-  sample::JsonSchemaCompiler alone(own, params, {.strict = true, .escape_lt = true});
-  auto v = alone.raw_string(schema, path, "");
-  if (!v.ok()) return v;
-  const uint32_t root = own.declare("value");
-  own.define(root, {{*v}});
-  auto g = std::move(own).finish(root);
-  const size_t allowed = std::min(kMaxExcludedValueRules, budget);
-  if (g.ok() && allowed > 0)
-    if (auto f = sample::exclude_substrings(*g, kRawInputMarkers, allowed); f.ok()) {
-      budget -= std::min(budget, f->rules.size());
-      return b.embed(*f);
-    }
-  return compiler.raw_string(schema, path, kRawStop);
-}
-
 // The argument block of a strict tool: one element per property, in schema order. The server's
 // parser keeps a property whose type admits strings as raw text (AtemParser), so such a value is
 // written raw (a string); every other value is JSON.
-Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTurnSpec::Tool &tool,
+Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const TurnSpec::Tool &tool,
                              const std::string &field, size_t &budget) {
   const ojson &params = tool.parameters;
   auto refuse = [&](const std::string &what) { return Status::error(field + ": " + what); };
@@ -131,7 +77,8 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
       } else if (accepts_string(schema)) {
         ojson as_string = schema;
         as_string["type"] = "string";
-        value = raw_string_value(b, compiler, params, as_string, path, budget);
+        value = raw_string_value(b, compiler, params, as_string, path, budget, kRawInputMarkers,
+                                 kRawStop);
       } else {
         value = compiler.value(schema, path);
       }
@@ -145,22 +92,9 @@ Result<Sequence> strict_body(GrammarBuilder &b, const Tokenizer &t, const AtemTu
   return join({body, marked(b, t, "</atem:invoke>\n</atem:function_calls>")});
 }
 
-Result<Element> content_of(GrammarBuilder &b, const AtemTurnSpec &spec,
-                           std::optional<sample::JsonSchemaCompiler> &compiler) {
-  using Content = AtemTurnSpec::Content;
-  if (spec.content == Content::kText) return free_text(b);
-  if (spec.content == Content::kGrammar) return b.embed(spec.grammar);
-  compiler.emplace(b, spec.schema,
-                   sample::JsonSchemaOptions{.strict = spec.schema_strict, .escape_lt = true});
-  if (spec.content == Content::kJsonObject) return compiler->any_object();
-  auto v = compiler->value(spec.schema, "#");
-  if (!v.ok()) return Status::error("response_format.json_schema.schema: " + v.message());
-  return v;
-}
-
 } // namespace
 
-Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec &spec) {
+Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const TurnSpec &spec) {
   if (!spec.answer && spec.tools.empty())
     return Status::error("tool_choice: the turn must call a tool, and there are no tools");
   GrammarBuilder b;
@@ -169,7 +103,7 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
   std::vector<Sequence> finals;
   std::optional<sample::JsonSchemaCompiler> answer_compiler;
   if (spec.answer) {
-    auto content = content_of(b, spec, answer_compiler);
+    auto content = answer_content(b, spec, text, answer_compiler);
     if (!content.ok()) return content.status();
     finals.push_back(
         join({marked(b, t, " to=user<|message|>"), {*content}, marked(b, t, "<|eot|>")}));
@@ -178,7 +112,7 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
     std::vector<Sequence> calls;
     size_t budget = kExcludedRulesPerTurn; // raw strings' marker-free products, all tools together
     for (size_t i = 0; i < spec.tools.size(); ++i) {
-      const AtemTurnSpec::Tool &tool = spec.tools[i];
+      const TurnSpec::Tool &tool = spec.tools[i];
       // The parser reads a recipient up to '<' or a space, and the invoke's name up to '"'.
       if (tool.name.empty() ||
           tool.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -214,8 +148,8 @@ Result<sample::Grammar> atem_turn_grammar(const Tokenizer &t, const AtemTurnSpec
 }
 
 Result<AtemWarmUp> atem_warm_up_turn(const Tokenizer &t) {
-  AtemTurnSpec spec;
-  spec.content = AtemTurnSpec::Content::kJsonObject;
+  TurnSpec spec;
+  spec.content = TurnSpec::Content::kJsonObject;
   auto grammar = atem_turn_grammar(t, spec);
   if (!grammar.ok()) return grammar.status();
   AtemWarmUp out{std::move(grammar).value(), {}};
@@ -233,32 +167,6 @@ Result<AtemWarmUp> atem_warm_up_turn(const Tokenizer &t) {
     for (char c : t.decode({id})) out.symbols.push_back(int32_t(uint8_t(c)));
   }
   return out;
-}
-
-std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer) {
-  auto t = std::make_shared<sample::TokenTexts>();
-  const int32_t n = tokenizer.n_vocab();
-  t->bytes.resize(size_t(n));
-  t->special.resize(size_t(n));
-  for (int32_t i = 0; i < n; ++i) {
-    t->special[size_t(i)] = tokenizer.is_control(i);
-    t->bytes[size_t(i)] =
-        tokenizer.is_control(i) ? tokenizer.token_piece(i) : tokenizer.decode({i});
-  }
-  // End tokens end the answer wherever they come: never part of its text.
-  for (int32_t id : tokenizer.end_of_generation_ids())
-    if (id >= 0 && id < n) t->special[size_t(id)] = 1;
-  return t;
-}
-
-Result<sample::Grammar> plain_answer_grammar(const AtemTurnSpec &spec) {
-  using Content = AtemTurnSpec::Content;
-  if (spec.content == Content::kGrammar) return spec.grammar;
-  if (spec.content == Content::kJsonObject) return sample::json_object_grammar();
-  if (spec.content == Content::kText) return Status::error("plain_answer_grammar: free text");
-  auto g = sample::json_schema_grammar(spec.schema, {.strict = spec.schema_strict});
-  if (!g.ok()) return Status::error("response_format.json_schema.schema: " + g.message());
-  return g;
 }
 
 } // namespace offgraph::text

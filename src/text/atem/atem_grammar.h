@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "sample/grammar.h"
 #include "sample/token_texts.h"
+#include "text/chat/turn_grammar.h"
 #include "text/tokenizer/tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -31,35 +32,8 @@
 
 namespace offgraph::text {
 
-struct AtemTurnSpec {
-  enum class Content { kText, kJsonObject, kJsonSchema, kGrammar };
-  // Whether the turn may end in an answer to the user (tool_choice none or auto), and what it
-  // holds.
-  bool answer = true;
-  Content content = Content::kText;
-  nlohmann::ordered_json schema; // kJsonSchema: the answer's JSON Schema
-  bool schema_strict = false;
-  sample::Grammar grammar; // kGrammar: what the answer holds (the request's GBNF)
-  struct Tool {
-    std::string name;
-    nlohmann::ordered_json parameters; // a JSON Schema of type object
-    bool strict = false;
-    // A custom tool's free-form input: the tool's one string property is written raw under this
-    // grammar (with the markers the parser reads taken out of its language, so that what the
-    // grammar allows reads back whole). Makes the call strict.
-    std::optional<sample::Grammar> raw_input;
-  };
-  std::vector<Tool> tools;    // the tools the turn may call (tool_choice named: that one)
-  bool reasoning = true;      // to=self messages may come first
-  bool parallel_calls = true; // several calls in one turn (parallel_tool_calls)
-};
-
 // Errors name the field: "tools[2].function.parameters: keyword 'oneOf' at ...".
-Result<sample::Grammar> atem_turn_grammar(const Tokenizer &tokenizer, const AtemTurnSpec &spec);
-
-// What each token id writes, as grammars read it: the bytes of ordinary tokens, the text of
-// control ones (flagged special).
-std::shared_ptr<const sample::TokenTexts> grammar_token_texts(const Tokenizer &tokenizer);
+Result<sample::Grammar> atem_turn_grammar(const Tokenizer &tokenizer, const TurnSpec &spec);
 
 // A constrained turn and a sample of it (0-255 a byte, 256 + id a special token), for warming a
 // vocabulary's mask tables (sample::warm_up): reasoning, then a JSON object as the answer. The
@@ -69,9 +43,5 @@ struct AtemWarmUp {
   std::vector<int32_t> symbols;
 };
 Result<AtemWarmUp> atem_warm_up_turn(const Tokenizer &tokenizer);
-
-// For models without a known chat format: the whole output is the answer's content alone
-// (spec.content other than kText; tools and reasoning do not apply).
-Result<sample::Grammar> plain_answer_grammar(const AtemTurnSpec &spec);
 
 } // namespace offgraph::text

@@ -194,7 +194,7 @@ bool AtemParser::parameter_is_string(const std::string &tool, const std::string 
   return false;
 }
 
-void AtemParser::emit_body_text(std::vector<AtemEvent> &out, std::string_view text) {
+void AtemParser::emit_body_text(std::vector<ChatEvent> &out, std::string_view text) {
   if (text.empty()) return;
   body_at_boundary_ = text.back() == ' ' || text.back() == '\n';
   // Deltas of one message within one feed() are joined; those of two messages are not, so that
@@ -203,22 +203,22 @@ void AtemParser::emit_body_text(std::vector<AtemEvent> &out, std::string_view te
   new_message_ = false;
   if (recipient_ == "self") {
     message_.reasoning_content += text;
-    if (join && !out.empty() && out.back().kind == AtemEvent::Kind::Reasoning)
+    if (join && !out.empty() && out.back().kind == ChatEvent::Kind::Reasoning)
       out.back().text += text;
     else
-      out.push_back({AtemEvent::Kind::Reasoning, std::string(text), {}});
+      out.push_back({ChatEvent::Kind::Reasoning, std::string(text), {}});
   } else if (recipient_ == "user" || recipient_.empty()) {
     message_.content += text;
-    if (join && !out.empty() && out.back().kind == AtemEvent::Kind::Content)
+    if (join && !out.empty() && out.back().kind == ChatEvent::Kind::Content)
       out.back().text += text;
     else
-      out.push_back({AtemEvent::Kind::Content, std::string(text), {}});
+      out.push_back({ChatEvent::Kind::Content, std::string(text), {}});
   } else {
     tool_body_ += text;
   }
 }
 
-void AtemParser::end_body(std::vector<AtemEvent> &out) {
+void AtemParser::end_body(std::vector<ChatEvent> &out) {
   const bool tool = !(recipient_ == "self" || recipient_ == "user" || recipient_.empty());
   if (tool) {
     auto is_string = [this](const std::string &t, const std::string &p) {
@@ -226,7 +226,7 @@ void AtemParser::end_body(std::vector<AtemEvent> &out) {
     };
     for (ToolCall &c : parse_function_calls(tool_body_, recipient_, is_string)) {
       message_.tool_calls.push_back(c);
-      out.push_back({AtemEvent::Kind::ToolCall, "", std::move(c)});
+      out.push_back({ChatEvent::Kind::ToolCall, "", std::move(c)});
     }
   }
   tool_body_.clear();
@@ -235,7 +235,7 @@ void AtemParser::end_body(std::vector<AtemEvent> &out) {
   new_message_ = true;
 }
 
-void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
+void AtemParser::run(std::vector<ChatEvent> &out, bool final) {
   for (;;) {
     if (state_ == State::Done) {
       pending_.clear();
@@ -278,7 +278,7 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
       if (m != kEom) {
         state_ = State::Done;
         message_.ended = true;
-        out.push_back({AtemEvent::Kind::EndOfTurn, "", {}});
+        out.push_back({ChatEvent::Kind::EndOfTurn, "", {}});
       }
       continue;
     }
@@ -319,25 +319,25 @@ void AtemParser::run(std::vector<AtemEvent> &out, bool final) {
     if (m != kEom) {
       state_ = State::Done;
       message_.ended = true;
-      out.push_back({AtemEvent::Kind::EndOfTurn, "", {}});
+      out.push_back({ChatEvent::Kind::EndOfTurn, "", {}});
     }
   }
 }
 
-std::vector<AtemEvent> AtemParser::feed(std::string_view text) {
-  std::vector<AtemEvent> out;
+std::vector<ChatEvent> AtemParser::feed(std::string_view text) {
+  std::vector<ChatEvent> out;
   pending_ += text;
   run(out, false);
   return out;
 }
 
-std::vector<AtemEvent> AtemParser::finish() {
-  std::vector<AtemEvent> out;
+std::vector<ChatEvent> AtemParser::finish() {
+  std::vector<ChatEvent> out;
   run(out, true);
   return out;
 }
 
-AtemMessage parse_atem(std::string_view text, const nlohmann::json &tools) {
+ChatMessage parse_atem(std::string_view text, const nlohmann::json &tools) {
   AtemParser p(tools);
   p.feed(text);
   p.finish();

@@ -11,6 +11,8 @@
 // stream that stops mid-message is flushed by finish().
 #pragma once
 
+#include "text/chat/chat_output.h"
+
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -33,45 +35,25 @@ inline constexpr std::array<std::string_view, 5> kChatMarkers = {kStart, kMessag
 inline constexpr std::array<std::string_view, 2> kCallTagPrefixes = {"<atem:", "</atem:"};
 } // namespace atem
 
-struct ToolCall {
-  std::string name;
-  nlohmann::json arguments = nlohmann::json::object();
-};
-
-struct AtemEvent {
-  enum class Kind { Reasoning, Content, ToolCall, EndOfTurn };
-  Kind kind;
-  std::string text; // Reasoning, Content: the delta
-  ToolCall call;    // ToolCall
-};
-
-// The whole response, OpenAI-shaped.
-struct AtemMessage {
-  std::string reasoning_content;
-  std::string content;
-  std::vector<ToolCall> tool_calls;
-  bool ended = false; // the model ended its turn
-};
-
-class AtemParser {
+class AtemParser : public ChatOutputParser {
 public:
   // `tools`: the request's OpenAI tool list, if any. A parameter its schema declares a string
   // stays a string even when it looks like JSON ("42", "true").
   explicit AtemParser(nlohmann::json tools = nlohmann::json::array());
 
-  std::vector<AtemEvent> feed(std::string_view text);
+  std::vector<ChatEvent> feed(std::string_view text) override;
   // End of the stream (end of turn, max tokens or a stop): flushes held text and a pending tool
   // call.
-  std::vector<AtemEvent> finish();
+  std::vector<ChatEvent> finish() override;
 
   // Everything so far, aggregated.
-  const AtemMessage &message() const { return message_; }
+  const ChatMessage &message() const override { return message_; }
 
 private:
   enum class State { Header, Body, Done };
-  void run(std::vector<AtemEvent> &out, bool final);
-  void end_body(std::vector<AtemEvent> &out);
-  void emit_body_text(std::vector<AtemEvent> &out, std::string_view text);
+  void run(std::vector<ChatEvent> &out, bool final);
+  void end_body(std::vector<ChatEvent> &out);
+  void emit_body_text(std::vector<ChatEvent> &out, std::string_view text);
   bool parameter_is_string(const std::string &tool, const std::string &param) const;
 
   nlohmann::json tools_;
@@ -81,11 +63,11 @@ private:
   std::string tool_body_;        // the current tool message's body
   bool body_at_boundary_ = true; // the body text emitted so far ends at a word boundary
   bool new_message_ = true;      // no body text emitted since the last message ended
-  AtemMessage message_;
+  ChatMessage message_;
 };
 
 // Parses a complete response in one go.
-AtemMessage parse_atem(std::string_view text,
+ChatMessage parse_atem(std::string_view text,
                        const nlohmann::json &tools = nlohmann::json::array());
 
 // Parses the tool calls of one `<atem:function_calls>` block (several invokes allowed).

@@ -20,11 +20,6 @@ void protect(nlohmann::ordered_json &value, std::vector<std::string> &originals)
 
 } // namespace
 
-bool speaks_atem(std::string_view chat_template) {
-  return chat_template.find("<atem:function_calls>") != std::string_view::npos &&
-         chat_template.find("<|eom|>") != std::string_view::npos;
-}
-
 void add_token_variables(const Tokenizer &tokenizer, nlohmann::ordered_json &context) {
   context["bos_token"] = tokenizer.bos() >= 0 ? tokenizer.token_piece(tokenizer.bos()) : "";
   context["eos_token"] = tokenizer.eos() >= 0 ? tokenizer.token_piece(tokenizer.eos()) : "";

@@ -16,12 +16,6 @@
 
 namespace offgraph::text {
 
-// What the server and the CLI both know about a model's chat format.
-//
-// Whether a chat template writes Muse Glimmer's ATEM format (its tool-call block and its
-// end-of-message marker both), as llama.cpp decides: answers then go through the ATEM parser and
-// constrained turns through text/atem/atem_grammar.
-bool speaks_atem(std::string_view chat_template);
 // The variables every template may read besides the conversation: bos_token and eos_token, the
 // tokenizer's pieces ("" where it has none).
 void add_token_variables(const Tokenizer &tokenizer, nlohmann::ordered_json &context);

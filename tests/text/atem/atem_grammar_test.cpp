@@ -29,7 +29,7 @@ std::shared_ptr<const sample::GrammarVocabulary> vocabulary() {
   return v;
 }
 
-std::shared_ptr<const sample::CompiledGrammar> compile(const AtemTurnSpec &spec) {
+std::shared_ptr<const sample::CompiledGrammar> compile(const TurnSpec &spec) {
   auto g = atem_turn_grammar(tokenizer(), spec);
   EXPECT_TRUE(g.ok()) << g.message();
   auto c = sample::compile_grammar(std::move(g).value(), vocabulary(),
@@ -49,8 +49,8 @@ ojson weather() {
 }
 
 TEST(AtemGrammar, ReasoningAllowsEveryOrdinaryToken) {
-  AtemTurnSpec spec;
-  spec.content = AtemTurnSpec::Content::kJsonObject;
+  TurnSpec spec;
+  spec.content = TurnSpec::Content::kJsonObject;
   sample::GrammarMatcher m(compile(spec));
   ASSERT_TRUE(m.accept_bytes(" to=self<|message|>"));
   std::vector<uint64_t> bits;
@@ -77,7 +77,7 @@ TEST(AtemGrammar, ReasoningAllowsEveryOrdinaryToken) {
 }
 
 TEST(AtemGrammar, StrictToolArgumentsAreWhatTheParserReadsBack) {
-  AtemTurnSpec spec;
+  TurnSpec spec;
   spec.answer = false; // tool_choice required
   spec.tools = {{"get_weather", weather(), true, {}}, {"free_tool", ojson::object(), false, {}}};
   auto compiled = compile(spec);
@@ -149,8 +149,8 @@ TEST(AtemGrammar, WarmUpMakesTheTablesAConstrainedTurnNeeds) {
   ASSERT_TRUE(sample::warm_up(*turn_grammar, turn->symbols).ok());
   EXPECT_GT(warmed->shared_tables(), 10u);
 
-  AtemTurnSpec spec;
-  spec.content = AtemTurnSpec::Content::kJsonSchema;
+  TurnSpec spec;
+  spec.content = TurnSpec::Content::kJsonSchema;
   spec.schema = weather();
   auto grammar = atem_turn_grammar(tokenizer(), spec);
   ASSERT_TRUE(grammar.ok());
@@ -202,7 +202,7 @@ TEST(AtemGrammar, ARawInputGrammarBindsTheCallAndReadsBackWhole) {
   const ojson params = ojson::parse(R"({"type": "object",
     "properties": {"input": {"type": "string"}}, "required": ["input"],
     "additionalProperties": false})");
-  AtemTurnSpec spec;
+  TurnSpec spec;
   spec.answer = false;
   spec.tools = {{"apply_patch", params, false, input}};
   auto compiled = compile(spec);
@@ -231,17 +231,17 @@ TEST(AtemGrammar, ARawInputGrammarBindsTheCallAndReadsBackWhole) {
 }
 
 TEST(AtemGrammar, RefusalsNameTheField) {
-  AtemTurnSpec spec;
+  TurnSpec spec;
   spec.tools = {
       {"f", ojson::parse(R"({"type":"object","properties":{"a":{"type":"string"}}})"), true, {}}};
   auto g = atem_turn_grammar(tokenizer(), spec);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.message().rfind("tools[0].function.parameters: ", 0), 0u) << g.message();
-  AtemTurnSpec none;
+  TurnSpec none;
   none.answer = false;
   EXPECT_FALSE(atem_turn_grammar(tokenizer(), none).ok());
-  AtemTurnSpec schema;
-  schema.content = AtemTurnSpec::Content::kJsonSchema;
+  TurnSpec schema;
+  schema.content = TurnSpec::Content::kJsonSchema;
   schema.schema = ojson::parse(R"({"type":"object","not":{}})");
   auto s = atem_turn_grammar(tokenizer(), schema);
   ASSERT_FALSE(s.ok());

@@ -23,7 +23,7 @@ const json kTools = json::parse(R"([
 struct Case {
   const char *name;
   std::string stream;
-  AtemMessage want;
+  ChatMessage want;
 };
 
 std::vector<Case> cases() {
@@ -104,7 +104,7 @@ std::vector<Case> cases() {
   return c;
 }
 
-void expect_same(const AtemMessage &got, const AtemMessage &want, const std::string &where) {
+void expect_same(const ChatMessage &got, const ChatMessage &want, const std::string &where) {
   EXPECT_EQ(got.reasoning_content, want.reasoning_content) << where;
   EXPECT_EQ(got.content, want.content) << where;
   EXPECT_EQ(got.ended, want.ended) << where;
@@ -116,18 +116,18 @@ void expect_same(const AtemMessage &got, const AtemMessage &want, const std::str
 }
 
 // Feeds `chunks` and checks the stream's invariants on the way.
-AtemMessage run_chunks(const std::vector<std::string> &chunks, const std::string &where) {
+ChatMessage run_chunks(const std::vector<std::string> &chunks, const std::string &where) {
   AtemParser p(kTools);
   std::string reasoning, content;
   size_t calls = 0;
-  auto check = [&](const std::vector<AtemEvent> &events) {
-    for (const AtemEvent &e : events) {
+  auto check = [&](const std::vector<ChatEvent> &events) {
+    for (const ChatEvent &e : events) {
       for (const char *marker :
            {"<|eot|>", "<|eom|>", "<|start|>", "<|message|>", "<|end_of_text|>"})
         EXPECT_EQ(e.text.find(marker), std::string::npos) << where << ": delta carries " << marker;
-      if (e.kind == AtemEvent::Kind::Reasoning) reasoning += e.text;
-      if (e.kind == AtemEvent::Kind::Content) content += e.text;
-      if (e.kind == AtemEvent::Kind::ToolCall) ++calls;
+      if (e.kind == ChatEvent::Kind::Reasoning) reasoning += e.text;
+      if (e.kind == ChatEvent::Kind::Content) content += e.text;
+      if (e.kind == ChatEvent::Kind::ToolCall) ++calls;
     }
     // Deltas are the aggregate: nothing emitted is ever taken back.
     EXPECT_EQ(reasoning, p.message().reasoning_content) << where;
@@ -175,7 +175,7 @@ TEST(Atem, EndOfTurnEventAndNothingAfter) {
   AtemParser p;
   auto ev = p.feed(" to=user<|message|>Done.<|eot|> trailing junk to=self<|message|>x");
   ASSERT_FALSE(ev.empty());
-  EXPECT_EQ(ev.back().kind, AtemEvent::Kind::EndOfTurn);
+  EXPECT_EQ(ev.back().kind, ChatEvent::Kind::EndOfTurn);
   p.finish();
   EXPECT_EQ(p.message().content, "Done.");
   EXPECT_EQ(p.message().reasoning_content, "");

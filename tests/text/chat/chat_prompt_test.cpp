@@ -53,24 +53,6 @@ TEST(ChatPrompt, UserTextNeverBecomesControlTokens) {
             std::string::npos);
 }
 
-// Only the Muse Glimmer template, of every template in the pinned tree, speaks ATEM; one marker
-// alone is not enough.
-TEST(ChatPrompt, AtemIsTheFormatOfTemplatesThatWriteBothItsMarkers) {
-  const std::filesystem::path dir = std::string(OFFGRAPH_LLAMA_TREE) + "/models/templates";
-  size_t templates = 0;
-  std::vector<std::string> atem;
-  for (const auto &entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".jinja") continue;
-    ++templates;
-    if (speaks_atem(read(entry.path().string()))) atem.push_back(entry.path().filename());
-  }
-  EXPECT_GT(templates, 50u);
-  EXPECT_EQ(atem, std::vector<std::string>{"muse-glimmer.jinja"});
-  EXPECT_FALSE(speaks_atem("{{ '<|eom|>' }}"));
-  EXPECT_FALSE(speaks_atem("{{ '<atem:function_calls>' }}"));
-  EXPECT_TRUE(speaks_atem("{{ '<atem:function_calls>' }}{{ '<|eom|>' }}"));
-}
-
 TEST(ChatPrompt, TokenVariablesAreTheTokenizersPieces) {
   const std::string tree = OFFGRAPH_LLAMA_TREE;
   auto tok = Tokenizer::from_gguf(tree + "/models/ggml-vocab-llama-bpe.gguf");
