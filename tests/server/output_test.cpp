@@ -146,3 +146,40 @@ TEST(OutputShapes, CompletionsCarryTextAndEcho) {
 
 } // namespace
 } // namespace offgraph::server
+
+namespace offgraph::server {
+namespace {
+
+// A Gemma 4 answer from the real Gemma 4 vocabulary's tokens (<turn|> and <|tool_response> are
+// control tokens, rendered for the parser; <|tool_call> and <|"|> are user-defined text): the
+// thought goes to reasoning_content, the call to tool_calls with JSON arguments, and the
+// finish reason is tool_calls.
+TEST(OutputShapes, Gemma4AnswerSplitsIntoReasoningAndToolCalls) {
+  auto tok = text::Tokenizer::from_gguf(std::string(OFFGRAPH_LLAMA_TREE) +
+                                        "/models/ggml-vocab-gemma-4.gguf");
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  const std::string text = "<|channel>thought\nNeed the forecast.\n<channel|>"
+                           "<|tool_call>call:get_weather{city:<|\"|>Zürich <3<|\"|>,days:2}"
+                           "<tool_call|><|tool_response>";
+  ChoiceOutput out(**tok, text::ChatFormat::kGemma4, tools(), {}, (*tok)->end_of_generation_ids());
+  std::vector<json> parts;
+  const auto ids = (*tok)->encode(text, false, true);
+  const auto eog = (*tok)->end_of_generation_ids();
+  ASSERT_NE(std::find(eog.begin(), eog.end(), ids.back()), eog.end()); // <|tool_response>
+  for (int32_t id : ids)
+    for (json &p : delta_parts(out.feed(id))) parts.push_back(std::move(p));
+  for (json &p : delta_parts(out.finish())) parts.push_back(std::move(p));
+  EXPECT_EQ(out.reasoning(), "Need the forecast.");
+  EXPECT_EQ(out.content(), "");
+  EXPECT_EQ(out.tool_calls().dump(),
+            R"([{"id":"call_0","type":"function","function":{"name":"get_weather",)"
+            R"("arguments":"{\"city\":\"Zürich <3\",\"days\":2}"}}])");
+  EXPECT_EQ(finish_reason(out, false), "tool_calls");
+  std::string streamed;
+  for (const json &p : parts)
+    if (p.contains("reasoning_content")) streamed += p["reasoning_content"].get<std::string>();
+  EXPECT_EQ(streamed, "Need the forecast.");
+}
+
+} // namespace
+} // namespace offgraph::server
