@@ -13,17 +13,9 @@ using atem::kEndOfText, atem::kEom, atem::kEot, atem::kMessage, atem::kStart;
 constexpr size_t kMaxHeader = 256;
 constexpr const auto &kMarkers = atem::kChatMarkers;
 
-// Length of the longest suffix of `s` that is a proper prefix of some marker: text that may still
-// become a marker and must be held back.
-size_t held_suffix(std::string_view s) {
-  size_t best = 0;
-  for (std::string_view m : kMarkers)
-    for (size_t n = std::min(s.size(), m.size() - 1); n > best; --n)
-      if (s.substr(s.size() - n) == m.substr(0, n)) {
-        best = n;
-        break;
-      }
-  return best;
+size_t held_suffix(std::string_view s) { return held_marker_prefix(s, kMarkers); }
+std::pair<size_t, std::string_view> first_marker(std::string_view s, size_t from = 0) {
+  return find_first_marker(s, kMarkers, from);
 }
 
 bool recipient_char(char c) {
@@ -69,17 +61,6 @@ bool looks_like_header(std::string_view s) {
   }
   skip_space();
   return v.empty();
-}
-
-// The first marker in `s` at or after `from`: (position, marker), or npos.
-std::pair<size_t, std::string_view> first_marker(std::string_view s, size_t from = 0) {
-  size_t best = std::string_view::npos;
-  std::string_view which;
-  for (std::string_view m : kMarkers) {
-    const size_t at = s.find(m, from);
-    if (at < best) best = at, which = m;
-  }
-  return {best, which};
 }
 
 std::string trim(std::string_view s) {

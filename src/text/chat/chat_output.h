@@ -5,8 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace offgraph::text {
@@ -43,5 +46,27 @@ public:
   // Everything so far, aggregated.
   virtual const ChatMessage &message() const = 0;
 };
+
+// For parsers that read markers in streamed text. The length of the longest suffix of `s` that is
+// a proper prefix of a marker: text that may still become one and must be held back.
+inline size_t held_marker_prefix(std::string_view s, std::span<const std::string_view> markers) {
+  size_t best = 0;
+  for (std::string_view m : markers)
+    for (size_t n = std::min(s.size(), m.size() - 1); n > best; --n)
+      if (s.substr(s.size() - n) == m.substr(0, n)) {
+        best = n;
+        break;
+      }
+  return best;
+}
+// The first marker in `s` at or after `from`: (position, marker), or npos.
+inline std::pair<size_t, std::string_view>
+find_first_marker(std::string_view s, std::span<const std::string_view> markers, size_t from = 0) {
+  size_t best = std::string_view::npos;
+  std::string_view which;
+  for (std::string_view m : markers)
+    if (const size_t at = s.find(m, from); at < best) best = at, which = m;
+  return {best, which};
+}
 
 } // namespace offgraph::text

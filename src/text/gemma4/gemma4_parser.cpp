@@ -14,26 +14,9 @@ constexpr size_t kMaxChannelName = 64;
 // Nesting of argument values: deeper is refused, never a stack overflow.
 constexpr int kMaxDepth = 64;
 
-// Length of the longest suffix of `s` that is a proper prefix of a marker: text that may still
-// become one and must be held back.
-size_t held_suffix(std::string_view s) {
-  size_t best = 0;
-  for (std::string_view m : gemma4::kMarkers)
-    for (size_t n = std::min(s.size(), m.size() - 1); n > best; --n)
-      if (s.substr(s.size() - n) == m.substr(0, n)) {
-        best = n;
-        break;
-      }
-  return best;
-}
-
-// The first marker in `s`: (position, marker), or npos.
+size_t held_suffix(std::string_view s) { return held_marker_prefix(s, gemma4::kMarkers); }
 std::pair<size_t, std::string_view> first_marker(std::string_view s) {
-  size_t best = std::string_view::npos;
-  std::string_view which;
-  for (std::string_view m : gemma4::kMarkers)
-    if (const size_t at = s.find(m); at < best) best = at, which = m;
-  return {best, which};
+  return find_first_marker(s, gemma4::kMarkers);
 }
 
 bool space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
