@@ -204,7 +204,10 @@ Result<Prompt> render_prompt(const Loaded &l, const nlohmann::ordered_json &mess
   text::set_reasoning(l.format, reasoning, ctx);
   text::add_token_variables(*l.tokenizer, ctx);
   // Control tokens come only from the template's own text, never from what the user typed.
-  auto tokens = text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx);
+  auto tokens =
+      text::tokenize_chat(*l.tokenizer, *l.parsed_template, ctx, {}, [&](std::string_view r) {
+        return text::missing_generation_prompt(l.format, r, ctx);
+      });
   if (!tokens.ok()) return Status::error("chat template: " + tokens.message());
   // Message starts matter to periodic snapshots only, which a one-conversation session does not
   // take (/undo goes back to prompt ends).

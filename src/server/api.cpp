@@ -500,14 +500,14 @@ namespace {
 std::optional<ApiError> refuse_unsupported(const json &body) {
   auto given = [&](const char *key) { return body.contains(key) && !body[key].is_null(); };
   for (const char *key :
-       {"json_schema",     "guided_json",       "guided_regex",    "guided_grammar",
-        "guided_choice",   "functions",         "function_call",   "audio",
-        "suffix",          "min_tokens",        "ignore_eos",      "stop_token_ids",
-        "bad_words",       "allowed_token_ids", "use_beam_search", "include_stop_str_in_output",
-        "n_predict",       "typical_p",         "mirostat",        "mirostat_tau",
-        "mirostat_eta",    "dry_multiplier",    "dry_base",        "dry_allowed_length",
-        "xtc_probability", "xtc_threshold",     "repeat_penalty",  "repeat_last_n",
-        "samplers"})
+       {"json_schema",     "guided_json",         "guided_regex",    "guided_grammar",
+        "guided_choice",   "functions",           "function_call",   "audio",
+        "suffix",          "min_tokens",          "ignore_eos",      "stop_token_ids",
+        "bad_words",       "allowed_token_ids",   "use_beam_search", "include_stop_str_in_output",
+        "n_predict",       "typical_p",           "mirostat",        "mirostat_tau",
+        "mirostat_eta",    "dry_multiplier",      "dry_base",        "dry_allowed_length",
+        "xtc_probability", "xtc_threshold",       "repeat_penalty",  "repeat_last_n",
+        "samplers",        "chat_template_kwargs"})
     if (given(key)) return bad(key, std::string("'") + key + "' is not supported", "unsupported");
   if (given("best_of") && body["best_of"] != 1)
     return bad("best_of", "'best_of' other than 1 is not supported; use 'n'", "unsupported");
@@ -566,6 +566,7 @@ std::optional<ApiError> render_chat_prompt(const json &body, const ModelFacts &f
   auto r = facts.chat_template->render(ctx);
   if (!r.ok()) return bad("messages", "the chat template failed: " + r.message(), "template_error");
   prompt = std::move(r).value();
+  prompt += text::missing_generation_prompt(facts.format, prompt, ctx);
   return std::nullopt;
 }
 
@@ -574,7 +575,10 @@ std::optional<ApiError> build_chat_job(const Conversation &conv, const ModelFact
   job.chat = true;
   json ctx;
   if (auto e = chat_context(conv, facts, ctx, job.tools, &job)) return e;
-  auto tokens = text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx);
+  auto tokens =
+      text::tokenize_chat(*facts.tokenizer, *facts.chat_template, ctx, {}, [&](std::string_view r) {
+        return text::missing_generation_prompt(facts.format, r, ctx);
+      });
   if (!tokens.ok())
     return bad(conv.messages_field, "the chat template failed: " + tokens.message(),
                "template_error");

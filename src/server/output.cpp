@@ -61,9 +61,11 @@ ChoiceOutput::Delta ChoiceOutput::feed(int32_t token, const sample::TokenLogprob
   ++completion_;
   if (logprobs) logprobs_.push_back(*logprobs);
   std::string piece = detok_.feed(token);
-  // An end-of-turn token is text only where a chat format's parser wants to see it.
-  if (!parser_ && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end())
-    piece.clear();
+  // An end-of-turn token is text only where a chat format's parser reads it as a marker.
+  if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
+    const auto markers = parser_ ? parser_->markers() : std::span<const std::string_view>();
+    if (std::find(markers.begin(), markers.end(), piece) == markers.end()) piece.clear();
+  }
   return absorb(piece);
 }
 

@@ -179,6 +179,14 @@ TEST(OutputShapes, Gemma4AnswerSplitsIntoReasoningAndToolCalls) {
   for (const json &p : parts)
     if (p.contains("reasoning_content")) streamed += p["reasoning_content"].get<std::string>();
   EXPECT_EQ(streamed, "Need the forecast.");
+  // An end token the parser does not read (<eos>) is not text of the answer.
+  ChoiceOutput plain_end(**tok, text::ChatFormat::kGemma4, tools(), {}, eog);
+  auto end_ids = (*tok)->encode("Fine.", false, true);
+  ASSERT_NE(std::find(eog.begin(), eog.end(), (*tok)->eos()), eog.end());
+  end_ids.push_back((*tok)->eos());
+  for (int32_t id : end_ids) plain_end.feed(id);
+  plain_end.finish();
+  EXPECT_EQ(plain_end.content(), "Fine.");
 }
 
 } // namespace

@@ -48,6 +48,7 @@ public:
 
   // Everything so far, aggregated.
   const ChatMessage &message() const override { return message_; }
+  std::span<const std::string_view> markers() const override { return atem::kChatMarkers; }
 
 private:
   enum class State { Header, Body, Done };

@@ -56,10 +56,21 @@ Result<sample::Grammar> turn_grammar(ChatFormat format, const Tokenizer &tokeniz
   return plain_answer_grammar(spec);
 }
 
-void set_reasoning(ChatFormat, std::string_view effort, ojson &context) {
+void set_reasoning(ChatFormat format, std::string_view effort, ojson &context) {
   const bool off = effort == "none" || effort == "minimal";
   context["reasoning_strength"] = off ? "low" : std::string(effort); // ATEM has no "off"
-  context["enable_thinking"] = !off;
+  if (format == ChatFormat::kGemma4 || off) context["enable_thinking"] = !off;
+}
+
+std::string missing_generation_prompt(ChatFormat format, std::string_view rendered,
+                                      const ojson &context) {
+  constexpr std::string_view kTurnEnded = "<turn|>\n";
+  if (format != ChatFormat::kGemma4 || !context.value("add_generation_prompt", false) ||
+      rendered.size() < kTurnEnded.size() ||
+      rendered.substr(rendered.size() - kTurnEnded.size()) != kTurnEnded)
+    return "";
+  const bool thinking = context.value("enable_thinking", false);
+  return thinking ? "<|turn>model\n" : "<|turn>model\n<|channel>thought\n<channel|>";
 }
 
 bool reads_tool_messages(std::string_view chat_template) {
@@ -104,7 +115,8 @@ void fold_tool_results(ojson &messages) {
       std::string name;
       if (k < m["tool_calls"].size() && m["tool_calls"][k].contains("function"))
         name = m["tool_calls"][k]["function"].value("name", "");
-      if (name.empty()) name = result.value("tool_call_id", "");
+      if (name.empty() && result.contains("tool_call_id") && result["tool_call_id"].is_string())
+        name = result["tool_call_id"].get<std::string>();
       responses.push_back({{"name", name}, {"response", std::move(response)}});
     }
     const bool answered = !responses.empty();

@@ -37,9 +37,18 @@ Result<sample::Grammar> turn_grammar(ChatFormat format, const Tokenizer &tokeniz
                                      const TurnSpec &spec);
 
 // Sets the template variables that carry a reasoning effort (none, minimal, low, medium, high,
-// xhigh): ATEM's reasoning_strength (low to xhigh; it has no "off"), and enable_thinking (Gemma 4,
-// Qwen 3 and others: on or off), which is off for none and minimal.
+// xhigh): ATEM's reasoning_strength (low to xhigh; it has no "off"), and enable_thinking, off for
+// none and minimal. Gemma 4 always gets enable_thinking; other templates only its false (many
+// read an undefined enable_thinking as off, and would start thinking into the answer's content,
+// which no parser of theirs reads, if it were set true).
 void set_reasoning(ChatFormat format, std::string_view effort, nlohmann::ordered_json &context);
+
+// What the format adds after a rendered prompt so that the model's turn is open: Gemma 4's
+// template writes no generation prompt after tool results when the calls' message had text of its
+// own (it ends in "<turn|>\n"), so "<|turn>model\n" (and the closed thought channel when thinking
+// is off) follows, as llama.cpp does. "" otherwise.
+std::string missing_generation_prompt(ChatFormat format, std::string_view rendered,
+                                      const nlohmann::ordered_json &context);
 
 // Gemma 4 templates older than the pinned one read tool results only from an assistant
 // message's `tool_responses`, not from role:tool messages. For those, each assistant message with

@@ -45,6 +45,9 @@ public:
   virtual std::vector<ChatEvent> finish() = 0;
   // Everything so far, aggregated.
   virtual const ChatMessage &message() const = 0;
+  // Every marker the parser reads: an end token whose text is none of them (Gemma's <eos>) is
+  // not text of the answer.
+  virtual std::span<const std::string_view> markers() const = 0;
 };
 
 // For parsers that read markers in streamed text. The length of the longest suffix of `s` that is

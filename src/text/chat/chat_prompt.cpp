@@ -27,7 +27,8 @@ void add_token_variables(const Tokenizer &tokenizer, nlohmann::ordered_json &con
 
 Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &chat_template,
                                  const nlohmann::ordered_json &context,
-                                 const ChatTemplateOptions &options) {
+                                 const ChatTemplateOptions &options,
+                                 const std::function<std::string(std::string_view)> &complete) {
   nlohmann::ordered_json guarded = context;
   std::vector<std::string> originals;
   if (guarded.contains("messages") && guarded["messages"].is_array()) {
@@ -47,6 +48,7 @@ Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &cha
   }
   auto rendered = chat_template.render(guarded, options);
   if (!rendered.ok()) return rendered.status();
+  if (complete) *rendered += complete(*rendered);
 
   // Split at the placeholders; each must appear exactly as written, in order, once.
   ChatTokens out;

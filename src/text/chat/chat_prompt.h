@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,8 +33,11 @@ struct ChatTokens {
 // `context` holds messages, tools, add_generation_prompt, ... as the template expects. The
 // `content` (a string, or the text parts of a list) of every message not from the assistant is
 // protected.
-Result<ChatTokens> tokenize_chat(const Tokenizer &tokenizer, const Template &chat_template,
-                                 const nlohmann::ordered_json &context,
-                                 const ChatTemplateOptions &options = {});
+// `complete`: text the chat format adds after the template's output (chat_format's
+// missing_generation_prompt), tokenized with the template's own text.
+Result<ChatTokens>
+tokenize_chat(const Tokenizer &tokenizer, const Template &chat_template,
+              const nlohmann::ordered_json &context, const ChatTemplateOptions &options = {},
+              const std::function<std::string(std::string_view rendered)> &complete = {});
 
 } // namespace offgraph::text

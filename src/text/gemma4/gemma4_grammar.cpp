@@ -5,7 +5,8 @@
 #include "text/gemma4/gemma4_parser.h"
 
 #include <algorithm>
-#include <map>
+#include <utility>
+#include <vector>
 
 namespace offgraph::text {
 
@@ -209,9 +210,20 @@ private:
       return refuse("a strict object must say additionalProperties: false; it does not");
     const ojson props = schema.value("properties", ojson::object());
     if (!props.is_object()) return refuse("'properties' that is not an object");
-    // dictsort: the template writes keys sorted, and so the model does.
-    std::map<std::string, const ojson *> sorted;
-    for (const auto &[k, v] : props.items()) sorted[k] = &v;
+    // dictsort: the template writes keys sorted without regard to case (Jinja's default; stable,
+    // so "a" and "A" keep the schema's order), and so the model does. ASCII letters only are
+    // folded: Python lowers every script.
+    std::vector<std::pair<std::string, const ojson *>> sorted;
+    for (const auto &[k, v] : props.items()) sorted.emplace_back(k, &v);
+    const auto folded = [](const std::string &k) {
+      std::string out = k;
+      for (char &c : out)
+        if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+      return out;
+    };
+    std::stable_sort(sorted.begin(), sorted.end(), [&](const auto &x, const auto &y) {
+      return folded(x.first) < folded(y.first);
+    });
     const ojson required = schema.value("required", ojson::array());
     for (const auto &[k, v] : sorted) {
       if (std::find(required.begin(), required.end(), k) == required.end())

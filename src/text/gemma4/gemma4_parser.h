@@ -40,6 +40,7 @@ public:
   std::vector<ChatEvent> feed(std::string_view text) override;
   std::vector<ChatEvent> finish() override;
   const ChatMessage &message() const override { return message_; }
+  std::span<const std::string_view> markers() const override { return gemma4::kMarkers; }
 
 private:
   enum class State { Content, ChannelName, Reasoning, Call, Done };

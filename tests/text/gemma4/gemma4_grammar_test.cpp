@@ -151,6 +151,30 @@ TEST(Gemma4Grammar, StrictArgumentsAreWhatTheTemplateWritesAndTheParserReads) {
   EXPECT_FALSE(accepts(single, both));
 }
 
+// Keys in the order Jinja's dictsort writes them (case folded), and markers spelled in ordinary
+// bytes refused as well as the control tokens.
+TEST(Gemma4Grammar, KeysFollowTheTemplatesCaseFoldedOrder) {
+  const ojson params = ojson::parse(R"({"type": "object", "properties": {
+      "maxResults": {"type": "integer"}, "B": {"type": "boolean"}, "a": {"type": "string"},
+      "max_tokens": {"type": "integer"}},
+    "required": ["maxResults", "B", "a", "max_tokens"], "additionalProperties": false})");
+  TurnSpec spec;
+  spec.answer = false;
+  spec.tools = {{"f", params, true, {}}};
+  auto g = compile(spec);
+  const std::string call = template_call(
+      "f", ojson::parse(R"({"maxResults": 1, "B": true, "a": "x", "max_tokens": 2})"));
+  EXPECT_NE(call.find("{a:<|\"|>x<|\"|>,B:true,max_tokens:2,maxResults:1}"), std::string::npos)
+      << call;
+  EXPECT_TRUE(accepts(g, call)) << call;
+  // <turn|> written as plain bytes (not the control token) inside a string is refused too.
+  sample::GrammarMatcher m(g);
+  ASSERT_TRUE(accept(m, "<|tool_call>call:f{a:<|\"|>x"));
+  EXPECT_FALSE(m.accept_bytes("<turn|>"));
+  EXPECT_FALSE(m.accept_bytes("<channel|>"));
+  EXPECT_TRUE(m.accept_bytes("<b>|"));
+}
+
 TEST(Gemma4Grammar, RefusesWhatTheNotationCannotEnforceByName) {
   TurnSpec spec;
   spec.tools = {{"f",

@@ -277,3 +277,55 @@ TEST(ChatFormat, FoldedToolResultsRenderAsTheNativeField) {
 
 } // namespace
 } // namespace offgraph::text
+
+namespace offgraph::text {
+namespace {
+
+// A history whose calls' message had text of its own ends in "<turn|>\n" after the results, with
+// no generation prompt from the template: the format opens the model's turn (as llama.cpp does).
+TEST(ChatFormat, Gemma4OpensTheTurnTheTemplateLeftClosed) {
+  const ojson call = {{"id", "c1"},
+                      {"type", "function"},
+                      {"function", {{"name", "search"}, {"arguments", {{"q", "x"}}}}}};
+  for (bool thinking : {false, true}) {
+    ojson ctx = {
+        {"bos_token", "<bos>"},
+        {"add_generation_prompt", true},
+        {"messages",
+         ojson::array(
+             {{{"role", "user"}, {"content", "find x"}},
+              {{"role", "assistant"}, {"content", "Let me check."}, {"tool_calls", {call}}},
+              {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "found"}}})}};
+    set_reasoning(ChatFormat::kGemma4, thinking ? "high" : "none", ctx);
+    auto r = render_chat_template(gemma4_template(), ctx);
+    ASSERT_TRUE(r.ok()) << r.message();
+    ASSERT_EQ(r->substr(r->size() - 8), "<turn|>\n") << *r;
+    EXPECT_EQ(missing_generation_prompt(ChatFormat::kGemma4, *r, ctx),
+              thinking ? "<|turn>model\n" : "<|turn>model\n<|channel>thought\n<channel|>");
+    EXPECT_EQ(missing_generation_prompt(ChatFormat::kPlain, *r, ctx), "");
+  }
+  // A prompt the template completed itself gets nothing more.
+  ojson ctx = {{"bos_token", "<bos>"},
+               {"add_generation_prompt", true},
+               {"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})}};
+  auto r = render_chat_template(gemma4_template(), ctx);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(missing_generation_prompt(ChatFormat::kGemma4, *r, ctx), "");
+}
+
+// enable_thinking is Gemma 4's switch; other templates get it only to turn thinking off (many
+// read an undefined one as off).
+TEST(ChatFormat, ReasoningVariables) {
+  ojson a, b, c;
+  set_reasoning(ChatFormat::kGemma4, "high", a);
+  EXPECT_EQ(a["enable_thinking"], true);
+  set_reasoning(ChatFormat::kPlain, "high", b);
+  EXPECT_FALSE(b.contains("enable_thinking"));
+  EXPECT_EQ(b["reasoning_strength"], "high");
+  set_reasoning(ChatFormat::kPlain, "minimal", c);
+  EXPECT_EQ(c["enable_thinking"], false);
+  EXPECT_EQ(c["reasoning_strength"], "low");
+}
+
+} // namespace
+} // namespace offgraph::text
