@@ -9,6 +9,7 @@ namespace {
 using gemma4::kAwaitResponse, gemma4::kCall, gemma4::kCallEnd, gemma4::kChannel,
     gemma4::kChannelEnd, gemma4::kQuote, gemma4::kTurnEnd;
 
+constexpr std::array<std::string_view, 1> kQuoteMark = {kQuote};
 // A channel name longer than this is no name: the model forgot the newline after it.
 constexpr size_t kMaxChannelName = 64;
 // Nesting of argument values: deeper is refused, never a stack overflow.
@@ -244,15 +245,29 @@ void Gemma4Parser::run(std::vector<ChatEvent> &out, bool final) {
       break;
     }
     case State::Call: {
-      const auto [at, marker] = first_marker(p);
+      const auto [at, marker] = call_marker(p);
       if (at == std::string_view::npos) {
-        const size_t safe = p.size() - (final ? 0 : held_suffix(p));
+        // Held back: a piece of a marker, or of a string's mark (which decides what follows).
+        const size_t safe =
+            p.size() - (final ? 0 : std::max(held_suffix(p), held_marker_prefix(p, kQuoteMark)));
+        string_open_ = string_open_after(p.substr(0, safe));
         call_ += p.substr(0, safe);
         pending_.erase(0, safe);
-        if (final) end_call(out, true, false);
+        if (!final) return;
+        // A string never closed swallowed what follows: if that holds a marker, the model ended
+        // the call (or its turn) there after all, so the markers are read as markers.
+        if (const auto [swallowed, m] = first_marker(call_); swallowed != std::string::npos) {
+          pending_ = call_.substr(swallowed);
+          call_.resize(swallowed);
+          string_open_ = false;
+          state_ = State::Call; // reread: the marker now stands outside any string
+          continue;
+        }
+        end_call(out, true, false);
         return;
       }
       call_ += p.substr(0, at);
+      string_open_ = false;
       // A call closed by another marker than its own is read as far as it goes.
       pending_.erase(0, marker == kCallEnd ? at + marker.size() : at);
       end_call(out, false, marker == kCallEnd);
@@ -261,6 +276,30 @@ void Gemma4Parser::run(std::vector<ChatEvent> &out, bool final) {
     }
     }
   }
+}
+
+bool Gemma4Parser::string_open_after(std::string_view text) const {
+  bool open = string_open_;
+  for (size_t i = 0; (i = text.find(kQuote, i)) != std::string_view::npos; i += kQuote.size())
+    open = !open;
+  return open;
+}
+
+std::pair<size_t, std::string_view> Gemma4Parser::call_marker(std::string_view p) const {
+  // Markers inside a string are its text: only those between strings count.
+  bool open = string_open_;
+  for (size_t i = 0; i < p.size();) {
+    if (p.compare(i, kQuote.size(), kQuote) == 0) {
+      open = !open;
+      i += kQuote.size();
+      continue;
+    }
+    if (!open)
+      for (std::string_view m : gemma4::kMarkers)
+        if (p.compare(i, m.size(), m) == 0) return {i, m};
+    ++i;
+  }
+  return {std::string_view::npos, {}};
 }
 
 std::vector<ChatEvent> Gemma4Parser::feed(std::string_view text) {

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace offgraph::text {
 
@@ -52,7 +53,13 @@ private:
   State state_ = State::Content;
   std::string pending_;       // text not yet consumed
   std::string held_newlines_; // reasoning's trailing newlines, emitted once more text follows
-  std::string call_;          // the current call's text after <|tool_call>
+  // In the Call state: the first marker outside a string (npos when none), and whether a string
+  // is open after `text` (from string_open_).
+  std::pair<size_t, std::string_view> call_marker(std::string_view p) const;
+  bool string_open_after(std::string_view text) const;
+
+  bool string_open_ = false; // the call's text so far ends inside a <|"|> string
+  std::string call_;         // the current call's text after <|tool_call>
   ChatMessage message_;
 };
 

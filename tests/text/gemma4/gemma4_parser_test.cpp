@@ -78,9 +78,9 @@ void expect_same(const ChatMessage &a, const ChatMessage &b, const std::string &
 // meaning: strings hold quotes, braces, colons, commas, newlines and non-ASCII text).
 ojson random_value(std::mt19937 &rng, int depth) {
   const int kind = int(rng() % (depth > 2 ? 5 : 7));
-  static const std::vector<std::string> words = {"Zürich",  "a, b",      "x:y",        "{brace}",
-                                                 "[1,2]",   "line\none", "say \"hi\"", "<b>",
-                                                 "  pad  ", "None",      "true",       "42"};
+  static const std::vector<std::string> words = {
+      "Zürich", "a, b",      "x:y",          "{brace}", "[1,2]", "line\none", "say \"hi\"",
+      "<b>",    "a<turn|>b", "<tool_call|>", "  pad  ", "None",  "true",      "42"};
   switch (kind) {
   case 0:
     return words[rng() % words.size()];
@@ -157,7 +157,7 @@ TEST(Gemma4Parser, SplitsReasoningContentAndTheEnd) {
 TEST(Gemma4Parser, AnySplitGivesTheSameMessageAndNoPartialMarker) {
   const std::string text =
       "<|channel>thought\nPlan: call the tool.\n\n<channel|>Let me look <that> up."
-      "<|tool_call>call:search{max_results:5,query:<|\"|>föhn <wind>: why?<|\"|>}<tool_call|>"
+      "<|tool_call>call:search{max_results:5,query:<|\"|>föhn <wind>: <turn|>?<|\"|>}<tool_call|>"
       "<|tool_call>call:weather.get_forecast{days:3,location:<|\"|>Bern<|\"|>}<tool_call|>"
       "<|tool_response>";
   const ChatMessage whole = parse_gemma4(text);
@@ -165,7 +165,7 @@ TEST(Gemma4Parser, AnySplitGivesTheSameMessageAndNoPartialMarker) {
   EXPECT_EQ(whole.content, "Let me look <that> up.");
   ASSERT_EQ(whole.tool_calls.size(), 2u);
   EXPECT_EQ(whole.tool_calls[0].arguments.dump(),
-            R"({"max_results":5,"query":"föhn <wind>: why?"})");
+            R"({"max_results":5,"query":"föhn <wind>: <turn|>?"})");
   // Every two-way split, and byte by byte: the same message, and the deltas add up to it (a delta
   // never takes back text, so none held a piece of a marker that later turned out one).
   std::vector<size_t> bytes;
