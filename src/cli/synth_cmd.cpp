@@ -34,7 +34,8 @@ std::function<int()> add_synth(CLI::App &app) {
   CLI::App *cmd = app.add_subcommand("synth", "write a GGUF model with seeded random weights");
   cmd->add_option("-o,--output", o->out, "the GGUF file to write")->required();
   cmd->add_option("--arch", o->arch, "muse-glimmer, llama or gemma4")->capture_default_str();
-  cmd->add_option("--preset", o->preset, "tiny, small, 0.4b, 1b or 30b; gemma4: e2b, e4b or 31b")
+  cmd->add_option("--preset", o->preset,
+                  "tiny, small, 0.4b, 1b or 30b; gemma4: e2b, e4b, 31b, e2b-bench or 31b-bench")
       ->capture_default_str();
   cmd->add_option("--layers", o->layers, "number of layers");
   cmd->add_option("--embd", o->embd, "embedding width");

@@ -53,6 +53,9 @@ public:
   Harness(uint64_t seed, Tally &tally) : rng_(seed), tally_(tally) {}
 
   int64_t run_geometry(int n_ops);
+  // The same operations on a given layer list: `shared` last layers read donors. Returns the
+  // operations done (0 when the geometry is refused).
+  int64_t run_layers(const std::vector<LayerSpec> &layers, int32_t shared, int n_ops);
 
 private:
   int32_t uniform(int32_t lo, int32_t hi) {
@@ -347,7 +350,13 @@ int64_t Harness::run_geometry(int n_ops) {
                                    });
   EXPECT_EQ(geo.ok(), donors) << geo.message();
   if (!geo.ok()) return 0;
+  return run_layers(layers, shared, n_ops);
+}
 
+int64_t Harness::run_layers(const std::vector<LayerSpec> &layers, int32_t shared, int n_ops) {
+  auto geo = Geometry::build(layers, shared);
+  EXPECT_TRUE(geo.ok()) << geo.message();
+  if (!geo.ok()) return 0;
   const int32_t capacity = uniform(1, 320);
   const int32_t max_write = uniform(1, std::min(capacity, chance(0.5) ? 4 : 70));
   auto layout = Layout::make(std::move(geo).value(), Policy{capacity, max_write, uniform(1, 64)});
@@ -415,6 +424,71 @@ TEST(CacheProperty, RandomOperationsAgreeWithTheNaiveModel) {
        {t.wrapped_writes, t.wrapped_reads, t.shared_replans, t.rewinds_ok, t.rewinds_refused,
         t.forks_ok, t.forks_refused, t.restores_ok, t.restores_refused})
     EXPECT_GT(count, 100);
+}
+
+// Gemma 4's released layouts (config.json of E2B, E4B and 31B: layer types and
+// num_kv_shared_layers), windows cut to test sizes: every 5th (E2B) or 6th layer global, the last
+// 20 (E2B) or 18 (E4B) reading a donor.
+struct ReleasedLayout {
+  const char *name;
+  int32_t n_layers, period, shared;
+};
+constexpr ReleasedLayout kGemma4Layouts[] = {
+    {"E2B", 35, 5, 20}, {"E4B", 42, 6, 18}, {"31B", 60, 6, 0}};
+
+std::vector<LayerSpec> released_layers(const ReleasedLayout &r, int32_t window) {
+  std::vector<LayerSpec> layers;
+  for (int32_t i = 0; i < r.n_layers; ++i)
+    layers.push_back(i % r.period == r.period - 1 ? testing::layer(0, 1, 16, 16)
+                                                  : testing::layer(window, 2, 8, 8));
+  return layers;
+}
+
+// The donors are llama.cpp's (llama-model.cpp: reuse(il) = n_kv - (is_swa(il) ? 2 : 1)) and
+// transformers' (the last cache-owning layer of the same kind); shared layers own nothing.
+TEST(CacheProperty, Gemma4ReleasedLayoutsMapSharedLayersToTheirDonors) {
+  for (const ReleasedLayout &r : kGemma4Layouts) {
+    const auto layers = released_layers(r, 6);
+    auto geo = Geometry::build(layers, r.shared);
+    ASSERT_TRUE(geo.ok()) << r.name << ": " << geo.message();
+    const int32_t n_kv = r.n_layers - r.shared;
+    EXPECT_EQ(geo->n_caches(), n_kv) << r.name;
+    for (int32_t il = 0; il < r.n_layers; ++il) {
+      const int32_t owner = geo->cache(geo->cache_of_layer(il)).owner_layer;
+      if (il < n_kv) {
+        EXPECT_EQ(owner, il) << r.name << " layer " << il;
+        EXPECT_FALSE(geo->is_shared_layer(il));
+      } else {
+        EXPECT_EQ(owner, n_kv - (layers[size_t(il)].attention.sliding() ? 2 : 1))
+            << r.name << " layer " << il;
+        EXPECT_TRUE(geo->is_shared_layer(il));
+      }
+      EXPECT_EQ(geo->cache(geo->cache_of_layer(il)).attention, layers[size_t(il)].attention);
+    }
+  }
+}
+
+// The random operations of the test above on the released layouts, where most layers re-plan a
+// donor's cache: every shared layer's plan must be its donor's, every read the history's.
+TEST(CacheProperty, RandomOperationsOnGemma4ReleasedLayouts) {
+  Tally t;
+  int64_t ops = 0;
+  uint64_t seed = 1000;
+  for (const ReleasedLayout &r : kGemma4Layouts)
+    for (int32_t window : {1, 3, 8, 37}) {
+      for (int rep = 0; rep < 3; ++rep, ++seed) {
+        Harness h(seed, t);
+        ops += h.run_layers(released_layers(r, window), r.shared, 200);
+        if (HasFailure()) {
+          ADD_FAILURE() << r.name << " window " << window << " seed " << seed;
+          return;
+        }
+      }
+    }
+  EXPECT_EQ(ops, 3 * 4 * 3 * 200);
+  for (int64_t count : {t.wrapped_writes, t.wrapped_reads, t.shared_replans, t.rewinds_ok,
+                        t.rewinds_refused, t.forks_ok, t.restores_ok})
+    EXPECT_GT(count, 20);
 }
 
 } // namespace

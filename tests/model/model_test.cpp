@@ -149,6 +149,36 @@ TEST(ModelRecompute, Llama) {
   check_against_recompute(make_model(small_spec("llama", false, 3), "llama.gguf"), 13, 40, 5);
 }
 
+// Gemma 4's shapes (synth presets at test widths, window 16, 300 tokens): E2B with per-layer
+// embeddings, double-wide FFNs and 5 of 10 layers reading donors 3 (sliding) and 4 (global);
+// E4B with 6 of 12 shared; 31B with fewer KV heads on its global layers, whose V is K. The
+// recompute stores every cache flat in one step; the incremental run writes rings in chunks that
+// wrap, and its shared layers read their donors' rings as they stand. (Which layer donates is
+// checked against libllama in peer.gemma4 and against both rules in cache_property_tests.)
+synth::SynthSpec gemma4_spec(const std::string &preset, uint64_t seed) {
+  synth::SynthSpec s = synth::preset(preset, "gemma4").value();
+  s.n_vocab = 300;
+  s.seed = seed;
+  return s;
+}
+// Bound 1e-3: attention scale 1 over RMS-normed Q and K makes sharper softmaxes than Muse
+// Glimmer's, and chunked decode (grouped and tiled kernels) sums in another order than the
+// one-step recompute; measured 1e-7 to 3.4e-4, no larger after the rings wrap (at 16) than
+// before.
+constexpr double kGemma4Bound = 1e-3;
+TEST(ModelRecompute, Gemma4E2BSharedLayers) {
+  check_against_recompute(make_model(gemma4_spec("e2b", 6), "g4-e2b.gguf"), 14, 50, 7,
+                          kv::RingOrder::Physical, kv::AttentionKernel::Grouped, kGemma4Bound);
+}
+TEST(ModelRecompute, Gemma4E4BSharedLayers) {
+  check_against_recompute(make_model(gemma4_spec("e4b", 7), "g4-e4b.gguf"), 15, 50, 7,
+                          kv::RingOrder::Physical, kv::AttentionKernel::Grouped, kGemma4Bound);
+}
+TEST(ModelRecompute, Gemma4Dense31B) {
+  check_against_recompute(make_model(gemma4_spec("31b", 8), "g4-31b.gguf"), 16, 50, 7,
+                          kv::RingOrder::Physical, kv::AttentionKernel::Grouped, kGemma4Bound);
+}
+
 // Every weight type ggml's CPU backend multiplies loads and decodes like a full recompute.
 // Quantized (and f16) matrices round their activations too, so both sides sum attention in the
 // same order here: the ring read in logical order, and ggml's flash attention for every span
@@ -490,6 +520,78 @@ TEST_F(Malformed, PatternArrayOfTheWrongLength) {
                                            GGUF_TYPE_BOOL, three, 3);
                        }),
                "has 3 entries for 5 layers");
+}
+
+// Gemma 4 files: what the architecture cannot run is refused by name, never guessed at.
+class MalformedGemma4 : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() { good_ = make_model(gemma4_spec("e2b", 9), "g4-good.gguf"); }
+  static std::string edited(const std::string &name,
+                            const std::function<void(gguf_context *)> &edit) {
+    return rewrite(good_, name, edit);
+  }
+  static std::string good_;
+};
+std::string MalformedGemma4::good_;
+
+TEST_F(MalformedGemma4, TheGoodFileLoadsWithItsDonors) {
+  auto m = Model::load(good_);
+  ASSERT_TRUE(m.ok()) << m.message();
+  const cache::Geometry &g = (*m)->geometry();
+  EXPECT_EQ(g.n_caches(), 5);
+  for (int32_t il = 5; il < 10; ++il)
+    EXPECT_EQ(g.cache(g.cache_of_layer(il)).owner_layer, il % 5 == 4 ? 4 : 3) << il;
+}
+
+TEST_F(MalformedGemma4, MixtureOfExpertsIsRefused) {
+  expect_error(edited("g4-moe.gguf",
+                      [](gguf_context *c) { gguf_set_val_u32(c, "gemma4.expert_count", 128); }),
+               "mixture-of-experts gemma4 files (26B-A4B) are not supported");
+}
+
+TEST_F(MalformedGemma4, PatternIsRequiredPerLayer) {
+  expect_error(edited("g4-nopattern.gguf",
+                      [](gguf_context *c) {
+                        gguf_remove_key(c, "gemma4.attention.sliding_window_pattern");
+                      }),
+               "'gemma4.attention.sliding_window_pattern' (a bool per layer) is missing");
+  expect_error(edited("g4-shortpattern.gguf",
+                      [](gguf_context *c) {
+                        const uint8_t three[3] = {1, 1, 0};
+                        gguf_set_arr_data(c, "gemma4.attention.sliding_window_pattern",
+                                          GGUF_TYPE_BOOL, three, 3);
+                      }),
+               "has 3 entries for 10 layers");
+}
+
+// 4 shared layers leave layers 4 (global) and 5 (sliding) as the last owners: transformers'
+// donors (the last of each kind) and llama.cpp's (n_kv - 2 sliding, n_kv - 1 global) differ.
+TEST_F(MalformedGemma4, SharedLayersWhoseDonorsAreAmbiguous) {
+  expect_error(
+      edited("g4-donors.gguf",
+             [](gguf_context *c) { gguf_set_val_u32(c, "gemma4.attention.shared_kv_layers", 4); }),
+      "must be a sliding then a global one");
+}
+
+TEST_F(MalformedGemma4, PerLayerEmbeddingWidthIsRequired) {
+  expect_error(edited("g4-nople.gguf",
+                      [](gguf_context *c) {
+                        gguf_remove_key(c, "gemma4.embedding_length_per_layer_input");
+                      }),
+               "'gemma4.embedding_length_per_layer_input' is missing");
+}
+
+TEST_F(MalformedGemma4, UnequalKAndVHeadSizes) {
+  expect_error(
+      edited("g4-kv.gguf",
+             [](gguf_context *c) { gguf_set_val_u32(c, "gemma4.attention.value_length_swa", 16); }),
+      "gemma4 needs equal K and V head sizes");
+}
+
+TEST_F(MalformedGemma4, MissingPerLayerProjection) {
+  expect_error(rewrite(
+                   good_, "g4-noproj.gguf", [](gguf_context *) {}, "per_layer_model_proj.weight"),
+               "tensor 'per_layer_model_proj.weight' is missing");
 }
 
 // The fused attn_qkv projection (llama.cpp reads both forms): the same weights stored as one

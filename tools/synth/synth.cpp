@@ -37,8 +37,23 @@ Result<SynthSpec> gemma4_preset(const std::string &name) {
   } else if (name == "31b") {
     s.n_layer = 12, s.pattern_period = 6, s.n_head_kv = 1, s.n_head_kv_swa = 2, s.global_v = false,
     s.own_head = true;
+  } else if (name == "e2b-bench") {
+    // E2B's proportions at a width two cores benchmark in minutes: 15 layers, every 5th global,
+    // the last 10 reading donors 3 (sliding) and 4 (global) as E2B's last 20 read 13 and 14; one
+    // KV head of 512 (global) or 256 (sliding) for 8 query heads; window 512; double-wide shared
+    // FFNs; the per-layer embeddings cut to 64 wide (a 262K-row table per layer is size, not work).
+    s.n_layer = 15, s.pattern_period = 5, s.n_kv_shared = 10, s.n_embd = 1024, s.n_head = 8,
+    s.n_head_kv = 1, s.head_dim = 512, s.head_dim_swa = 256, s.n_ff = 4096, s.window = 512,
+    s.n_embd_per_layer = 64, s.double_wide_shared = true, s.weight_type = GGML_TYPE_Q8_0;
+  } else if (name == "31b-bench") {
+    // 31B's proportions at a benchmark width: 12 layers, every 6th global, 8 query heads to 4 KV
+    // heads of 256 on sliding layers and 1 of 512 on global ones (whose V is K), window 1024.
+    s.n_layer = 12, s.pattern_period = 6, s.n_embd = 1024, s.n_head = 8, s.n_head_kv = 1,
+    s.n_head_kv_swa = 4, s.head_dim = 512, s.head_dim_swa = 256, s.n_ff = 4096, s.window = 1024,
+    s.global_v = false, s.weight_type = GGML_TYPE_Q8_0;
   } else {
-    return Status::error("synth: unknown gemma4 preset '" + name + "' (e2b, e4b, 31b)");
+    return Status::error("synth: unknown gemma4 preset '" + name +
+                         "' (e2b, e4b, 31b, e2b-bench, 31b-bench)");
   }
   return s;
 }

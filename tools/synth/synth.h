@@ -37,7 +37,8 @@ struct SynthSpec {
 };
 
 // Named presets, sizes with the 128K-token llama-bpe vocabulary; gemma4 has its own ("e2b",
-// "e4b", "31b": those files' shapes at test widths, see synth.cpp): "tiny" (17M parameters, f32,
+// "e4b", "31b": those files' shapes at test widths; "e2b-bench", "31b-bench": at benchmark widths,
+// q8_0; see synth.cpp): "tiny" (17M parameters, f32,
 // 66 MB; 18 MB as q8_0), "small" (q8_0), "0.4b" (f16, ~0.8 GB), "1b" (q8_0, ~1.2 GB), "30b" (the
 // real Muse Glimmer hyperparameters, 27.85B parameters; metadata only).
 Result<SynthSpec> preset(const std::string &name, const std::string &arch);
