@@ -94,10 +94,17 @@ void accumulate64(const float *p, const float *const *v_rows, int64_t n, int64_t
   for (int i = 0; i < 8; ++i) std::memcpy(acc + 8 * i, &a[i], sizeof a[i]);
 }
 
+// Rows read ahead of the one converted, and the read-ahead of one row (every cache line of it).
+constexpr int64_t kPrefetchRows = 4;
+inline void prefetch_row(const char *row, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
+}
+
 // Scratch of one thread, reused across calls (sizes only grow).
 struct Scratch {
   std::vector<float> q, k, v, scores, mask, acc, maxima, sums;
   std::vector<const float *> k_rows, v_rows;
+  std::vector<int64_t> kept; // rows of the chunk some token sees
   static Scratch &mine() {
     thread_local Scratch s;
     return s;
@@ -121,6 +128,7 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
   s.mask.resize(size_t(n_tok * chunk_cap));
   s.k_rows.resize(size_t(chunk_cap));
   s.v_rows.resize(size_t(chunk_cap));
+  s.kept.resize(size_t(chunk_cap));
   s.maxima.resize(size_t(n_queries));
   s.sums.resize(size_t(n_queries));
   const float **k_rows = s.k_rows.data(), **v_rows = s.v_rows.data();
@@ -144,12 +152,35 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
                                   static_cast<const char *>(mask->data) + t * mask->nb[1]) +
                                   r0,
                               s.mask.data() + t * chunk_cap, n);
-    // K rows once, then every query's scores.
-    for (int64_t j = 0; j < n; ++j)
-      k_rows[j] = row_to_f32(k->type,
-                             static_cast<const char *>(k->data) + params.rows(r0 + j) * k->nb[1] +
-                                 g * k->nb[2],
-                             s.k.data() + j * d_k, d_k);
+    // Rows hidden from every token (a ring's slots outside the window or not yet written, pool
+    // rows of other sequences) weigh 0 for every query: they are neither converted nor scored.
+    // The chunk's rows are compacted to those some token sees (the mask with them), in order.
+    int64_t n_seen = n;
+    if (mask) {
+      n_seen = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        bool seen = false;
+        for (int64_t t = 0; t < n_tok && !seen; ++t)
+          seen = s.mask[size_t(t * chunk_cap + j)] != kNegInf;
+        if (!seen) continue;
+        for (int64_t t = 0; t < n_tok; ++t)
+          s.mask[size_t(t * chunk_cap + n_seen)] = s.mask[size_t(t * chunk_cap + j)];
+        s.kept[size_t(n_seen++)] = r0 + j;
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) s.kept[size_t(j)] = r0 + j;
+    }
+    const int64_t *kept = s.kept.data();
+    // K rows once, then every query's scores. The rows of a few rows ahead are prefetched: the
+    // conversion is otherwise bound on each row's load from memory.
+    auto k_row = [&](int64_t j) {
+      return static_cast<const char *>(k->data) + params.rows(kept[j]) * k->nb[1] + g * k->nb[2];
+    };
+    const int64_t k_bytes = int64_t(ggml_row_size(k->type, d_k));
+    for (int64_t j = 0; j < n_seen; ++j) {
+      if (j + kPrefetchRows < n_seen) prefetch_row(k_row(j + kPrefetchRows), k_bytes);
+      k_rows[j] = row_to_f32(k->type, k_row(j), s.k.data() + j * d_k, d_k);
+    }
     for (int64_t t = 0; t < n_tok; ++t) {
       const float *qt = s.q.data() + t * group * d_k;
       float *st = s.scores.data() + t * group * chunk_cap;
@@ -158,55 +189,69 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
       int64_t h = 0;
       if (d_k % 8 == 0)
         for (; h + 4 <= group; h += 4)
-          dot_heads<4, 1>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+          dot_heads<4, 1>(qt + h * d_k, d_k, k_rows, n_seen, d_k, st + h * chunk_cap, chunk_cap);
       if (d_k % 16 == 0)
         for (; h + 2 <= group; h += 2)
-          dot_heads<2, 2>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+          dot_heads<2, 2>(qt + h * d_k, d_k, k_rows, n_seen, d_k, st + h * chunk_cap, chunk_cap);
       if (d_k % 32 == 0)
         for (; h < group; ++h)
-          dot_heads<1, 4>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+          dot_heads<1, 4>(qt + h * d_k, d_k, k_rows, n_seen, d_k, st + h * chunk_cap, chunk_cap);
       if (d_k % 8 == 0)
         for (; h < group; ++h)
-          dot_heads<1, 1>(qt + h * d_k, d_k, k_rows, n, d_k, st + h * chunk_cap, chunk_cap);
+          dot_heads<1, 1>(qt + h * d_k, d_k, k_rows, n_seen, d_k, st + h * chunk_cap, chunk_cap);
       for (; h < group; ++h)
-        for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
+        for (int64_t j = 0; j < n_seen; ++j)
+          st[h * chunk_cap + j] = dot(qt + h * d_k, k_rows[j], d_k);
       if (mask) { // -inf (hidden) + a finite score = -inf
         const float *m = s.mask.data() + t * chunk_cap;
         for (h = 0; h < group; ++h)
-          for (int64_t j = 0; j < n; ++j) st[h * chunk_cap + j] += m[j];
+          for (int64_t j = 0; j < n_seen; ++j) st[h * chunk_cap + j] += m[j];
       }
     }
     // Softmax numerators against the chunk's own maximum.
     for (int64_t query = 0; query < n_queries; ++query) {
       float *sc = s.scores.data() + query * chunk_cap;
-      const float mx = max_of(sc, n);
+      const float mx = max_of(sc, n_seen);
       float sum = 0.0f;
       if (mx != kNegInf)
-        sum = exp_minus_max(sc, n, mx);
+        sum = exp_minus_max(sc, n_seen, mx);
       else
-        std::fill(sc, sc + n, 0.0f);
+        std::fill(sc, sc + n_seen, 0.0f);
       maxima[query] = mx, sums[query] = sum;
     }
-    // V rows once (those some query sees), then every query's weighted sum.
-    for (int64_t j = 0; j < n; ++j) {
-      bool seen = false;
-      for (int64_t query = 0; query < n_queries && !seen; ++query)
-        seen = s.scores[size_t(query * chunk_cap + j)] != 0.0f;
-      v_rows[j] = seen ? row_to_f32(v->type,
-                                    static_cast<const char *>(v->data) +
-                                        params.rows(r0 + j) * v->nb[1] + g * v->nb[2],
-                                    s.v.data() + j * d_v, d_v)
-                       : nullptr; // masked for every query: weight 0 everywhere, never read
-    }
+    // V rows once (those some query sees), then every query's weighted sum, a tile of rows at a
+    // time: each query reads the tile once per 64-wide block, so the tile (24 KiB of f32) stays
+    // in L1 for all of them instead of the whole chunk streaming from L2 that many times (at
+    // head size 256, 8 passes over 256 KiB per chunk for a group of 2). The sums add the rows in
+    // the same order as without tiles.
     s.acc.assign(size_t(n_queries * d_v), 0.0f);
-    for (int64_t query = 0; query < n_queries; ++query) {
-      const float *p = s.scores.data() + query * chunk_cap;
-      float *a = s.acc.data() + query * d_v;
-      int64_t d0 = 0;
-      for (; d0 + 64 <= d_v; d0 += 64) accumulate64(p, v_rows, n, d0, a + d0);
-      for (int64_t j = 0; j < n && d0 < d_v; ++j)
-        if (p[j] != 0.0f)
-          for (int64_t d = d0; d < d_v; ++d) a[d] += p[j] * v_rows[j][d];
+    const int64_t tile = std::max<int64_t>(8, 6144 / d_v);
+    const int64_t v_bytes = int64_t(ggml_row_size(v->type, d_v));
+    for (int64_t j0 = 0; j0 < n_seen; j0 += tile) {
+      const int64_t j1 = std::min(n_seen, j0 + tile);
+      for (int64_t j = j0; j < j1; ++j) {
+        if (j + kPrefetchRows < n_seen)
+          prefetch_row(static_cast<const char *>(v->data) +
+                           params.rows(kept[j + kPrefetchRows]) * v->nb[1] + g * v->nb[2],
+                       v_bytes);
+        bool seen = false;
+        for (int64_t query = 0; query < n_queries && !seen; ++query)
+          seen = s.scores[size_t(query * chunk_cap + j)] != 0.0f;
+        v_rows[j] = seen ? row_to_f32(v->type,
+                                      static_cast<const char *>(v->data) +
+                                          params.rows(kept[j]) * v->nb[1] + g * v->nb[2],
+                                      s.v.data() + (j - j0) * d_v, d_v)
+                         : nullptr; // masked for every query: weight 0 everywhere, never read
+      }
+      for (int64_t query = 0; query < n_queries; ++query) {
+        const float *p = s.scores.data() + query * chunk_cap;
+        float *a = s.acc.data() + query * d_v;
+        int64_t d0 = 0;
+        for (; d0 + 64 <= d_v; d0 += 64) accumulate64(p + j0, v_rows + j0, j1 - j0, d0, a + d0);
+        for (int64_t j = j0; j < j1 && d0 < d_v; ++j)
+          if (p[j] != 0.0f)
+            for (int64_t d = d0; d < d_v; ++d) a[d] += p[j] * v_rows[j][d];
+      }
     }
     for (int64_t t = 0; t < n_tok; ++t)
       for (int64_t h = 0; h < group; ++h) {
