@@ -80,7 +80,8 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
   return ok_status();
 }
 
-// llama.cpp's gemma4 loader: no biases; projection scales where a quantizer wrote them. Shared
+// llama.cpp's gemma4 loader: no biases; projection scales where a quantizer wrote them. Binding
+// order is the order synth writes tensors in (it plans files from this function). Shared
 // layers compute Q only: their K (and V) projections and K norm are optional there, checked
 // and counted as read when present, never computed.
 Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
@@ -90,12 +91,6 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
   OFFGRAPH_TRY(b.bind(w.output_norm, "output_norm.weight", {E}, Role::Vector));
   OFFGRAPH_TRY(b.bind(w.output, "output", E, V, kScaleOnly, false));
   if (!w.output) w.output.w = w.tok_embd; // tied: the embedding is the head
-  if (P > 0) {
-    OFFGRAPH_TRY(
-        b.bind(w.ple_tok_embd, "per_layer_token_embd.weight", {P * L, V}, Role::Embedding));
-    OFFGRAPH_TRY(b.bind(w.ple_model_proj, "per_layer_model_proj.weight", {E, P * L}, Role::Matrix));
-    OFFGRAPH_TRY(b.bind(w.ple_proj_norm, "per_layer_proj_norm.weight", {P}, Role::Vector));
-  }
   bool any_global = false;
   for (const LayerConfig &l : c.layers) any_global = any_global || !l.sliding;
   if (any_global) { // the global layers' head size: the proportional RoPE's factors
@@ -103,6 +98,12 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
     for (const LayerConfig &l : c.layers)
       if (!l.sliding) global_dim = l.head_dim_k;
     OFFGRAPH_TRY(b.bind(w.rope_freqs, "rope_freqs.weight", {global_dim / 2}, Role::Vector));
+  }
+  if (P > 0) {
+    OFFGRAPH_TRY(
+        b.bind(w.ple_tok_embd, "per_layer_token_embd.weight", {P * L, V}, Role::Embedding));
+    OFFGRAPH_TRY(b.bind(w.ple_model_proj, "per_layer_model_proj.weight", {E, P * L}, Role::Matrix));
+    OFFGRAPH_TRY(b.bind(w.ple_proj_norm, "per_layer_proj_norm.weight", {P}, Role::Vector));
   }
   const int32_t first_shared = c.n_layer - c.n_kv_shared_layers;
   for (int32_t i = 0; i < c.n_layer; ++i) {
@@ -124,7 +125,6 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
     OFFGRAPH_TRY(b.bind(l.q_norm, p + "attn_q_norm.weight", {D}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.k_norm, p + "attn_k_norm.weight", {D}, Role::Vector, owns_kv));
     OFFGRAPH_TRY(b.bind(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
-    OFFGRAPH_TRY(b.bind(l.out_scale, p + "layer_output_scale.weight", {1}, Role::Vector, false));
     OFFGRAPH_TRY(b.bind(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ffn_gate, p + "ffn_gate", E, F, kScaleOnly));
     OFFGRAPH_TRY(b.bind(l.ffn_up, p + "ffn_up", E, F, kScaleOnly));
@@ -135,6 +135,7 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
       OFFGRAPH_TRY(b.bind(l.ple_proj, p + "proj", P, E, kScaleOnly));
       OFFGRAPH_TRY(b.bind(l.ple_post_norm, p + "post_norm.weight", {E}, Role::Vector));
     }
+    OFFGRAPH_TRY(b.bind(l.out_scale, p + "layer_output_scale.weight", {1}, Role::Vector, false));
     if (!owns_kv) l.wk = l.wv = Linear{}, l.k_norm = nullptr; // read, never computed
     w.layers.push_back(l);
   }

@@ -51,6 +51,7 @@ Status read_config(ConfigReader &keys, ModelConfig &c) {
 
 // llama.cpp's muse-glimmer loader creates biases only for q, k and v (create_tensor_qkv); the
 // other projections take scales only (Projection::ScaleOnly), so any other bias is refused.
+// Binding order is the order synth writes tensors in (it plans files from this function).
 Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
   const int64_t E = c.n_embd, V = c.n_vocab;
   constexpr Projection kScaleOnly = Projection::ScaleOnly;
@@ -65,9 +66,9 @@ Status bind_weights(TensorBinder &b, const ModelConfig &c, Weights &w) {
     OFFGRAPH_TRY(b.bind(l.attn_norm, p + "attn_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.attention_qkv(p, E, lc.q_width(), lc.k_width(), lc.v_width(), l));
     OFFGRAPH_TRY(b.bind(l.attn_gate, p + "attn_gate", E, lc.q_width(), kScaleOnly));
-    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", lc.o_width(), E, kScaleOnly));
     OFFGRAPH_TRY(b.bind(l.q_norm, p + "attn_q_norm.weight", {lc.head_dim_k}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.k_norm, p + "attn_k_norm.weight", {lc.head_dim_k}, Role::Vector));
+    OFFGRAPH_TRY(b.bind(l.wo, p + "attn_output", lc.o_width(), E, kScaleOnly));
     OFFGRAPH_TRY(b.bind(l.post_attn_norm, p + "post_attention_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ffn_norm, p + "ffn_norm.weight", {E}, Role::Vector));
     OFFGRAPH_TRY(b.bind(l.ffn_gate, p + "ffn_gate", E, F, kScaleOnly));

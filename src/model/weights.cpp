@@ -22,11 +22,20 @@ std::string shape_str(const int64_t *ne, int n) {
 
 } // namespace
 
+const std::string &TensorBinder::path() const {
+  static const std::string kPlan = "(tensor plan)";
+  return file_ ? file_->path() : kPlan;
+}
+
 Status TensorBinder::bind(ggml_tensor *&out, const std::string &name, std::vector<int64_t> shape,
                           Role role, bool required) {
-  const std::string &path = file_.path();
   out = nullptr;
-  ggml_tensor *t = file_.tensor(name);
+  if (!file_) {
+    if (required || present_(name)) requests_.push_back({name, std::move(shape), role, required});
+    return ok_status();
+  }
+  const std::string &path = file_->path();
+  ggml_tensor *t = file_->tensor(name);
   if (!t) {
     if (!required) return ok_status();
     return Status::error(path + ": tensor '" + name + "' is missing (expected shape " +
@@ -68,12 +77,12 @@ Status TensorBinder::bind(Linear &out, const std::string &prefix, int64_t in, in
   OFFGRAPH_TRY(bind(out.s, prefix + ".scale", {1}, Role::Vector, false));
   OFFGRAPH_TRY(bind(input_scale, prefix + ".input_scale", {1}, Role::Vector, false));
   if (!out.w && (out.b || out.s || input_scale))
-    return Status::error(file_.path() + ": '" + prefix + "' has a bias or scale but no '" + prefix +
+    return Status::error(path() + ": '" + prefix + "' has a bias or scale but no '" + prefix +
                          ".weight'");
   // llama.cpp refuses these (build_ffn asserts): its FFN applies the scale after the bias,
   // which is wrong for an NVFP4 weight, whose scale belongs to W.
   if (out.b && out.s && out.bias_before_scale && out.w->type == GGML_TYPE_NVFP4)
-    return Status::error(file_.path() + ": '" + prefix +
+    return Status::error(path() + ": '" + prefix +
                          "' is NVFP4 with both a bias and a scale: the order of the two is not "
                          "defined for FFN projections (llama.cpp refuses it too)");
   return ok_status();
@@ -89,7 +98,7 @@ Status TensorBinder::attention_qkv(const std::string &p, int64_t in, int64_t q_o
   }
   OFFGRAPH_TRY(bind(l.wqkv, p + "attn_qkv", in, q_out + k_out + v_out, kAttn));
   if (has(p + "attn_q.weight") || has(p + "attn_k.weight") || has(p + "attn_v.weight"))
-    return Status::error(file_.path() + ": '" + p +
+    return Status::error(path() + ": '" + p +
                          "attn_qkv.weight' and separate q/k/v weights: one or the other");
   // Separate biases beside a fused weight (older conversions): all three or none.
   OFFGRAPH_TRY(bind(l.wq.b, p + "attn_q.bias", {q_out}, Role::Vector, false));
@@ -97,22 +106,23 @@ Status TensorBinder::attention_qkv(const std::string &p, int64_t in, int64_t q_o
   OFFGRAPH_TRY(bind(l.wv.b, p + "attn_v.bias", {v_out}, Role::Vector, false));
   const int n = (l.wq.b != nullptr) + (l.wk.b != nullptr) + (l.wv.b != nullptr);
   if (n != 0 && (n != 3 || l.wqkv.b))
-    return Status::error(file_.path() + ": '" + p +
+    return Status::error(path() + ": '" + p +
                          "attn_qkv.weight' needs its own bias, or all three of attn_q/k/v.bias");
   return ok_status();
 }
 
 Status TensorBinder::finish(const std::string &arch) const {
   std::vector<std::string> unused;
-  for (ggml_tensor *t = ggml_get_first_tensor(file_.tensors()); t;
-       t = ggml_get_next_tensor(file_.tensors(), t))
+  if (!file_) return ok_status();
+  for (ggml_tensor *t = ggml_get_first_tensor(file_->tensors()); t;
+       t = ggml_get_next_tensor(file_->tensors(), t))
     if (!used_.count(ggml_get_name(t))) unused.push_back(ggml_get_name(t));
   if (unused.empty()) return ok_status();
   std::string names;
   for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? "', '" : "'") + unused[i];
   names += "'";
   if (unused.size() > 8) names += " and " + std::to_string(unused.size() - 8) + " more";
-  return Status::error(file_.path() + ": " + std::to_string(unused.size()) + " tensor" +
+  return Status::error(file_->path() + ": " + std::to_string(unused.size()) + " tensor" +
                        (unused.size() > 1 ? "s are" : " is") + " not used by offgraph's " + arch +
                        " graph: " + names +
                        "; refusing to compute a different model than the file describes "

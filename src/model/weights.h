@@ -6,6 +6,7 @@
 #include "base/status.h"
 #include "model/gguf_file.h"
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,9 +83,23 @@ template <class F> void for_each_output_slot(Weights &w, F &&f) {
 // What a tensor is for decides the types it may have.
 enum class Role { Matrix, Vector, Embedding };
 
+// One tensor an architecture's bind_weights asks for, as a planning binder records it.
+struct TensorRequest {
+  std::string name;
+  std::vector<int64_t> shape; // ggml order
+  Role role;
+  bool required;
+};
+
 class TensorBinder {
 public:
-  explicit TensorBinder(const GgufFile &file) : file_(file) {}
+  explicit TensorBinder(const GgufFile &file) : file_(&file) {}
+  // Planning (synth writes files from it): looks nothing up, binds nothing, and records in
+  // binding order every tensor that is required or that `present` says the file to be written
+  // will hold (an optional tensor, or the fused form of a projection, through has()).
+  explicit TensorBinder(std::function<bool(const std::string &)> present)
+      : present_(std::move(present)) {}
+  const std::vector<TensorRequest> &requests() const { return requests_; }
 
   // Looks `name` up, checks shape and type for `role`, and counts it as used. Absent and not
   // required: `out` is nullptr and no error.
@@ -100,13 +115,19 @@ public:
   // attn_qkv (llama.cpp reads both forms), each with its optional bias and scales.
   Status attention_qkv(const std::string &p, int64_t in, int64_t q_out, int64_t k_out,
                        int64_t v_out, LayerWeights &l);
-  bool has(const std::string &name) const { return file_.tensor(name) != nullptr; }
+  bool has(const std::string &name) const {
+    return file_ ? file_->tensor(name) != nullptr : present_(name);
+  }
 
   // Every tensor of the file was bound, or an error naming those that were not.
   Status finish(const std::string &arch) const;
 
 private:
-  const GgufFile &file_;
+  const std::string &path() const;
+
+  const GgufFile *file_ = nullptr; // null: planning
+  std::function<bool(const std::string &)> present_;
+  std::vector<TensorRequest> requests_;
   std::set<std::string> used_;
 };
 

@@ -1,6 +1,11 @@
 #include "synth/synth.h"
 #include "synth/tensor_plan.h"
 
+#include "model/arch.h"
+#include "model/config.h"
+#include "model/gguf_file.h"
+#include "model/weights.h"
+
 #include "ggml-cpp.h"
 #include "gguf.h"
 
@@ -112,68 +117,96 @@ int64_t ffn_width(const SynthSpec &s, int32_t i) {
   return s.double_wide_shared && i >= s.n_layer - s.n_kv_shared ? 2 * int64_t(s.n_ff) : s.n_ff;
 }
 
-// Gemma 4's tensors (llama.cpp's gemma4 loader): QK norms with gains, sandwich norms, a GELU-gated
-// MLP, per-layer embeddings when s.n_embd_per_layer > 0, rope_freqs for the global layers'
-// proportional RoPE (a quarter of their dims rotated, as released), an output scale per layer;
-// shared layers have no K/V projection or K norm; global layers without V when !s.global_v.
-void gemma4_tensors(const SynthSpec &s, int64_t n_vocab, std::vector<TensorPlan> &plan) {
-  const int64_t E = s.n_embd, L = s.n_layer, P = s.n_embd_per_layer;
-  const ggml_type wt = s.weight_type;
-  auto slides = [&](int32_t i) { return i % s.pattern_period < s.pattern_period - 1; };
-  auto mat = [&](const std::string &n, int64_t in, int64_t outw, float extra = 1.0f) {
-    return matrix_plan(n, in, outw, fit(wt, in), TensorPlan::Normal,
-                       extra * float(1.0 / std::sqrt(double(in))));
-  };
-  auto gain = [&](const std::string &n, int64_t ne0) {
-    return vector_plan(n, ne0, TensorPlan::Gain, 0.1f);
-  };
+// Which optional tensors (bind_weights asks; the others are required) the file holds: a head of
+// its own (always for muse-glimmer and llama; gemma4 when own_head), and for gemma4 each layer's
+// output scale and the V projection of a layer that keeps KV (sliding, or global with global_v).
+// Never the fused attn_qkv, biases, scales, or a shared layer's K/V.
+bool writes_optional(const SynthSpec &s, const std::string &name) {
+  if (name == "output.weight") return s.arch != "gemma4" || s.own_head;
+  if (s.arch != "gemma4") return false;
+  int layer = -1, end = 0;
+  if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &end) != 1 || end == 0) return false;
+  const std::string base = name.substr(size_t(end));
+  if (base == "layer_output_scale.weight") return true;
+  const bool slides = layer % s.pattern_period < s.pattern_period - 1;
+  return base == "attn_v.weight" && layer < s.n_layer - s.n_kv_shared && (slides || s.global_v);
+}
+
+// How a tensor's values are drawn, at scales that keep activations near unit size: matrices
+// N(0, 1/in); gains 1 + N(0, 0.1). Residual branches start small (as GPT-2 initialises them,
+// 1/sqrt(2 x layers): muse-glimmer's and llama's output projections, every post-norm), since
+// random deep nets are otherwise chaotic and rounding differences of 1e-4 grow into different
+// tokens; a head of its own 4x the unit scale spreads the logits so greedy choices are decisive.
+// gemma4 scales its embedding by sqrt(E) in the graph, so its rows start at 1/sqrt(E); its
+// rope_freqs rotate a quarter of the global dims (1e30 freezes the rest), as released.
+TensorPlan value_plan(const SynthSpec &s, const model::TensorRequest &r) {
+  const bool gemma4 = s.arch == "gemma4", muse = s.arch == "muse-glimmer";
+  const std::string base =
+      r.name.rfind("blk.", 0) == 0 ? r.name.substr(r.name.find('.', 4) + 1) : r.name;
   const float branch = float(1.0 / std::sqrt(2.0 * s.n_layer));
-  // The embedding is scaled by sqrt(E) in the graph: rows of unit norm per element over sqrt(E).
-  plan.push_back(matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
-                             float(1.0 / std::sqrt(double(E)))));
-  plan.push_back(gain("output_norm.weight", E));
-  if (s.own_head)
-    plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
-                               float(4.0 / std::sqrt(double(E)))));
-  TensorPlan freqs = vector_plan("rope_freqs.weight", s.head_dim / 2, TensorPlan::Constant, 1.0f);
-  freqs.values.assign(size_t(s.head_dim / 2), 1e30f);
-  for (int32_t j = 0; j < s.head_dim / 8; ++j) freqs.values[size_t(j)] = 1.0f;
-  plan.push_back(freqs);
-  if (P > 0) {
-    plan.push_back(matrix_plan("per_layer_token_embd.weight", P * L, n_vocab, fit(wt, P * L),
-                               TensorPlan::Normal, float(1.0 / std::sqrt(double(P)))));
-    plan.push_back(mat("per_layer_model_proj.weight", E, P * L));
-    plan.push_back(gain("per_layer_proj_norm.weight", P));
-  }
-  const int32_t head_dim_swa = s.head_dim_swa > 0 ? s.head_dim_swa : s.head_dim;
-  const int32_t kv_swa = s.n_head_kv_swa > 0 ? s.n_head_kv_swa : s.n_head_kv;
-  for (int32_t i = 0; i < s.n_layer; ++i) {
-    const std::string b = "blk." + std::to_string(i) + ".";
-    const int64_t D = slides(i) ? head_dim_swa : s.head_dim, Hkv = slides(i) ? kv_swa : s.n_head_kv;
-    const bool owns_kv = i < s.n_layer - s.n_kv_shared;
-    plan.push_back(gain(b + "attn_norm.weight", E));
-    plan.push_back(mat(b + "attn_q.weight", E, s.n_head * D));
-    if (owns_kv) {
-      plan.push_back(mat(b + "attn_k.weight", E, Hkv * D));
-      if (slides(i) || s.global_v) plan.push_back(mat(b + "attn_v.weight", E, Hkv * D));
+  const ggml_type wt = s.weight_type;
+  switch (r.role) {
+  case model::Role::Vector: {
+    const int64_t n = r.shape.at(0);
+    if (base == "rope_freqs.weight") {
+      TensorPlan freqs = vector_plan(r.name, n, TensorPlan::Constant, 1.0f);
+      freqs.values.assign(size_t(n), 1e30f);
+      for (int64_t j = 0; j < n / 4; ++j) freqs.values[size_t(j)] = 1.0f;
+      return freqs;
     }
-    plan.push_back(mat(b + "attn_output.weight", s.n_head * D, E));
-    plan.push_back(gain(b + "attn_q_norm.weight", D));
-    if (owns_kv) plan.push_back(gain(b + "attn_k_norm.weight", D));
-    plan.push_back(vector_plan(b + "post_attention_norm.weight", E, TensorPlan::Constant, branch));
-    plan.push_back(gain(b + "ffn_norm.weight", E));
-    const int64_t F = ffn_width(s, i);
-    plan.push_back(mat(b + "ffn_gate.weight", E, F));
-    plan.push_back(mat(b + "ffn_up.weight", E, F));
-    plan.push_back(mat(b + "ffn_down.weight", F, E));
-    plan.push_back(vector_plan(b + "post_ffw_norm.weight", E, TensorPlan::Constant, branch));
-    if (P > 0) {
-      plan.push_back(mat(b + "inp_gate.weight", E, P));
-      plan.push_back(mat(b + "proj.weight", P, E));
-      plan.push_back(vector_plan(b + "post_norm.weight", E, TensorPlan::Constant, branch));
-    }
-    plan.push_back(vector_plan(b + "layer_output_scale.weight", 1, TensorPlan::Gain, 0.1f));
+    if (base == "post_attention_norm.weight" || base == "post_ffw_norm.weight" ||
+        base == "post_norm.weight")
+      return vector_plan(r.name, n, TensorPlan::Constant, branch);
+    if (muse && base == "attn_q_norm.weight")
+      return vector_plan(r.name, n, TensorPlan::Constant, 3.87f);
+    if (muse && base == "attn_k_norm.weight")
+      return vector_plan(r.name, n, TensorPlan::Constant, 1.0f);
+    return vector_plan(r.name, n, TensorPlan::Gain, 0.1f);
   }
+  case model::Role::Embedding: {
+    const int64_t in = r.shape.at(0);
+    const float scale = base == "per_layer_token_embd.weight"
+                            ? float(1.0 / std::sqrt(double(s.n_embd_per_layer)))
+                        : gemma4 ? float(1.0 / std::sqrt(double(in)))
+                                 : 1.0f;
+    return matrix_plan(r.name, in, r.shape.at(1), fit(wt, in), TensorPlan::Normal, scale);
+  }
+  case model::Role::Matrix:
+  default: {
+    const int64_t in = r.shape.at(0);
+    float scale = float(1.0 / std::sqrt(double(in)));
+    if (base == "output.weight") scale *= 4.0f;
+    if (!gemma4 && (base == "attn_output.weight" || base == "ffn_down.weight")) scale *= branch;
+    return matrix_plan(r.name, in, r.shape.at(1), fit(wt, in), TensorPlan::Normal, scale);
+  }
+  }
+}
+
+// The file's tensors as the architecture's loader binds them: the keys (with token_embd, which
+// sizes the vocabulary) go to a metadata-only file that model::read_config reads, and
+// bind_weights runs on a planning binder. So synth can never write a file its loader reads
+// differently, and an architecture's tensors are listed in one place.
+Status plan_tensors(const SynthSpec &s, gguf_context *keys, const TensorPlan &embedding,
+                    const std::string &path, std::vector<TensorPlan> &plan) {
+  const std::string probe = path + ".keys";
+  {
+    gguf_context_ptr copy(gguf_init_empty());
+    gguf_set_kv(copy.get(), keys);
+    uint64_t n_params = 0, bytes = 0;
+    OFFGRAPH_TRY(write_gguf(copy.get(), {embedding}, probe, true, 0, nullptr, n_params, bytes));
+  }
+  auto file = model::GgufFile::open(probe);
+  std::remove(probe.c_str());
+  if (!file.ok()) return file.status();
+  auto config = model::read_config(**file);
+  if (!config.ok()) return Status::error("synth: the keys written: " + config.message());
+  const model::Architecture *arch = model::find_architecture(config->arch_name);
+  if (!arch) return Status::error("synth: no loader for '" + config->arch_name + "'");
+  model::TensorBinder planner([&](const std::string &name) { return writes_optional(s, name); });
+  model::Weights weights;
+  OFFGRAPH_TRY(arch->bind_weights(planner, *config, weights));
+  for (const model::TensorRequest &r : planner.requests()) plan.push_back(value_plan(s, r));
+  return ok_status();
 }
 
 Result<std::string> write_model(const SynthSpec &s, const std::string &path,
@@ -187,17 +220,6 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
       s.n_kv_shared >= s.n_layer)
     return Status::error("synth: inconsistent sizes (layers, embd, heads multiple of KV heads, "
                          "head dim >= 2, ff, window >= 1)");
-  if (gemma4 && s.n_kv_shared > 0) { // the donors the loader accepts (gemma4.cpp says why)
-    const int32_t n_kv = s.n_layer - s.n_kv_shared, period = s.pattern_period;
-    auto slides = [&](int32_t i) { return i % period < period - 1; };
-    if (n_kv < 2 || !slides(n_kv - 2) || slides(n_kv - 1))
-      return Status::error("synth: with " + std::to_string(s.n_kv_shared) + " shared of " +
-                           std::to_string(s.n_layer) + " layers the last two that keep KV (" +
-                           std::to_string(n_kv - 2) + ", " + std::to_string(n_kv - 1) +
-                           ") must be a sliding then a global layer (every " +
-                           std::to_string(period) + "th is global)");
-  }
-
   gguf_context_ptr out(gguf_init_empty());
   int64_t n_vocab = s.n_vocab;
   if (!s.vocab_path.empty()) {
@@ -288,60 +310,12 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
                      float(1.0 / std::sqrt(double(s.n_embd) / 256.0)));
   }
 
-  // Tensors in the published order, with scales that keep activations near unit size.
-  const int64_t E = s.n_embd, QW = int64_t(s.n_head) * s.head_dim,
-                KW = int64_t(s.n_head_kv) * s.head_dim;
-  const ggml_type wt = s.weight_type;
-  auto mat = [&](const std::string &n, int64_t in, int64_t outw) {
-    return matrix_plan(n, in, outw, fit(wt, in), TensorPlan::Normal,
-                       float(1.0 / std::sqrt(double(in))));
-  };
-  auto gain = [&](const std::string &n, int64_t ne0) {
-    return vector_plan(n, ne0, TensorPlan::Gain, 0.1f);
-  };
-  // Residual branches start small (as GPT-2 initialises them, 1/sqrt(2 x layers)): random deep
-  // nets are otherwise chaotic, and rounding differences of 1e-4 grow into different tokens.
-  const float branch = float(1.0 / std::sqrt(2.0 * s.n_layer));
-  auto out_mat = [&](const std::string &n, int64_t in, int64_t outw) {
-    TensorPlan t = mat(n, in, outw);
-    t.scale *= branch;
-    return t;
-  };
-  auto post_gain = [&](const std::string &n, int64_t ne0) {
-    return vector_plan(n, ne0, TensorPlan::Constant, branch);
-  };
+  const int64_t E = s.n_embd;
   std::vector<TensorPlan> plan;
-  if (gemma4) {
-    gemma4_tensors(s, n_vocab, plan);
-  } else {
-    plan.push_back(
-        matrix_plan("token_embd.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal, 1.0f));
-    plan.push_back(gain("output_norm.weight", E));
-    // A head 4x the unit scale spreads the logits so greedy choices are decisive.
-    plan.push_back(matrix_plan("output.weight", E, n_vocab, fit(wt, E), TensorPlan::Normal,
-                               float(4.0 / std::sqrt(double(E)))));
-    for (int32_t i = 0; i < s.n_layer; ++i) {
-      const std::string b = "blk." + std::to_string(i) + ".";
-      plan.push_back(gain(b + "attn_norm.weight", E));
-      plan.push_back(mat(b + "attn_q.weight", E, QW));
-      plan.push_back(mat(b + "attn_k.weight", E, KW));
-      plan.push_back(mat(b + "attn_v.weight", E, KW));
-      if (muse) {
-        plan.push_back(mat(b + "attn_gate.weight", E, QW));
-        plan.push_back(
-            vector_plan(b + "attn_q_norm.weight", s.head_dim, TensorPlan::Constant, 3.87f));
-        plan.push_back(
-            vector_plan(b + "attn_k_norm.weight", s.head_dim, TensorPlan::Constant, 1.0f));
-      }
-      plan.push_back(out_mat(b + "attn_output.weight", QW, E));
-      if (muse) plan.push_back(post_gain(b + "post_attention_norm.weight", E));
-      plan.push_back(gain(b + "ffn_norm.weight", E));
-      plan.push_back(mat(b + "ffn_gate.weight", E, s.n_ff));
-      plan.push_back(mat(b + "ffn_up.weight", E, s.n_ff));
-      plan.push_back(out_mat(b + "ffn_down.weight", s.n_ff, E));
-      if (muse) plan.push_back(post_gain(b + "post_ffw_norm.weight", E));
-    }
-  }
+  OFFGRAPH_TRY(plan_tensors(
+      s, out.get(),
+      matrix_plan("token_embd.weight", E, n_vocab, fit(s.weight_type, E), TensorPlan::Normal, 1.0f),
+      path, plan));
 
   uint64_t n_params = 0, total = 0;
   OFFGRAPH_TRY(
