@@ -116,7 +116,7 @@ clean:
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
 # (32 min) and bench-grammar (10 min) below. BENCH_ARGS go to bench/run; --quick also shortens
 # bench/prefix (9 min).
-.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision
+.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision bench-gemma4
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
@@ -125,6 +125,15 @@ bench:
 	python3 bench/speculative $(filter --quick,$(BENCH_ARGS))
 	python3 bench/backends $(filter --quick,$(BENCH_ARGS))
 	python3 bench/vision $(filter --quick,$(BENCH_ARGS))
+	python3 bench/gemma4 $(filter --quick,$(BENCH_ARGS))
+	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
+
+# Gemma 4 (issue 35): E2B- and 31B-shaped q8_0 files beside llama.cpp, tokens/s at depths 0/4K/16K
+# and K/V bytes at 4K/16K/64K (about 15 min): docs/gemma4-bench.md; then the agent scenarios of
+# bench/prefix on the E2B-shaped file: docs/prefix-cache-bench-gemma4.md.
+bench-gemma4:
+	python3 bench/gemma4 $(BENCH_ARGS)
+	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
 
 # Layers over ggml-rpc beside llama-bench --rpc, and 1 against 2 replicas behind nginx (issue 18):
 # docs/backends-bench.md. Builds a second llama.cpp peer with GGML_RPC the first time.

@@ -1,5 +1,6 @@
 // A generated Gemma 4 model (31B-shaped, the real Gemma 4 vocabulary and the pinned tree's
-// template embedded) behind the server: reasoning_effort reaches the template as enable_thinking,
+// template embedded) behind the server: reasoning_effort (and Anthropic's thinking) reaches the
+// template as enable_thinking,
 // and constrained turns come back parsed — a forced strict call as tool_calls whose arguments
 // validate, a structured answer as content — from a random model that only the grammar keeps in
 // line.
@@ -56,6 +57,35 @@ TEST(Gemma4Chat, ReasoningEffortIsTheTemplatesThinkingSwitch) {
   const std::string p_on = on["prompt"];
   EXPECT_NE(p_on.find("<|turn>system\n<|think|>\n"), std::string::npos) << p_on;
   EXPECT_EQ(p_on.substr(p_on.size() - 13), "<|turn>model\n");
+}
+
+// Anthropic's thinking switch reaches the same template variable: a disabled request's prompt is
+// the one /apply-template renders with reasoning off, an enabled one's the one with it on (sizes
+// from count_tokens, against the two rendered prompts' token counts, whose difference a BOS
+// convention cannot change).
+TEST(Gemma4Chat, AnthropicThinkingIsTheTemplatesThinkingSwitch) {
+  Running &run = shared().run;
+  auto rendered_tokens = [&](const char *effort) {
+    json body = chat(8, "Weather in Bern?");
+    body["reasoning_effort"] = effort;
+    auto [s, t] = run.post("/apply-template", body);
+    EXPECT_EQ(s, 200) << t.dump();
+    auto [s2, ids] = run.post("/tokenize", {{"content", t["prompt"]}});
+    EXPECT_EQ(s2, 200) << ids.dump();
+    return int64_t(ids["tokens"].size());
+  };
+  auto message_tokens = [&](const json &thinking) {
+    json body = {{"model", "gemma4"},
+                 {"messages", {{{"role", "user"}, {"content", "Weather in Bern?"}}}},
+                 {"thinking", thinking}};
+    auto [s, r] = run.post("/v1/messages/count_tokens", body);
+    EXPECT_EQ(s, 200) << r.dump();
+    return r["input_tokens"].get<int64_t>();
+  };
+  const int64_t off = message_tokens({{"type", "disabled"}});
+  const int64_t on = message_tokens({{"type", "enabled"}, {"budget_tokens", 2048}});
+  EXPECT_NE(off, on);
+  EXPECT_EQ(on - off, rendered_tokens("low") - rendered_tokens("none"));
 }
 
 TEST(Gemma4Chat, AForcedStrictCallComesBackAsValidToolCalls) {
