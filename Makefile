@@ -113,9 +113,10 @@ clean:
 	rm -rf $(BUILD_DIR)
 
 # offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
-# docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min) and bench/prefix
-# (32 min) and bench-grammar (10 min) below. BENCH_ARGS go to bench/run; --quick also shortens
-# bench/prefix (9 min).
+# docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min), bench/prefix
+# (32 min), bench-grammar (10 min), bench/speculative, bench/backends, bench/vision, and Gemma 4's
+# bench/gemma4 (16 min) and bench/prefix --arch gemma4 below. BENCH_ARGS go to bench/run; --quick
+# also shortens the others.
 .PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision bench-gemma4
 bench:
 	python3 bench/run $(BENCH_ARGS)
@@ -132,7 +133,7 @@ bench:
 # and K/V bytes at 4K/16K/64K (about 15 min): docs/gemma4-bench.md; then the agent scenarios of
 # bench/prefix on the E2B-shaped file: docs/prefix-cache-bench-gemma4.md.
 bench-gemma4:
-	python3 bench/gemma4 $(BENCH_ARGS)
+	python3 bench/gemma4 $(filter --quick,$(BENCH_ARGS))
 	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
 
 # Layers over ggml-rpc beside llama-bench --rpc, and 1 against 2 replicas behind nginx (issue 18):

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -60,23 +61,25 @@ float max_of(const float *x, int64_t n) {
   return mx;
 }
 
-// x[j] = exp(x[j] - mx) for j < n; returns their sum.
+// x[j] = exp(x[j] - mx) for j < n; returns their sum, added in row order: the rows are those
+// some token of the span sees, so a token's sum must not depend on which other rows are there
+// (adding the exact zeros of hidden rows changes nothing, a lane position would): a token gives
+// the same bits decoded alone or in a span (speculative verification, chunked decode).
 float exp_minus_max(float *x, int64_t n, float mx) {
-  f32x8 sum = {};
   const f32x8 m = splat8(mx);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const f32x8 e = exp8(load8(x + j) - m);
     std::memcpy(x + j, &e, sizeof e);
-    sum += e;
   }
-  float total = sum8(sum);
   if (j < n) { // the tail through the same function, so that every value rounds alike
     float tail[8];
     for (int l = 0; l < 8; ++l) tail[l] = j + l < n ? x[j + l] - mx : kNegInf;
     const f32x8 e = exp8(load8(tail));
-    for (int l = 0; j + l < n; ++l) x[j + l] = e[l], total += e[l];
+    for (int l = 0; j + l < n; ++l) x[j + l] = e[l];
   }
+  float total = 0.0f;
+  for (j = 0; j < n; ++j) total += x[j];
   return total;
 }
 
@@ -94,10 +97,14 @@ void accumulate64(const float *p, const float *const *v_rows, int64_t n, int64_t
   for (int i = 0; i < 8; ++i) std::memcpy(acc + 8 * i, &a[i], sizeof a[i]);
 }
 
-// Rows read ahead of the one converted, and the read-ahead of one row (every cache line of it).
+// Rows read ahead of the one converted, and the read-ahead of one row: every cache line it
+// touches (a row need not start on a line: q8_0 rows of 256 dims are 272 bytes).
 constexpr int64_t kPrefetchRows = 4;
 inline void prefetch_row(const char *row, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
+  const auto first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63);
+  const auto end = reinterpret_cast<uintptr_t>(row) + uintptr_t(bytes);
+  for (uintptr_t line = first; line < end; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void *>(line), 0, 0);
 }
 
 // Scratch of one thread, reused across calls (sizes only grow).
@@ -123,7 +130,9 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
   const int64_t chunk_cap = params.chunk_rows;
   s.q.resize(size_t(n_queries * d_k));
   s.k.resize(size_t(chunk_cap * d_k));
-  s.v.resize(size_t(chunk_cap * d_v));
+  // V is converted a tile of rows at a time (see below): 24 KiB of f32, at least 8 rows.
+  const int64_t v_tile = std::min(chunk_cap, std::max<int64_t>(8, 6144 / d_v));
+  s.v.resize(size_t(v_tile * d_v));
   s.scores.resize(size_t(n_queries * chunk_cap));
   s.mask.resize(size_t(n_tok * chunk_cap));
   s.k_rows.resize(size_t(chunk_cap));
@@ -222,13 +231,12 @@ void partial_op(ggml_tensor *dst, int ith, int nth, void *userdata) {
     // V rows once (those some query sees), then every query's weighted sum, a tile of rows at a
     // time: each query reads the tile once per 64-wide block, so the tile (24 KiB of f32) stays
     // in L1 for all of them instead of the whole chunk streaming from L2 that many times (at
-    // head size 256, 8 passes over 256 KiB per chunk for a group of 2). The sums add the rows in
-    // the same order as without tiles.
+    // head size 256, 8 passes over 256 KiB per chunk for a group of 2). Each sum adds its rows of
+    // weight above 0 in row order, as without tiles or compaction.
     s.acc.assign(size_t(n_queries * d_v), 0.0f);
-    const int64_t tile = std::max<int64_t>(8, 6144 / d_v);
     const int64_t v_bytes = int64_t(ggml_row_size(v->type, d_v));
-    for (int64_t j0 = 0; j0 < n_seen; j0 += tile) {
-      const int64_t j1 = std::min(n_seen, j0 + tile);
+    for (int64_t j0 = 0; j0 < n_seen; j0 += v_tile) {
+      const int64_t j1 = std::min(n_seen, j0 + v_tile);
       for (int64_t j = j0; j < j1; ++j) {
         if (j + kPrefetchRows < n_seen)
           prefetch_row(static_cast<const char *>(v->data) +

@@ -112,8 +112,8 @@ Status TensorBinder::attention_qkv(const std::string &p, int64_t in, int64_t q_o
 }
 
 Status TensorBinder::finish(const std::string &arch) const {
+  if (!file_) return ok_status(); // planning: nothing was looked up
   std::vector<std::string> unused;
-  if (!file_) return ok_status();
   for (ggml_tensor *t = ggml_get_first_tensor(file_->tensors()); t;
        t = ggml_get_next_tensor(file_->tensors(), t))
     if (!used_.count(ggml_get_name(t))) unused.push_back(ggml_get_name(t));

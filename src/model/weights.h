@@ -97,8 +97,10 @@ public:
   // Planning (synth writes files from it): looks nothing up, binds nothing, and records in
   // binding order every tensor that is required or that `present` says the file to be written
   // will hold (an optional tensor, or the fused form of a projection, through has()).
+  // Planning checks nothing (no shapes, types, or pairings of a weight with its bias and scale):
+  // the file it plans is loaded with the binder above like any other.
   explicit TensorBinder(std::function<bool(const std::string &)> present)
-      : present_(std::move(present)) {}
+      : present_(present ? std::move(present) : [](const std::string &) { return false; }) {}
   const std::vector<TensorRequest> &requests() const { return requests_; }
 
   // Looks `name` up, checks shape and type for `role`, and counts it as used. Absent and not

@@ -58,6 +58,7 @@ public:
   int64_t run_layers(const std::vector<LayerSpec> &layers, int32_t shared, int n_ops);
 
 private:
+  int64_t run_on(Geometry geo, int n_ops);
   int32_t uniform(int32_t lo, int32_t hi) {
     return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
   }
@@ -350,16 +351,20 @@ int64_t Harness::run_geometry(int n_ops) {
                                    });
   EXPECT_EQ(geo.ok(), donors) << geo.message();
   if (!geo.ok()) return 0;
-  return run_layers(layers, shared, n_ops);
+  return run_on(std::move(geo).value(), n_ops);
 }
 
 int64_t Harness::run_layers(const std::vector<LayerSpec> &layers, int32_t shared, int n_ops) {
   auto geo = Geometry::build(layers, shared);
   EXPECT_TRUE(geo.ok()) << geo.message();
   if (!geo.ok()) return 0;
+  return run_on(std::move(geo).value(), n_ops);
+}
+
+int64_t Harness::run_on(Geometry geo, int n_ops) {
   const int32_t capacity = uniform(1, 320);
   const int32_t max_write = uniform(1, std::min(capacity, chance(0.5) ? 4 : 70));
-  auto layout = Layout::make(std::move(geo).value(), Policy{capacity, max_write, uniform(1, 64)});
+  auto layout = Layout::make(std::move(geo), Policy{capacity, max_write, uniform(1, 64)});
   EXPECT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
   pool_.clear();
@@ -459,8 +464,13 @@ TEST(CacheProperty, Gemma4ReleasedLayoutsMapSharedLayersToTheirDonors) {
         EXPECT_EQ(owner, il) << r.name << " layer " << il;
         EXPECT_FALSE(geo->is_shared_layer(il));
       } else {
+        // llama.cpp's formula, and transformers' rule: the last owner of the same kind.
         EXPECT_EQ(owner, n_kv - (layers[size_t(il)].attention.sliding() ? 2 : 1))
             << r.name << " layer " << il;
+        int32_t last_same_kind = n_kv - 1;
+        while (layers[size_t(last_same_kind)].attention != layers[size_t(il)].attention)
+          --last_same_kind;
+        EXPECT_EQ(owner, last_same_kind) << r.name << " layer " << il;
         EXPECT_TRUE(geo->is_shared_layer(il));
       }
       EXPECT_EQ(geo->cache(geo->cache_of_layer(il)).attention, layers[size_t(il)].attention);

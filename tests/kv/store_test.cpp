@@ -48,6 +48,46 @@ TEST(KvStore, PagedStorageGivesTheOutputsOfOnePage) {
   EXPECT_NE(pages, in_order);
 }
 
+// A token's attention is the same bits decoded alone or as the first of a span of up to 8 (the
+// grouped kernel; what speculative verification runs): the span's other tokens see rows the first
+// does not, which must not change how the first one's sums are formed. Over a ring that wraps
+// (window 20) and a flat cache, V rows of 128 (the tiled weighted sums), groups of 4 and 2.
+TEST(KvStore, ATokenAloneAndFirstInASpanGiveTheSameBits) {
+  const std::vector<cache::LayerSpec> layers = {layer(20, 2, 64, 128), layer(0, 2, 64, 128),
+                                                layer(20, 4, 64, 128)};
+  auto alone = make_store(make_layout(layers, 0, {200, 8, 16}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  auto spans = make_store(make_layout(layers, 0, {200, 8, 16}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const SeqId a = *alone->create_sequence(), b = *spans->create_sequence();
+  std::mt19937_64 rng(11);
+  int compared = 0;
+  while (alone->sequence(a)->length() + 8 <= 200) {
+    const int32_t n = std::uniform_int_distribution<int32_t>(1, 6)(rng);
+    auto history = random_inputs(rng, alone->layout(), n, 8);
+    run_step(*alone, a, n, history);
+    run_step(*spans, b, n, history);
+    // One token alone, and the same token first in a span of k.
+    const int32_t k = std::uniform_int_distribution<int32_t>(2, 8)(rng);
+    auto one = random_inputs(rng, alone->layout(), 1, 8);
+    auto many = random_inputs(rng, spans->layout(), k, 8);
+    for (size_t l = 0; l < one.size(); ++l) {
+      std::copy(one[l].q.begin(), one[l].q.end(), many[l].q.begin());
+      std::copy(one[l].k.begin(), one[l].k.end(), many[l].k.begin());
+      std::copy(one[l].v.begin(), one[l].v.end(), many[l].v.begin());
+    }
+    const int32_t at = alone->sequence(a)->length();
+    auto out_one = run_step(*alone, a, 1, one);
+    auto out_many = run_step(*spans, b, k, many);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      ASSERT_EQ(out_many[l].size(), out_one[l].size() * size_t(k));
+      for (size_t i = 0; i < out_one[l].size(); ++i)
+        ASSERT_EQ(out_one[l][i], out_many[l][i]) << "layer " << l << " at " << at << " span " << k;
+    }
+    ++compared;
+    ASSERT_TRUE(spans->rewind(b, at + 1).ok()); // both hold the same history again
+  }
+  EXPECT_GT(compared, 20);
+}
+
 TEST(KvStore, SharedLayersMatchRecomputedKVAndHoldNoStorage) {
   // Layers 2 and 3 share the caches of 0 (sliding) and 1 (full).
   const std::vector<cache::LayerSpec> layers = {layer(5), layer(0), layer(5), layer(0)};

@@ -149,11 +149,11 @@ TEST(ModelRecompute, Llama) {
   check_against_recompute(make_model(small_spec("llama", false, 3), "llama.gguf"), 13, 40, 5);
 }
 
-// Gemma 4's shapes (synth presets at test widths, window 16, 300 tokens): E2B with per-layer
-// embeddings, double-wide FFNs and 5 of 10 layers reading donors 3 (sliding) and 4 (global);
-// E4B with 6 of 12 shared; 31B with fewer KV heads on its global layers, whose V is K. The
-// recompute stores every cache flat in one step; the incremental run writes rings in chunks that
-// wrap, and its shared layers read their donors' rings as they stand. (Which layer donates is
+// Gemma 4's shapes (synth presets at test widths, window 16, a 300-token vocabulary): E2B with
+// per-layer embeddings, double-wide FFNs and 5 of 10 layers reading donors 3 (sliding) and 4
+// (global); E4B with 6 of 12 shared; 31B with fewer KV heads on its global layers, whose V is K.
+// The recompute stores every cache flat in one step; the incremental run writes rings in chunks
+// that wrap, and its shared layers read their donors' rings as they stand. (Which layer donates is
 // checked against libllama in peer.gemma4 and against both rules in cache_property_tests.)
 synth::SynthSpec gemma4_spec(const std::string &preset, uint64_t seed) {
   synth::SynthSpec s = synth::preset(preset, "gemma4").value();
@@ -166,6 +166,37 @@ synth::SynthSpec gemma4_spec(const std::string &preset, uint64_t seed) {
 // one-step recompute; measured 1e-7 to 3.4e-4, no larger after the rings wrap (at 16) than
 // before.
 constexpr double kGemma4Bound = 1e-3;
+// synth plans its tensors with a planning binder (tools/synth): every preset's file loads with
+// the real binder (shapes, types, nothing left over), and holds the planned tensors in order.
+TEST(ModelFiles, EverySynthPresetLoadsAndHoldsThePlannedTensorsInOrder) {
+  struct Case {
+    const char *arch, *preset;
+  };
+  for (const Case &c :
+       {Case{"muse-glimmer", "tiny"}, Case{"muse-glimmer", "small"}, Case{"llama", "tiny"},
+        Case{"gemma4", "e2b"}, Case{"gemma4", "e4b"}, Case{"gemma4", "31b"}}) {
+    SCOPED_TRACE(std::string(c.arch) + " " + c.preset);
+    synth::SynthSpec s = synth::preset(c.preset, c.arch).value();
+    s.n_vocab = 300;
+    const std::string path =
+        make_model(s, std::string("preset-") + c.arch + "-" + c.preset + ".gguf");
+    auto m = Model::open_metadata(path);
+    ASSERT_TRUE(m.ok()) << m.message();
+    // The file's tensor order against the binding order of its own architecture.
+    const Architecture *arch = find_architecture((*m)->config().arch_name);
+    ASSERT_NE(arch, nullptr);
+    TensorBinder planner(
+        [&](const std::string &name) { return (*m)->file().tensor(name) != nullptr; });
+    Weights w;
+    ASSERT_TRUE(arch->bind_weights(planner, (*m)->config(), w).ok());
+    std::vector<std::string> planned, in_file;
+    for (const TensorRequest &r : planner.requests()) planned.push_back(r.name);
+    for (int64_t i = 0; i < gguf_get_n_tensors((*m)->file().gguf()); ++i)
+      in_file.push_back(gguf_get_tensor_name((*m)->file().gguf(), i));
+    EXPECT_EQ(in_file, planned);
+  }
+}
+
 TEST(ModelRecompute, Gemma4E2BSharedLayers) {
   check_against_recompute(make_model(gemma4_spec("e2b", 6), "g4-e2b.gguf"), 14, 50, 7,
                           kv::RingOrder::Physical, kv::AttentionKernel::Grouped, kGemma4Bound);

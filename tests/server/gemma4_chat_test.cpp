@@ -1,9 +1,8 @@
 // A generated Gemma 4 model (31B-shaped, the real Gemma 4 vocabulary and the pinned tree's
 // template embedded) behind the server: reasoning_effort (and Anthropic's thinking) reaches the
-// template as enable_thinking,
-// and constrained turns come back parsed — a forced strict call as tool_calls whose arguments
-// validate, a structured answer as content — from a random model that only the grammar keeps in
-// line.
+// template as enable_thinking, and constrained turns come back parsed — a forced strict call as
+// tool_calls whose arguments validate, a structured answer as content — from a random model that
+// only the grammar keeps in line.
 #include "live_server.h"
 
 namespace offgraph::server::testing {

@@ -9,13 +9,16 @@
 #include "ggml-cpp.h"
 #include "gguf.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <unistd.h>
 
 namespace offgraph::synth {
 
@@ -118,9 +121,9 @@ int64_t ffn_width(const SynthSpec &s, int32_t i) {
 }
 
 // Which optional tensors (bind_weights asks; the others are required) the file holds: a head of
-// its own (always for muse-glimmer and llama; gemma4 when own_head), and for gemma4 each layer's
-// output scale and the V projection of a layer that keeps KV (sliding, or global with global_v).
-// Never the fused attn_qkv, biases, scales, or a shared layer's K/V.
+// its own (llama's is optional and always written; gemma4's when own_head), and for gemma4 each
+// layer's output scale and the V projection of a layer that keeps KV (sliding, or global with
+// global_v). Never the fused attn_qkv, biases, scales, or a shared layer's K/V.
 bool writes_optional(const SynthSpec &s, const std::string &name) {
   if (name == "output.weight") return s.arch != "gemma4" || s.own_head;
   if (s.arch != "gemma4") return false;
@@ -184,11 +187,20 @@ TensorPlan value_plan(const SynthSpec &s, const model::TensorRequest &r) {
 
 // The file's tensors as the architecture's loader binds them: the keys (with token_embd, which
 // sizes the vocabulary) go to a metadata-only file that model::read_config reads, and
-// bind_weights runs on a planning binder. So synth can never write a file its loader reads
-// differently, and an architecture's tensors are listed in one place.
+// bind_weights runs on a planning binder, so an architecture's tensors are listed in one place
+// (model_tests loads every preset with the real binder, in this order).
 Status plan_tensors(const SynthSpec &s, gguf_context *keys, const TensorPlan &embedding,
-                    const std::string &path, std::vector<TensorPlan> &plan) {
-  const std::string probe = path + ".keys";
+                    std::vector<TensorPlan> &plan) {
+  // A name of its own beside no one's file; removed on every way out.
+  static std::atomic<uint64_t> probes{0};
+  const std::string probe =
+      (std::filesystem::temp_directory_path() /
+       ("offgraph-synth-keys-" + std::to_string(::getpid()) + "-" + std::to_string(probes++)))
+          .string();
+  struct Remove {
+    const std::string &path;
+    ~Remove() { std::remove(path.c_str()); }
+  } remove_probe{probe};
   {
     gguf_context_ptr copy(gguf_init_empty());
     gguf_set_kv(copy.get(), keys);
@@ -196,7 +208,6 @@ Status plan_tensors(const SynthSpec &s, gguf_context *keys, const TensorPlan &em
     OFFGRAPH_TRY(write_gguf(copy.get(), {embedding}, probe, true, 0, nullptr, n_params, bytes));
   }
   auto file = model::GgufFile::open(probe);
-  std::remove(probe.c_str());
   if (!file.ok()) return file.status();
   auto config = model::read_config(**file);
   if (!config.ok()) return Status::error("synth: the keys written: " + config.message());
@@ -315,7 +326,7 @@ Result<std::string> write_model(const SynthSpec &s, const std::string &path,
   OFFGRAPH_TRY(plan_tensors(
       s, out.get(),
       matrix_plan("token_embd.weight", E, n_vocab, fit(s.weight_type, E), TensorPlan::Normal, 1.0f),
-      path, plan));
+      plan));
 
   uint64_t n_params = 0, total = 0;
   OFFGRAPH_TRY(
