@@ -7,6 +7,8 @@
 #include "sample/json_schema.h"
 #include "text/atem/atem_parser.h"
 
+#include "../turn_grammar_harness.h"
+
 #include <gtest/gtest.h>
 
 namespace offgraph::text {
@@ -14,28 +16,14 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const Tokenizer &tokenizer() {
-  static std::unique_ptr<Tokenizer> t = [] {
-    auto r = Tokenizer::from_gguf(std::string(OFFGRAPH_LLAMA_TREE) +
-                                  "/models/ggml-vocab-llama-bpe.gguf");
-    EXPECT_TRUE(r.ok()) << r.message();
-    return std::move(r).value();
-  }();
-  return *t;
+const testing::TurnGrammarHarness &harness() {
+  static const testing::TurnGrammarHarness h("ggml-vocab-llama-bpe.gguf", atem_turn_grammar);
+  return h;
 }
-
-std::shared_ptr<const sample::GrammarVocabulary> vocabulary() {
-  static auto v = std::make_shared<sample::GrammarVocabulary>(grammar_token_texts(tokenizer()));
-  return v;
-}
-
+const Tokenizer &tokenizer() { return harness().tokenizer(); }
+std::shared_ptr<const sample::GrammarVocabulary> vocabulary() { return harness().vocabulary(); }
 std::shared_ptr<const sample::CompiledGrammar> compile(const TurnSpec &spec) {
-  auto g = atem_turn_grammar(tokenizer(), spec);
-  EXPECT_TRUE(g.ok()) << g.message();
-  auto c = sample::compile_grammar(std::move(g).value(), vocabulary(),
-                                   tokenizer().end_of_generation_ids());
-  EXPECT_TRUE(c.ok()) << c.message();
-  return std::move(c).value();
+  return harness().compile(spec);
 }
 
 ojson weather() {

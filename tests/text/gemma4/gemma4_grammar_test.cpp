@@ -9,6 +9,8 @@
 #include "text/gemma4/gemma4_parser.h"
 #include "text/template/chat_template.h"
 
+#include "../turn_grammar_harness.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -19,29 +21,13 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const Tokenizer &tokenizer() {
-  static std::unique_ptr<Tokenizer> t = [] {
-    auto r =
-        Tokenizer::from_gguf(std::string(OFFGRAPH_LLAMA_TREE) + "/models/ggml-vocab-gemma-4.gguf");
-    EXPECT_TRUE(r.ok()) << r.message();
-    return std::move(r).value();
-  }();
-  return *t;
+const testing::TurnGrammarHarness &harness() {
+  static const testing::TurnGrammarHarness h("ggml-vocab-gemma-4.gguf", gemma4_turn_grammar);
+  return h;
 }
-
-std::shared_ptr<const sample::GrammarVocabulary> vocabulary() {
-  static auto v = std::make_shared<sample::GrammarVocabulary>(grammar_token_texts(tokenizer()));
-  return v;
-}
-
+const Tokenizer &tokenizer() { return harness().tokenizer(); }
 std::shared_ptr<const sample::CompiledGrammar> compile(const TurnSpec &spec) {
-  auto g = gemma4_turn_grammar(tokenizer(), spec);
-  EXPECT_TRUE(g.ok()) << g.message();
-  if (!g.ok()) return nullptr;
-  auto c = sample::compile_grammar(std::move(g).value(), vocabulary(),
-                                   tokenizer().end_of_generation_ids());
-  EXPECT_TRUE(c.ok()) << c.message();
-  return std::move(c).value();
+  return harness().compile(spec);
 }
 
 // Feeds `text` as the model writes it: the vocabulary's tokens, control ones included.
