@@ -43,7 +43,7 @@ std::function<int()> add_synth(CLI::App &app) {
   cmd->add_option("--kv-heads", o->kv_heads, "KV heads");
   cmd->add_option("--head-dim", o->head_dim, "head dimension");
   cmd->add_option("--ff", o->ff, "feed-forward width");
-  cmd->add_option("--window", o->window, "sliding window (muse-glimmer)");
+  cmd->add_option("--window", o->window, "sliding window (muse-glimmer, gemma4)");
   cmd->add_option("--ctx", o->ctx, "training context written as context_length (tokens)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pattern", o->pattern,
@@ -80,6 +80,11 @@ std::function<int()> add_synth(CLI::App &app) {
       return std::fprintf(stderr, "offgraph synth: --meta-only and --weights contradict\n"), 1;
     s.metadata_only = (s.metadata_only || o->meta_only) && !o->weights;
     if (!o->pattern.empty()) {
+      if (s.arch != "muse-glimmer")
+        return std::fprintf(stderr, "offgraph synth: --pattern is muse-glimmer's (%s writes %s)\n",
+                            s.arch.c_str(),
+                            s.arch == "gemma4" ? "a bool per layer, always" : "no pattern"),
+               1;
       if (o->pattern != "array" && o->pattern != "scalar")
         return std::fprintf(stderr, "offgraph synth: --pattern must be 'array' or 'scalar'\n"), 1;
       s.pattern_array = o->pattern == "array";
