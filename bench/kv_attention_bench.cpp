@@ -112,6 +112,7 @@ void BM_DecodeAttention(benchmark::State &state) {
     ggml_context *ctx = ggml_init(params);
     ggml_cgraph *gf = ggml_new_graph(ctx);
     kv::Step step(*store);
+    step.set_graph(gf);
     auto span = step.add_span({seq, history, 1});
     ggml_tensor *tq = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, kHeadDim, kQHeads, 1);
     ggml_tensor *tk = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, kHeadDim, kKvHeads, 1);

@@ -24,6 +24,9 @@ Result<std::shared_ptr<const Layout>> Layout::make(Geometry geometry, Policy pol
     return Status::error(where + "max_write " + std::to_string(policy.max_write) +
                          " exceeds the capacity " + std::to_string(policy.capacity) +
                          " (a step can never write more than a sequence holds)");
+  if (policy.ring_reach < 0)
+    return Status::error(where + "ring_reach " + std::to_string(policy.ring_reach) +
+                         " must not be negative");
   if (policy.page_rows < 1)
     return Status::error(where + "page_rows " + std::to_string(policy.page_rows) +
                          " must be at least 1 row");
@@ -33,7 +36,8 @@ Result<std::shared_ptr<const Layout>> Layout::make(Geometry geometry, Policy pol
   for (const CacheSpec &spec : geometry.caches()) {
     CacheLayout c;
     c.spec = spec;
-    const int64_t ring_rows = int64_t(spec.attention.window) + policy.max_write - 1;
+    const int64_t ring_rows =
+        int64_t(spec.attention.window) + std::min(policy.ring_reach, policy.max_write - 1);
     if (spec.attention.sliding() && ring_rows < policy.capacity) {
       c.storage = Storage::Ring;
       c.max_rows = int32_t(ring_rows);
@@ -57,13 +61,14 @@ int32_t Layout::rows_required(CacheId id, int32_t end) const {
 int64_t Layout::min_rows(CacheId id, int32_t length) const {
   const CacheLayout &c = cache(id);
   if (!c.spec.attention.sliding()) return length;
-  return std::min<int64_t>(length, int64_t(c.window()) - 1 + policy_.max_write);
+  return std::min<int64_t>(length, c.window());
 }
 
 std::string Layout::describe() const {
   std::string s = "capacity " + std::to_string(policy_.capacity) + ", max_write " +
-                  std::to_string(policy_.max_write) + ", " + std::to_string(caches_.size()) +
-                  " caches, pages of " + std::to_string(policy_.page_rows) + " rows:";
+                  std::to_string(policy_.max_write) + ", ring lead " + std::to_string(ring_lead()) +
+                  ", " + std::to_string(caches_.size()) + " caches, pages of " +
+                  std::to_string(policy_.page_rows) + " rows:";
   for (size_t i = 0; i < caches_.size(); ++i) {
     const CacheLayout &c = caches_[i];
     s += "\n  cache " + std::to_string(i) + " (layer " + std::to_string(c.spec.owner_layer) +

@@ -62,7 +62,8 @@ inline int32_t ring_slot_position(int32_t rows, int32_t high_water, int32_t slot
 }
 
 // One step of one sequence on one cache: n_tokens new rows at logical positions
-// [position, position + n_tokens). Rows are written before they are read.
+// [position, position + n_tokens). Rows are written before they are read, except on a ring too
+// small to hold the step's rows beside the window before them (deferred_write).
 struct StepPlan {
   CacheId cache = 0;
   int32_t position = 0;
@@ -76,6 +77,15 @@ struct StepPlan {
   // One past the highest position ever written once this step's rows are in (for ring slot
   // positions; see ring_slot_position).
   int32_t high_water_after = 0;
+  // A ring step longer than the ring's lead (Layout::ring_lead): its rows would overwrite slots
+  // its first queries still read. Then `read` holds only the older rows [read_base_pos, position)
+  // (the slots as labelled by high_water_before, where labels >= position are stale), the step's
+  // own rows are attended from the step's tensors after them, and `write` (the step's last
+  // min(n_tokens, R) positions) happens after every read of the cache in the step.
+  bool deferred_write = false;
+  // One past the highest position written before this step (labels the slots a deferred write's
+  // step reads).
+  int32_t high_water_before = 0;
 
   int32_t end() const { return position + n_tokens; }
 };

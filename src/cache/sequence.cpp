@@ -36,18 +36,18 @@ bool Sequence::ring_limits_rewind(CacheId id) const {
 
 int32_t Sequence::rewind_floor() const {
   for (CacheId id = 0; id < layout_->n_caches(); ++id)
-    if (ring_limits_rewind(id)) return std::min(high_water_ - layout_->max_write(), length_);
+    if (ring_limits_rewind(id)) return std::min(high_water_ - layout_->ring_lead(), length_);
   return 0;
 }
 
 int32_t Sequence::max_draft_tokens() const {
-  const int32_t m = layout_->max_write();
-  int32_t k = std::min(m, capacity() - length_) - 1;
+  const int32_t lead = layout_->ring_lead();
+  int32_t k = std::min(layout_->max_write(), capacity() - length_) - 1;
   for (CacheId id = 0; id < layout_->n_caches(); ++id) {
     const CacheLayout &c = layout_->cache(id);
     if (!c.ring() || c.window() <= 1) continue;
-    if (high_water_ > length_ + 1 + m) return 0; // even the kept token's step could not go back
-    k = std::min(k, m);
+    if (high_water_ > length_ + 1 + lead) return 0; // even the kept token's step could not go back
+    k = std::min(k, lead);
   }
   return std::max(k, 0);
 }
@@ -66,7 +66,7 @@ Status Sequence::rewind(int32_t new_length) {
   for (CacheId id = 0; id < layout_->n_caches(); ++id) {
     const CacheLayout &c = layout_->cache(id);
     if (!ring_limits_rewind(id)) continue;
-    const int32_t floor = high_water_ - layout_->max_write();
+    const int32_t floor = high_water_ - layout_->ring_lead();
     if (new_length >= floor) continue;
     return Status::error(
         "rewind to " + str(new_length) + " refused: cache " + str(id) + " (layer " +
@@ -80,11 +80,11 @@ Status Sequence::rewind(int32_t new_length) {
   record_truncation(new_length);
   length_ = new_length;
   last_step_position_ = -1;
-  // Keep hw <= length + max_write, which slot labelling needs (a slot's label must be the position
-  // the next step writes there). Wherever a ring limits rewinds this changes nothing, since the
-  // rule already demands new_length >= hw - max_write; it lowers hw only past rings that never
-  // wrapped or have a window of 1, whose older rows nobody reads.
-  high_water_ = std::min(high_water_, new_length + layout_->max_write());
+  // Keep hw <= length + lead, which slot labelling needs (a slot's label must be the position the
+  // next step writes there). Wherever a ring limits rewinds this changes nothing, since the rule
+  // already demands new_length >= hw - lead; it lowers hw only past rings that never wrapped or
+  // have a window of 1, whose older rows nobody reads.
+  high_water_ = std::min(high_water_, new_length + layout_->ring_lead());
   return ok_status();
 }
 
@@ -121,7 +121,15 @@ Result<StepPlan> Sequence::plan(CacheId id, int32_t position, int32_t n_tokens) 
   const int32_t read_start =
       c.spec.attention.sliding() ? std::max(0, position - c.window() + 1) : 0;
   p.read_base_pos = read_start;
-  if (c.ring()) {
+  p.high_water_before = high_water_;
+  if (c.ring() && n_tokens > c.max_rows - c.window() + 1) {
+    // Writing first would overwrite slots the step's first queries read: read the older rows as
+    // they are, then write the step's last R positions (the rest would be overwritten at once).
+    const int32_t kept = std::min(n_tokens, c.max_rows);
+    p.deferred_write = true;
+    p.write = split_ring(p.end() - kept, kept, c.max_rows);
+    p.read = split_ring(read_start, position - read_start, c.max_rows);
+  } else if (c.ring()) {
     p.write = split_ring(position, n_tokens, c.max_rows);
     p.read = split_ring(read_start, p.end() - read_start, c.max_rows);
   } else {
@@ -164,11 +172,11 @@ void Sequence::materialize_at(int32_t end) {
   length_ = end;
   last_step_position_ = -1;
   // Only the window [end - w + 1, end) was copied into the rings' fresh storage. Naming the
-  // high-water mark end + max_write labels every other slot with a position in
-  // [end, end + max_write): later than any query, hence masked, and each is overwritten before a
-  // query could see it. It also makes `end` the rewind floor, which is exact: nothing older was
-  // copied.
-  high_water_ = layout_->has_ring() ? end + layout_->max_write() : end;
+  // high-water mark end + lead labels every other slot with a position in [end, end + lead):
+  // later than any query, hence masked (a deferred write's step hides labels >= its position),
+  // and each is overwritten before a query could see it. It also makes `end` the rewind floor,
+  // which is exact: nothing older was copied.
+  high_water_ = layout_->has_ring() ? end + layout_->ring_lead() : end;
 }
 
 void Sequence::record_truncation(int32_t new_length) {
@@ -214,11 +222,11 @@ RingSnapshot Sequence::describe_snapshot(int32_t reach) {
   s.sequence_uid = uid_;
   s.taken_at = ++stamp_;
   s.length = length_;
-  // A ring of R = window + max_write - 1 slots holds positions [hw - R, hw); going back r
-  // positions needs [length - r - window + 1, length), so r <= length + max_write - hw.
+  // A ring of R = window + lead - 1 slots holds positions [hw - R, hw); going back r positions
+  // needs [length - r - window + 1, length), so r <= length + lead - hw.
   int32_t held = length_;
   for (CacheId id = 0; id < layout_->n_caches(); ++id)
-    if (ring_limits_rewind(id)) held = std::min(held, length_ + layout_->max_write() - high_water_);
+    if (ring_limits_rewind(id)) held = std::min(held, length_ + layout_->ring_lead() - high_water_);
   s.reach = std::clamp(reach, 0, std::max(0, held));
   s.rows = ring_window_rows(length_ - s.reach, length_);
   return s;
@@ -256,13 +264,17 @@ Status Sequence::restore(const RingSnapshot &s, int32_t at) {
   last_step_position_ = -1;
   // The saved positions [B - reach - window + 1, B) (B the snapshot's length) are back at their
   // slots. Slots are labelled from the high-water mark, and restored position p is labelled p only
-  // if hw <= p + R: lowering hw to B - reach + max_write relabels the newer rows in between as
+  // if hw <= p + R: lowering hw to B - reach + lead relabels the newer rows in between as
   // positions >= at (masked until rewritten) and makes B - reach the rewind floor. Where hw was
   // already within it (it is >= B: truncations since were >= at >= B - reach), every slot keeps
   // its true label and older rows that survived stay reachable by rewind.
-  if (layout_->has_ring())
-    high_water_ = std::clamp(high_water_, s.length, s.length - s.reach + layout_->max_write());
-  else
+  // A snapshot taken before its rings wrapped may reach back further than the lead; then the
+  // bound is `at` itself: every slot is labelled below it, and only the restored window is near
+  // enough for a query to see (hw never drops below the length: a step reads the slots under it).
+  if (layout_->has_ring()) {
+    const int32_t hi = s.length - s.reach + layout_->ring_lead();
+    high_water_ = std::max(at, std::clamp(high_water_, std::min(s.length, hi), hi));
+  } else
     high_water_ = std::min(high_water_, at + layout_->max_write());
   return ok_status();
 }

@@ -6,11 +6,11 @@
 // - One logical length shared by all caches. A step writes positions [length, length + T).
 // - plan() is pure; commit() is a max, so repeated plans and commits (shared layers) are no-ops.
 // - The high-water mark hw is one past the highest position written. A ring of
-//   R = window + max_write - 1 slots physically holds positions [hw - R, hw), so a rewind to p is
-//   exact iff the next step's first query finds its window there: hw <= R or p >= hw - max_write
-//   (or the window is 1, so nothing older is read). Where a ring depends on it, a rewind never
-//   lowers hw; elsewhere it may, keeping hw <= length + max_write so that slot labels
-//   (ring_slot_position) stay true.
+//   R = window + lead - 1 slots (lead = Layout::ring_lead) physically holds positions
+//   [hw - R, hw), so a rewind to p is exact iff the next step's first query finds its window
+//   there: hw <= R or p >= hw - lead (or the window is 1, so nothing older is read). Where a ring
+//   depends on it, a rewind never lowers hw; elsewhere it may, keeping hw <= length + lead so that
+//   slot labels (ring_slot_position) stay true.
 #pragma once
 
 #include "base/status.h"
@@ -78,9 +78,9 @@ public:
   // Speculative decoding's rule (CACHE_CONTRACT.md §5 applied to a verify step): the most drafted
   // tokens k that one step at the current length L may write after the token it must keep, as a
   // span of 1 + k, such that a rewind to any length in [L + 1, L + 1 + k] is then exact. On a
-  // ring (window > 1) that needs L + 1 >= max(hw, L + 1 + k) - max_write, i.e. k <= max_write and
-  // hw <= L + 1 + max_write; and a span is at most max_write and within the capacity. So
-  // max_write - 1 wherever the capacity allows (0: no draft fits).
+  // ring (window > 1) that needs L + 1 >= max(hw, L + 1 + k) - lead, i.e. k <= lead and
+  // hw <= L + 1 + lead; and a span is at most max_write and within the capacity. So
+  // min(lead, max_write - 1) wherever the capacity allows (0: no draft fits).
   int32_t max_draft_tokens() const;
   // Length 0 and nothing resident; storage is kept by the byte layer.
   void clear();
@@ -103,7 +103,7 @@ public:
   Sequence forked(const ForkPlan &plan) const;
   // Which ring rows to save now so that restore() can return to the current length later, or to
   // any of the `reach` lengths before it. The reach is cut to what the rings still hold (at most
-  // max_write past a step's end; the length itself on a model without rings).
+  // the ring lead past a step's end; the length itself on a model without rings).
   RingSnapshot describe_snapshot(int32_t reach = 0);
   // After the byte layer wrote the snapshot's rows back at their slots: the length becomes `at`
   // (-1: the snapshot's length) and the rings' window before it is resident again (so that length

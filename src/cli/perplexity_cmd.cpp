@@ -90,9 +90,11 @@ std::function<int()> add_perplexity(CLI::App &app) {
     auto ctk = kv::parse_storage_type(o->ctk), ctv = kv::parse_storage_type(o->ctv);
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     const int32_t n_batch = std::min(o->batch, n_ctx);
-    // A step may write up to max_write rows; with max_write = n_ctx no sliding cache can be a ring
+    // With max_write = n_ctx and a ring reach of n_ctx no sliding cache can be a ring
     // (window + n_ctx - 1 >= n_ctx), so every layer is stored in full, fed the same batches.
-    auto layout = model::make_layout(**m, {n_ctx, o->full ? n_ctx : n_batch});
+    cache::Policy policy{n_ctx, o->full ? n_ctx : n_batch};
+    if (o->full) policy.ring_reach = n_ctx;
+    auto layout = model::make_layout(**m, policy);
     if (!layout.ok()) return fail(layout.message());
     int n_ring = 0;
     for (int32_t i = 0; i < (*layout)->n_caches(); ++i) n_ring += (*layout)->cache(i).ring();

@@ -28,7 +28,7 @@ std::function<int()> add_serve(CLI::App &app) {
     std::string model, host = "127.0.0.1", ctk = "f16", ctv = "f16", api_key, cors;
     std::vector<std::string> aliases;
     int port = 8080, ctx = 8192, parallel = 4, batch = 256, threads = 2, cached = 8;
-    int snapshot_every = 0, kv_page = 64;
+    int snapshot_every = 0, kv_page = 64, ring_reach = cache::Policy{}.ring_reach;
     bool no_start_snapshots = false;
     double snapshot_budget_mib = 0;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
@@ -117,6 +117,10 @@ std::function<int()> add_serve(CLI::App &app) {
   add_device_flags(*cmd, o->devices);
   cmd->add_option("--kv-page", o->kv_page, "rows of a page of flat KV storage")
       ->capture_default_str();
+  cmd->add_option("--ring-reach", o->ring_reach,
+                  "rows a sliding layer's ring keeps past its window: how far a rewind, a rejected "
+                  "draft or a snapshot may go back once it wrapped (at most --batch - 1 count)")
+      ->capture_default_str();
   cmd->add_option("-b,--batch", o->batch, "prefill chunk (max_write)")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   cmd->add_option("--ctk", o->ctk, "K cache type")->capture_default_str();
@@ -140,10 +144,11 @@ std::function<int()> add_serve(CLI::App &app) {
     if (o->max_body_mib == 0) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
     if (o->max_body_mib <= 0 || o->max_images < 1 || o->queue < 0 || o->timeout < 1 ||
         o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
-        o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1)
+        o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
       return fail("--max-body-mib, --max-images, --kv-page and the timeouts must be positive; "
                   "--queue, "
-                  "--max-tokens, --kv-mib, --cache-mib and --snapshot-every not negative");
+                  "--max-tokens, --kv-mib, --cache-mib, --snapshot-every and --ring-reach not "
+                  "negative");
     server::ServerOptions so;
     so.host = o->host;
     so.port = o->port;
@@ -202,6 +207,7 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.prefix_reuse = !o->no_prefix_reuse;
     eo.snapshot_every = o->snapshot_every;
     eo.page_rows = o->kv_page;
+    eo.ring_reach = o->ring_reach;
     eo.kv_budget = int64_t(o->kv_budget_mib * 1024 * 1024);
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.start_snapshots = !o->no_start_snapshots;

@@ -93,7 +93,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
                          "prefill chunk) is " +
                          std::to_string(options.max_write));
   std::unique_ptr<Engine> e(new Engine(model, options));
-  auto layout = model::make_layout(model, {options.context, options.max_write, options.page_rows});
+  auto layout = model::make_layout(
+      model, {options.context, options.max_write, options.page_rows, options.ring_reach});
   if (!layout.ok()) return layout.status();
   // Flat caches on another device are allocated in full, not reserved as on the CPU: pages for
   // every active and cached sequence at full context, and no more.
@@ -113,8 +114,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
       return Status::error("the draft model has " + std::to_string(d->config().n_vocab) +
                            " tokens; the model has " + std::to_string(model.config().n_vocab) +
                            " (a draft must share the vocabulary)");
-    auto draft_layout =
-        model::make_layout(*d, {options.context, options.max_write, options.page_rows});
+    auto draft_layout = model::make_layout(
+        *d, {options.context, options.max_write, options.page_rows, options.ring_reach});
     if (!draft_layout.ok()) return draft_layout.status();
     auto draft_store = kv::KvStore::create(*draft_layout, options.types, d->cache_buffer_types());
     if (!draft_store.ok()) return draft_store.status();

@@ -39,9 +39,12 @@
 namespace offgraph::engine {
 
 struct EngineOptions {
-  int32_t context = 4096;    // per sequence: prompt + generated tokens
-  int32_t max_write = 256;   // largest prefill chunk
-  int32_t page_rows = 64;    // rows of a page of flat KV storage (cache::Policy)
+  int32_t context = 4096;  // per sequence: prompt + generated tokens
+  int32_t max_write = 256; // largest prefill chunk
+  int32_t page_rows = 64;  // rows of a page of flat KV storage (cache::Policy)
+  // Positions a sliding layer's ring keeps past its window (cache::Policy::ring_reach): the most
+  // a rewind, a rejected draft or a snapshot's reach goes back once the ring wrapped.
+  int32_t ring_reach = cache::Policy{}.ring_reach;
   int32_t step_tokens = 512; // token budget of one step (decodes first, then prefill chunks)
   int32_t max_active = 8;    // requests computed together
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse

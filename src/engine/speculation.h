@@ -36,8 +36,9 @@ inline constexpr int32_t kMaxDraftTokens = 64;
 struct SpeculationOptions {
   DraftSource source = DraftSource::None;
   // The most drafted tokens one step verifies. The engine clips it to what a rejection can be
-  // rewound from (cache::Sequence::max_draft_tokens: max_write - 1, a verify span being at most
-  // max_write), to the tokens the request may still write, and to the step's budget.
+  // rewound from (cache::Sequence::max_draft_tokens: the ring lead, at most max_write - 1, a
+  // verify span being at most max_write), to the tokens the request may still write, and to the
+  // step's budget.
   int32_t n_max = 8;
   // A draft shorter than this is not verified (the step decodes one token); a probe (below)
   // drafts this many.

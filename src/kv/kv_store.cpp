@@ -481,7 +481,7 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
                          std::to_string(pages_from) + " holds " + std::to_string(s->seq.length()));
   auto child = child_of(*s, cache::ForkPlan{n, {}});
   if (!child.ok()) return child.status();
-  // Every saved row goes back at its slot. The child's high-water mark n + max_write labels the
+  // Every saved row goes back at its slot. The child's high-water mark n + lead labels the
   // slots of positions >= n, and of those older than the window before n, as positions >= n:
   // masked until rewritten, as in Sequence::restore.
   write_back(snap, child->ring);

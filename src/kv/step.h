@@ -19,6 +19,7 @@
 
 #include "ggml.h"
 
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -46,17 +47,27 @@ public:
   // views stay valid). A sequence may appear once per step.
   Result<int32_t> add_span(Span span);
 
+  // The graph the fragments go into. Needed by a ring step longer than the ring's lead
+  // (cache::StepPlan::deferred_write): its writes must follow every read of the ring, which no
+  // data dependency orders, so they are appended to the graph after the last reader's attention.
+  void set_graph(ggml_cgraph *gf) { graph_ = gf; }
+
   // The graph fragment for one attention layer on one span. `ctx` is the graph's (no_alloc)
   // context. Writes k and v into the planned rows, then attends q over the planned read rows with
   // the mask derived from logical positions. A second call on the same cache id and span (a
-  // shared layer re-serving its donor's cache) writes nothing and reads the same rows.
+  // shared layer re-serving its donor's cache) writes nothing and reads the same rows. On a ring
+  // step longer than the ring's lead the order is the other way: q attends the ring's older rows
+  // followed by the span's own (k and v in the storage type), and the span's rows are written
+  // after the last layer reading the cache has attended (every layer of the model calls this
+  // once per span; commit() refuses a step where one did not).
   Result<ggml_tensor *> update_and_attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k,
                                           ggml_tensor *v, int32_t span, cache::CacheId id,
                                           float scale);
 
   // After the graph holding the fragments was allocated: uploads row indices and masks.
   void set_inputs();
-  // After the graph computed successfully: every span's sequence advances by its tokens.
+  // After the graph computed successfully: every span's sequence advances by its tokens. Refuses
+  // (advancing nothing) a step whose deferred ring writes never went into the graph.
   Status commit();
 
   const std::vector<Span> &spans() const { return spans_; }
@@ -71,6 +82,11 @@ private:
     Kernel kernel = Kernel::Ggml; // flat caches: the kernel the views were built for
     RowMap rows;                  // scattered pages read by offgraph's kernels
     bool mask_labels = false;     // scattered pages read by ggml's kernel as a masked range
+    // A deferred write (cache::StepPlan::deferred_write): the span's rows in the storage type, the
+    // ring slots they go to, and how many layers reading the cache have yet to attend.
+    ggml_tensor *k_staged = nullptr, *v_staged = nullptr;
+    cache::Runs deferred_slots;
+    int32_t readers_left = 0;
   };
   struct Pending {
     ggml_tensor *tensor;
@@ -81,19 +97,34 @@ private:
   ggml_tensor *input(ggml_context *ctx, ggml_type type, int64_t ne0, int64_t ne1,
                      std::vector<uint8_t> bytes);
   ggml_tensor *write_indices(ggml_context *ctx, int32_t span, const cache::StepPlan &plan);
+  // Rows 0..n-1, for converting a span's rows into a tensor of the storage type.
+  ggml_tensor *identity_indices(ggml_context *ctx, int32_t n);
   // Which kernel attends a span of T tokens with `group` query heads a KV head: offgraph's own
   // (custom ops, CPU only) where the storage is in host memory, ggml's stock ops elsewhere.
   Kernel choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec, bool host) const;
   // The span's page table, copied when first used (the kernels read it while the graph computes).
   const std::vector<int32_t> &span_pages(int32_t span);
   // Which positions the rows read hold: ring slots labelled from the high-water mark
-  // (ring_rows > 0), one label per row (labels: pool rows of paged storage that ggml's kernel
-  // reads as a range, -1 where a row is not the sequence's), or consecutive positions from
-  // first_label.
+  // `high_water` (ring_rows > 0; labels >= hide_from are stale), one label per row (labels: pool
+  // rows of paged storage that ggml's kernel reads as a range, -1 where a row is not the
+  // sequence's), or consecutive positions from first_label. A deferred write's step reads
+  // tail_rows more after them: the span's own, at its positions.
   struct RowLabels {
     int32_t ring_rows = 0, first_label = 0, first_row = 0, n_rows = 0;
+    int32_t high_water = 0, hide_from = INT32_MAX, tail_rows = 0;
     std::shared_ptr<const std::vector<int32_t>> labels;
   };
+  // Attention of q over the rows `w` holds, with the kernel its shapes choose.
+  Result<ggml_tensor *> attend(ggml_context *ctx, ggml_tensor *q, const Written &w, int32_t span,
+                               cache::CacheId id, float scale);
+  // A deferred write's views: the ring's older rows, then the span's staged rows.
+  void attend_before_write(ggml_context *ctx, const cache::StepPlan &plan, ggml_tensor *k_rows,
+                           ggml_tensor *v_rows, ggml_tensor *k_store, ggml_tensor *v_store,
+                           bool host, RowLabels &rows, Written &w);
+  // After a layer attended a cache with a deferred write: once it was the last reader, the
+  // span's rows go into their slots, after that attention in the graph.
+  Status after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const Span &sp,
+                    cache::CacheId id);
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
   // A device's read of a sequence's pages that are not consecutive: the pool rows of pages
@@ -105,7 +136,7 @@ private:
                                   int32_t dim, int32_t n_kv_heads);
   struct PendingMask { // what a mask tensor must hold, written once the graph is allocated
     ggml_tensor *tensor;
-    int32_t position, n_tokens, high_water_after, window;
+    int32_t position, n_tokens, window;
     RowLabels rows;
   };
   static void fill_mask(const PendingMask &pm, ggml_fp16_t *out);
@@ -116,7 +147,8 @@ private:
   std::map<std::pair<int32_t, cache::CacheId>, Written> written_;
   // Masks and index tensors depend only on the span and a few numbers, not on the layer: build
   // each once per step and share it across layers.
-  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> masks_;
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>, ggml_tensor *>
+      masks_;
   std::map<std::pair<int32_t, int32_t>, ggml_tensor *> indices_;
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, ggml_tensor *> gathers_;
   std::map<int32_t, std::vector<int32_t>> span_pages_;
@@ -126,6 +158,8 @@ private:
   // Read by the grouped attention ops while the graph computes (stable addresses).
   std::deque<GroupedAttentionParams> grouped_params_;
   std::deque<TiledAttentionParams> tiled_params_;
+  ggml_cgraph *graph_ = nullptr;
+  int32_t deferred_pending_ = 0; // deferred writes whose last reader has not attended yet
   bool committed_ = false;
   // One step per store at a time: another step's growth would free storage this graph views.
   bool in_flight_ = false;

@@ -16,7 +16,7 @@ KvMetrics kv_metrics(const kv::KvStore &store) {
   for (cache::CacheId c = 0; c < layout.n_caches(); ++c)
     if (layout.cache(c).ring())
       m.ring_rows_design =
-          std::max(m.ring_rows_design, layout.cache(c).window() + layout.max_write() - 1);
+          std::max(m.ring_rows_design, layout.cache(c).window() + layout.ring_lead() - 1);
   const auto ids = store.sequence_ids();
   m.sequences = int32_t(ids.size());
   for (kv::SeqId id : ids)
@@ -188,7 +188,7 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_kv_ring_rows", "gauge", "rows of the largest ring any sequence holds",
         double(in.kv.ring_rows_max));
   w.one("offgraph_kv_ring_rows_design", "gauge",
-        "window + max_write - 1: the ring size sliding layers need",
+        "window + min(ring reach, max_write - 1): the ring size sliding layers need",
         double(in.kv.ring_rows_design));
   return w.take();
 }

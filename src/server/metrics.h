@@ -23,7 +23,7 @@ struct KvMetrics {
   std::string k_type, v_type;
   int32_t sequences = 0;
   int32_t ring_rows_max = 0;    // the largest ring any sequence holds
-  int32_t ring_rows_design = 0; // window + max_write - 1 of the widest sliding layer
+  int32_t ring_rows_design = 0; // window + ring lead - 1 of the widest sliding layer
 };
 KvMetrics kv_metrics(const kv::KvStore &store);
 

@@ -15,10 +15,23 @@ Geometry geometry(std::vector<int32_t> windows) {
   return Geometry::build(layers, 0).value();
 }
 
-TEST(Layout, RingHoldsWindowPlusMaxWriteMinusOneRows) {
+TEST(Layout, RingHoldsTheWindowPlusItsReach) {
   auto l = make_layout({2048, 0}, 131072, 512);
   EXPECT_TRUE(l->cache(0).ring());
-  EXPECT_EQ(l->cache(0).max_rows, 2559); // CACHE_CONTRACT.md §11
+  // The default reach of 32, not room for a whole step of 512 (docs/architecture.md).
+  EXPECT_EQ(l->cache(0).max_rows, 2048 + 32);
+  EXPECT_EQ(l->ring_lead(), 33);
+  // A reach of max_write - 1 or more gives CACHE_CONTRACT.md §11's w + m - 1.
+  auto g = Geometry::build(std::vector<LayerSpec>{testing::layer(2048)});
+  auto wide = Layout::make(*g, Policy{131072, 512, 64, 600});
+  ASSERT_TRUE(wide.ok()) << wide.message();
+  EXPECT_EQ((*wide)->cache(0).max_rows, 2559);
+  EXPECT_EQ((*wide)->ring_lead(), 512);
+  // No reach: the window alone (a decode step writes its row, then attends it).
+  auto none = Layout::make(*g, Policy{131072, 512, 64, 0});
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_EQ((*none)->cache(0).max_rows, 2048);
+  EXPECT_FALSE(Layout::make(*g, Policy{131072, 512, 64, -1}).ok());
   EXPECT_FALSE(l->cache(1).ring());
   EXPECT_EQ(l->cache(1).max_rows, 131072);
   EXPECT_EQ(l->page_rows(), 64); // the default page
@@ -67,7 +80,7 @@ TEST(Layout, RowsRequiredAndTheoreticalMinimum) {
   EXPECT_EQ(l->rows_required(0, 50), 6);
   EXPECT_EQ(l->rows_required(1, 50), 50);
   EXPECT_EQ(l->min_rows(0, 2), 2);
-  EXPECT_EQ(l->min_rows(0, 50), 6);
+  EXPECT_EQ(l->min_rows(0, 50), 4); // the window
   EXPECT_EQ(l->min_rows(1, 50), 50);
 }
 

@@ -45,7 +45,7 @@ struct SavedSnapshot {
 struct Tally {
   int64_t steps = 0, rewinds_ok = 0, rewinds_refused = 0, forks_ok = 0, forks_refused = 0,
           snapshots = 0, restores_ok = 0, restores_refused = 0, wrapped_writes = 0,
-          wrapped_reads = 0, shared_replans = 0;
+          wrapped_reads = 0, shared_replans = 0, deferred_writes = 0;
 };
 
 class Harness {
@@ -121,6 +121,7 @@ void Harness::op_step(Model &m, int32_t n) {
       EXPECT_EQ(p->write, plans[size_t(c)]->write) << "re-plan of a shared cache differs";
       EXPECT_EQ(p->read, plans[size_t(c)]->read);
       EXPECT_EQ(p->read_base_pos, plans[size_t(c)]->read_base_pos);
+      EXPECT_EQ(p->deferred_write, plans[size_t(c)]->deferred_write);
       ++tally_.shared_replans;
       continue;
     }
@@ -132,9 +133,15 @@ void Harness::op_step(Model &m, int32_t n) {
     const CacheLayout &cl = layout_->cache(c);
     std::vector<Cell> &store = m.store[size_t(c)];
     const int32_t from = needed_from(c, at);
+    // A ring step longer than the ring's lead reads its older rows, attends its own from the
+    // step, and then writes its last R positions; every other step writes first.
+    const bool deferred = cl.ring() && n > cl.max_rows - window(c) + 1;
+    ASSERT_EQ(p.deferred_write, deferred);
     ASSERT_EQ(p.read_base_pos, from);
-    ASSERT_EQ(p.read.total(), at + n - from);
-    ASSERT_EQ(p.write.total(), n);
+    ASSERT_EQ(p.read.total(), (deferred ? at : at + n) - from);
+    const int32_t kept = deferred ? std::min(n, cl.max_rows) : n;
+    ASSERT_EQ(p.write.total(), kept);
+    tally_.deferred_writes += deferred;
     tally_.wrapped_writes += p.write.count == 2;
     tally_.wrapped_reads += p.read.count == 2;
     // Rows read in order, each with the logical position it must hold.
@@ -154,16 +161,23 @@ void Harness::op_step(Model &m, int32_t n) {
             << "cache " << c << " row " << row << " should hold position " << q;
         old_rows.insert(row);
       }
-    int32_t wpos = at;
-    for (const Run &r : p.write) {
-      ASSERT_GE(r.start, 0);
-      ASSERT_LE(r.end(), cl.max_rows);
-      for (int32_t row = r.start; row < r.end(); ++row, ++wpos) {
-        ASSERT_EQ(old_rows.count(row), 0u) << "the step overwrites row " << row << " it reads";
-        store[size_t(row)] = Cell{wpos, tags[size_t(wpos - at)]};
+    auto write = [&] {
+      int32_t wpos = at + n - kept;
+      for (const Run &r : p.write) {
+        ASSERT_GE(r.start, 0);
+        ASSERT_LE(r.end(), cl.max_rows);
+        for (int32_t row = r.start; row < r.end(); ++row, ++wpos) {
+          ASSERT_TRUE(deferred || old_rows.count(row) == 0)
+              << "the step overwrites row " << row << " it reads";
+          store[size_t(row)] = Cell{wpos, tags[size_t(wpos - at)]};
+        }
       }
-    }
-    // After the write: each query's visible rows are exactly its window, with the right tags.
+      ASSERT_EQ(wpos, at + n);
+    };
+    if (!deferred) write();
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    // Each query's visible rows are exactly its window, with the right tags: after the write, or,
+    // deferred, the older rows before it and the step's own rows from the step.
     for (int32_t q = at; q < at + n; ++q) {
       const int32_t lo = window(c) > 0 ? std::max(0, q - window(c) + 1) : 0;
       int32_t seen = 0;
@@ -174,11 +188,32 @@ void Harness::op_step(Model &m, int32_t n) {
         const uint64_t want = kp < at ? m.history[size_t(kp)] : tags[size_t(kp - at)];
         ASSERT_EQ(store[size_t(row)], (Cell{kp, want}));
       }
+      if (deferred) seen += q - std::max(at, lo) + 1;
       ASSERT_EQ(seen, q - lo + 1) << "query " << q << " on cache " << c;
+    }
+    // Deferred, in physical order: the slots labelled from the high-water mark before the step,
+    // labels at or past the step's position hidden, then the step's own rows.
+    if (deferred) {
+      for (int32_t q = at; q < at + n; ++q) {
+        int32_t seen = 0;
+        for (int32_t slot = 0; slot < std::min(cl.max_rows, p.high_water_before); ++slot) {
+          const int32_t label = ring_slot_position(cl.max_rows, p.high_water_before, slot);
+          if (label < 0 || label >= at || label > q || q - label >= window(c)) continue;
+          ++seen;
+          ASSERT_EQ(store[size_t(slot)], (Cell{label, m.history[size_t(label)]}))
+              << "slot " << slot << " q " << q;
+        }
+        seen += q - std::max(at, q - window(c) + 1) + 1;
+        ASSERT_EQ(seen, q - std::max(0, q - window(c) + 1) + 1)
+            << "at " << at << " n " << n << " hw before " << p.high_water_before << " R "
+            << cl.max_rows << " window " << window(c) << " lead " << layout_->ring_lead();
+      }
+      write();
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
     }
     // Physical-order addressing: attending the whole ring with slot labels from the high-water
     // mark sees exactly the same rows.
-    if (cl.ring()) {
+    if (cl.ring() && !deferred) {
       for (int32_t q = at; q < at + n; ++q) {
         int32_t seen = 0;
         for (int32_t slot = 0; slot < cl.max_rows; ++slot) {
@@ -364,7 +399,10 @@ int64_t Harness::run_layers(const std::vector<LayerSpec> &layers, int32_t shared
 int64_t Harness::run_on(Geometry geo, int n_ops) {
   const int32_t capacity = uniform(1, 320);
   const int32_t max_write = uniform(1, std::min(capacity, chance(0.5) ? 4 : 70));
-  auto layout = Layout::make(std::move(geo), Policy{capacity, max_write, uniform(1, 64)});
+  // Ring reaches from none (rings of the window alone) to past max_write (rings that always have
+  // room for a step's rows before it reads).
+  auto layout = Layout::make(std::move(geo), Policy{capacity, max_write, uniform(1, 64),
+                                                    chance(0.3) ? 64 : uniform(0, 8)});
   EXPECT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
   pool_.clear();
@@ -416,18 +454,20 @@ TEST(CacheProperty, RandomOperationsAgreeWithTheNaiveModel) {
   }
   std::printf(
       "[ property ] %lld random operations on %d geometries agreed with the naive model:\n"
-      "             %lld steps (%lld wrapped writes, %lld wrapped reads, %lld shared re-plans),\n"
+      "             %lld steps (%lld wrapped writes, %lld wrapped reads, %lld shared re-plans,\n"
+      "             %lld writes after the reads),\n"
       "             rewinds %lld allowed / %lld refused, forks %lld / %lld, %lld snapshots,\n"
       "             restores %lld / %lld\n",
       (long long)ops, geometries, (long long)t.steps, (long long)t.wrapped_writes,
-      (long long)t.wrapped_reads, (long long)t.shared_replans, (long long)t.rewinds_ok,
-      (long long)t.rewinds_refused, (long long)t.forks_ok, (long long)t.forks_refused,
-      (long long)t.snapshots, (long long)t.restores_ok, (long long)t.restores_refused);
+      (long long)t.wrapped_reads, (long long)t.shared_replans, (long long)t.deferred_writes,
+      (long long)t.rewinds_ok, (long long)t.rewinds_refused, (long long)t.forks_ok,
+      (long long)t.forks_refused, (long long)t.snapshots, (long long)t.restores_ok,
+      (long long)t.restores_refused);
   EXPECT_GE(ops, 10000);
   // Every path must have been taken, or the run proves less than it claims.
   for (int64_t count :
-       {t.wrapped_writes, t.wrapped_reads, t.shared_replans, t.rewinds_ok, t.rewinds_refused,
-        t.forks_ok, t.forks_refused, t.restores_ok, t.restores_refused})
+       {t.wrapped_writes, t.wrapped_reads, t.shared_replans, t.deferred_writes, t.rewinds_ok,
+        t.rewinds_refused, t.forks_ok, t.forks_refused, t.restores_ok, t.restores_refused})
     EXPECT_GT(count, 100);
 }
 

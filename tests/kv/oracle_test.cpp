@@ -45,7 +45,7 @@ struct Stats {
   int64_t steps = 0, calls = 0, two_span_steps = 0, rewinds = 0, forks = 0, restores = 0,
           restores_inside_reach = 0, clears = 0, ring_calls = 0, shared_calls = 0,
           logical_trials = 0, refusals = 0, grouped_calls = 0, tiled_calls = 0, ggml_trials = 0,
-          stock_calls = 0;
+          stock_calls = 0, deferred_calls = 0;
   double worst = 0, worst_tiled = 0;
 };
 
@@ -132,7 +132,11 @@ void Trial::build_geometry() {
   ASSERT_TRUE(geo.ok()) << geo.message();
   const int32_t capacity = uniform(8, 200);
   const int32_t max_write = uniform(1, std::min(capacity, 24));
-  auto layout = cache::Layout::make(std::move(geo).value(), {capacity, max_write, uniform(1, 16)});
+  // Half the trials keep rings of the window and at most 3 slots more, so that longer spans
+  // attend their own rows before writing them (cache::StepPlan::deferred_write).
+  const int32_t ring_reach = reach_uniform(0, 1) ? reach_uniform(0, 3) : 64;
+  auto layout = cache::Layout::make(std::move(geo).value(),
+                                    {capacity, max_write, uniform(1, 16), ring_reach});
   ASSERT_TRUE(layout.ok()) << layout.message();
   layout_ = *layout;
   ggml_backend_buffer_type_t buft = rpc_endpoint_.empty()
@@ -207,6 +211,8 @@ void Trial::step() {
       call.k = k[size_t(c)];
       call.v = v[size_t(c)]; // a shared layer passes its donor's K/V, as YOCO computes them
       stats_.ring_calls += layout_->cache(c).ring();
+      stats_.deferred_calls +=
+          layout_->cache(c).ring() && T > layout_->cache(c).max_rows - cs.attention.window + 1;
       stats_.shared_calls += geo.is_shared_layer(l);
       calls.push_back(std::move(call));
     }
@@ -523,7 +529,7 @@ TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
   std::printf(
       "[ oracle   ] K %s V %s: %lld steps (%lld with two sequences), %lld attention calls "
       "(%lld on rings, %lld shared), %lld rewinds, %lld clears, %lld forks, %lld restores "
-      "(%lld inside a reach); "
+      "(%lld inside a reach); %lld calls attending before writing, "
       "%lld logical-order trials, %lld refusals, %lld ggml-kernel trials, %lld grouped-kernel "
       "calls, %lld tiled-kernel calls; worst relative error %.3g (tiled kernel %.3g; bound "
       "%.3g)\n",
@@ -531,10 +537,11 @@ TEST_P(OracleTest, UpdateAndAttendMatchesFloat64Reference) {
       (long long)stats.two_span_steps, (long long)stats.calls, (long long)stats.ring_calls,
       (long long)stats.shared_calls, (long long)stats.rewinds, (long long)stats.clears,
       (long long)stats.forks, (long long)stats.restores, (long long)stats.restores_inside_reach,
-      (long long)stats.logical_trials, (long long)stats.refusals, (long long)stats.ggml_trials,
-      (long long)stats.grouped_calls, (long long)stats.tiled_calls, stats.worst, stats.worst_tiled,
-      std::max(tolerance(types.k), tolerance(types.v)));
+      (long long)stats.deferred_calls, (long long)stats.logical_trials, (long long)stats.refusals,
+      (long long)stats.ggml_trials, (long long)stats.grouped_calls, (long long)stats.tiled_calls,
+      stats.worst, stats.worst_tiled, std::max(tolerance(types.k), tolerance(types.v)));
   EXPECT_GT(stats.ring_calls, 100);
+  EXPECT_GT(stats.deferred_calls, 50);
   EXPECT_GT(stats.grouped_calls, 100);
   EXPECT_GT(stats.tiled_calls, 50);
   EXPECT_GE(stats.ggml_trials, 1);
@@ -589,6 +596,7 @@ TEST_P(OracleStockOpsTest, OnAnRpcDeviceMatchesFloat64Reference) {
               std::max(tolerance(types.k), tolerance(types.v)));
   EXPECT_EQ(stats.stock_calls, stats.calls);
   EXPECT_GT(stats.ring_calls, 50);
+  EXPECT_GT(stats.deferred_calls, 20);
   EXPECT_GT(stats.shared_calls, 10);
   EXPECT_GT(stats.two_span_steps, 10);
   EXPECT_GT(stats.forks, 3);

@@ -39,12 +39,13 @@ public:
 
   // Returns false (with a test failure) if the step could not be built or computed.
   bool run(Step &step, const cache::Layout &layout, std::vector<Call> &calls) {
-    const size_t n_nodes = 64 + 32 * calls.size();
+    const size_t n_nodes = 64 + 48 * calls.size();
     ggml_init_params params = {n_nodes * ggml_tensor_overhead() +
                                    ggml_graph_overhead_custom(n_nodes, false),
                                nullptr, true};
     ggml_context_ptr ctx(ggml_init(params));
     ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
+    step.set_graph(gf);
     // q, k and v live in a buffer of their own, so the graph allocator cannot place an output
     // over them (poisoning that output would then poison the input).
     ggml_init_params in_params = {3 * calls.size() * ggml_tensor_overhead(), nullptr, true};

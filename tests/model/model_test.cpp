@@ -46,11 +46,12 @@ struct Session {
   std::unique_ptr<Model> model;
   std::unique_ptr<kv::KvStore> store;
   std::unique_ptr<Forward> fwd;
-  Session(const std::string &path, int32_t capacity, int32_t max_write) {
+  Session(const std::string &path, int32_t capacity, int32_t max_write,
+          int32_t ring_reach = cache::Policy{}.ring_reach) {
     auto m = Model::load(path);
     EXPECT_TRUE(m.ok()) << m.message();
     model = std::move(m).value();
-    auto layout = make_layout(*model, {capacity, max_write, 4});
+    auto layout = make_layout(*model, {capacity, max_write, 4, ring_reach});
     EXPECT_TRUE(layout.ok()) << layout.message();
     auto s = kv::KvStore::create(*layout, {GGML_TYPE_F32, GGML_TYPE_F32},
                                  ggml_backend_cpu_buffer_type());
@@ -87,10 +88,13 @@ void check_against_recompute(const std::string &path, uint64_t seed, int32_t N, 
                              kv::AttentionKernel kernel = kv::AttentionKernel::Grouped,
                              double tolerance = 1e-4) {
   std::mt19937_64 rng(seed);
-  Session inc(path, N, max_chunk);
+  // Rings of the window and 2 more slots: chunks of up to 3 tokens write before they attend, longer
+  // ones attend (older rows, then their own) before they write, after every layer reading the
+  // cache. The reference's rings would be at least the capacity: flat.
+  Session inc(path, N, max_chunk, 2);
   ASSERT_TRUE(inc.store->set_ring_order(order).ok());
   inc.store->set_attention_kernel(kernel);
-  Session ref(path, N, N);
+  Session ref(path, N, N, N);
   ref.store->set_attention_kernel(kernel);
   const int32_t V = inc.model->config().n_vocab;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
