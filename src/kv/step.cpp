@@ -268,11 +268,19 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       RowLabels rows;
       Written w;
       attend_before_write(ctx, *plan, k_rows, v_rows, k_store, v_store, host, rows, w);
+      // The layers whose reads the write must follow: all of them, or in a writes-only graph
+      // those before the last layer writing a cache (the rest are not computed).
       const cache::Geometry &g = layout.geometry();
-      for (int32_t l = 0; l < g.n_layers(); ++l) w.readers_left += g.cache_of_layer(l) == id;
+      int32_t attending = g.n_layers(); // the layers whose attention the graph computes
+      if (writes_only_) {
+        attending = g.n_layers() - 1; // the last layer writing a cache: only its K and V count
+        while (attending > 0 && g.is_shared_layer(attending)) --attending;
+      }
+      for (int32_t l = 0; l < attending; ++l) w.readers_left += g.cache_of_layer(l) == id;
       ++deferred_pending_;
       w.mask = mask(ctx, span, *plan, rows);
       found = written_.emplace(key, w).first;
+      if (found->second.readers_left == 0) write_deferred(found->second, ctx, sp, id);
     } else {
       // (a) write the span's rows (both runs of a wrapping ring at once: set_rows takes indices).
       ggml_tensor *write_rows = write_indices(ctx, span, *plan);
@@ -384,10 +392,6 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     }
   }
   Written &w = found->second;
-  if (w.k_staged && w.readers_left == 0)
-    return Status::error("update_and_attend: cache " + std::to_string(id) +
-                         " is read by more layers than the geometry gives it (its deferred write "
-                         "already went into the graph)");
   auto out = attend(ctx, q, w, span, id, scale);
   if (!out.ok() || !w.k_staged) return out;
   if (Status s = after_read(w, ctx, *out, sp, id); !s.ok()) return s;
@@ -492,10 +496,21 @@ void Step::attend_before_write(ggml_context *ctx, const StepPlan &plan, ggml_ten
 
 Status Step::after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const Span &sp,
                         CacheId id) {
+  if (w.deferred_written) {
+    if (writes_only_) return ok_status(); // a layer past the last writer: not computed
+    return Status::error("update_and_attend: cache " + std::to_string(id) +
+                         " is read by more layers than the geometry gives it (its deferred write "
+                         "already went into the graph)");
+  }
   if (--w.readers_left > 0) return ok_status();
   // The last layer reading the cache has attended: put that attention (and all it depends on,
   // every earlier reader included) into the graph, then the writes, so they run after it.
   ggml_build_forward_expand(graph_, out);
+  write_deferred(w, ctx, sp, id);
+  return ok_status();
+}
+
+void Step::write_deferred(Written &w, ggml_context *ctx, const Span &sp, CacheId id) {
   ggml_tensor *k_store = store_.k_storage(sp.seq, id);
   ggml_tensor *v_store = store_.v_storage(sp.seq, id);
   int64_t from = sp.n_tokens - w.deferred_slots.total(); // the staged row of the first slot
@@ -511,8 +526,8 @@ Status Step::after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const S
     }
     from += r.len;
   }
+  w.deferred_written = true;
   --deferred_pending_;
-  return ok_status();
 }
 
 Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec,

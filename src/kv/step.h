@@ -50,7 +50,13 @@ public:
   // The graph the fragments go into. Needed by a ring step longer than the ring's lead
   // (cache::StepPlan::deferred_write): its writes must follow every read of the ring, which no
   // data dependency orders, so they are appended to the graph after the last reader's attention.
-  void set_graph(ggml_cgraph *gf) { graph_ = gf; }
+  // `writes_only`: the graph computes what the caches keep and nothing more (a prefill chunk
+  // wanting no logits or hidden states): layers from the last one writing a cache on are not
+  // computed, so their reads are not waited for (Gemma 4's shared layers would otherwise all be).
+  void set_graph(ggml_cgraph *gf, bool writes_only = false) {
+    graph_ = gf;
+    writes_only_ = writes_only;
+  }
 
   // The graph fragment for one attention layer on one span. `ctx` is the graph's (no_alloc)
   // context. Writes k and v into the planned rows, then attends q over the planned read rows with
@@ -87,6 +93,7 @@ private:
     ggml_tensor *k_staged = nullptr, *v_staged = nullptr;
     cache::Runs deferred_slots;
     int32_t readers_left = 0;
+    bool deferred_written = false; // the copies into the ring are in the graph
   };
   struct Pending {
     ggml_tensor *tensor;
@@ -125,6 +132,8 @@ private:
   // span's rows go into their slots, after that attention in the graph.
   Status after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const Span &sp,
                     cache::CacheId id);
+  // The copies of a deferred write's staged rows into their ring slots, appended to the graph.
+  void write_deferred(Written &w, ggml_context *ctx, const Span &sp, cache::CacheId id);
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
   // A device's read of a sequence's pages that are not consecutive: the pool rows of pages
@@ -159,6 +168,7 @@ private:
   std::deque<GroupedAttentionParams> grouped_params_;
   std::deque<TiledAttentionParams> tiled_params_;
   ggml_cgraph *graph_ = nullptr;
+  bool writes_only_ = false;
   int32_t deferred_pending_ = 0; // deferred writes whose last reader has not attended yet
   bool committed_ = false;
   // One step per store at a time: another step's growth would free storage this graph views.

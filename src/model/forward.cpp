@@ -243,12 +243,12 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
       n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));
   ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
-  step.set_graph(gf);
+  // With no logit rows the builder still gets one (never uploaded: the head is left out below).
+  const bool wants_logits = !batch.logit_rows.empty();
+  step.set_graph(gf, !wants_logits && batch.hidden_layers.empty());
   GraphInputs in;
   in.tokens = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
   in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
-  // With no logit rows the builder still gets one (never uploaded: the head is left out below).
-  const bool wants_logits = !batch.logit_rows.empty();
   in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32,
                                      std::max<int64_t>(1, int64_t(batch.logit_rows.size())));
   for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
@@ -267,8 +267,9 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_build_forward_expand(gf, *logits);
   } else {
     // A pass that wants no logits (a prompt chunk before the last) computes what the cache keeps
-    // and nothing more: every layer up to the last one's K/V writes, not the last attention, its
-    // MLP or the head (which cost a prefill chunk of a small model as much as its layers).
+    // and nothing more: every layer up to the K/V writes of the last one holding a cache, not its
+    // attention, its MLP, the layers after it that share a donor's cache, or the head (which cost
+    // a prefill chunk of a small model as much as its layers).
     for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(gf, w);
   }
   for (ggml_tensor *h : hidden_tensors) { // outputs: the allocator may not reuse their memory

@@ -28,6 +28,7 @@ struct Call {
   std::vector<float> q, k, v; // [T][H][D] each
   std::vector<float> out;     // filled by run()
   std::string kernel;         // the name of the op that attended (offgraph's kernels name theirs)
+  bool computed = true;       // the attention is in the graph (a writes-only step leaves some out)
 };
 
 class Runner {
@@ -38,14 +39,18 @@ public:
   explicit Runner(ggml_backend_ptr backend) : backend_(std::move(backend)) {}
 
   // Returns false (with a test failure) if the step could not be built or computed.
-  bool run(Step &step, const cache::Layout &layout, std::vector<Call> &calls) {
+  // `writes_only`: the graph is built as a prefill chunk wanting no logits builds it (the
+  // step's writes are its only outputs); no call's output is read then, and each call's
+  // `computed` says whether its attention went into the graph anyway.
+  bool run(Step &step, const cache::Layout &layout, std::vector<Call> &calls,
+           bool writes_only = false) {
     const size_t n_nodes = 64 + 48 * calls.size();
     ggml_init_params params = {n_nodes * ggml_tensor_overhead() +
                                    ggml_graph_overhead_custom(n_nodes, false),
                                nullptr, true};
     ggml_context_ptr ctx(ggml_init(params));
     ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
-    step.set_graph(gf);
+    step.set_graph(gf, writes_only);
     // q, k and v live in a buffer of their own, so the graph allocator cannot place an output
     // over them (poisoning that output would then poison the input).
     ggml_init_params in_params = {3 * calls.size() * ggml_tensor_overhead(), nullptr, true};
@@ -65,10 +70,17 @@ public:
         ADD_FAILURE() << out.message();
         return false;
       }
-      ggml_set_output(*out);
-      ggml_build_forward_expand(gf, *out);
+      if (!writes_only) {
+        ggml_set_output(*out);
+        ggml_build_forward_expand(gf, *out);
+      }
       c.kernel = (*out)->op == GGML_OP_FLASH_ATTN_EXT ? "flash_attn_ext" : (*out)->name;
       io.emplace_back(q, k, v, *out);
+    }
+    if (writes_only) {
+      for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(gf, w);
+      for (size_t i = 0; i < calls.size(); ++i)
+        calls[i].computed = in_graph(gf, std::get<3>(io[i]));
     }
     ggml_backend_buffer_ptr in_buf(ggml_backend_alloc_ctx_tensors(in_ctx.get(), backend_.get()));
     ggml_gallocr_ptr alloc(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
@@ -81,6 +93,7 @@ public:
       ggml_backend_tensor_set(q, calls[i].q.data(), 0, ggml_nbytes(q));
       ggml_backend_tensor_set(k, calls[i].k.data(), 0, ggml_nbytes(k));
       ggml_backend_tensor_set(v, calls[i].v.data(), 0, ggml_nbytes(v));
+      if (writes_only) continue;
       std::vector<float> poison(size_t(ggml_nelements(out)),
                                 std::numeric_limits<float>::quiet_NaN());
       ggml_backend_tensor_set(out, poison.data(), 0, ggml_nbytes(out));
@@ -90,7 +103,7 @@ public:
       ADD_FAILURE() << "graph compute failed";
       return false;
     }
-    for (size_t i = 0; i < calls.size(); ++i) {
+    for (size_t i = 0; i < calls.size() && !writes_only; ++i) {
       ggml_tensor *out = std::get<3>(io[i]);
       EXPECT_TRUE(ggml_is_contiguous(out));
       calls[i].out.resize(size_t(ggml_nelements(out)));
@@ -100,6 +113,11 @@ public:
   }
 
 private:
+  static bool in_graph(ggml_cgraph *gf, const ggml_tensor *t) {
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
+      if (ggml_graph_node(gf, i) == t) return true;
+    return false;
+  }
   ggml_backend_ptr backend_;
 };
 
