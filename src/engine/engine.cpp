@@ -533,11 +533,14 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   // is paid per token kept, as plain decoding pays it).
   if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok()) {
-    // Nothing was committed; the requests of this step end with the reason, the others go on
-    // (a request cancelled meanwhile is finished by the next step, not dropped here).
+    // Nothing was committed, but a pass that computed part of its graph may have written ring
+    // slots the sequences still claim: they are not kept. The requests of this step end with the
+    // reason, the others go on (a request cancelled meanwhile is finished by the next step).
     std::vector<Generation *> failed;
-    for (const Part &p : parts)
+    for (const Part &p : parts) {
+      p.g->rows_unknown = true;
       failed.push_back(p.g), finish(*p.g, FinishReason::Error, logits.message());
+    }
     settle(failed);
     return;
   }

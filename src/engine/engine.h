@@ -238,6 +238,10 @@ private:
     size_t computed = 0;         // tokens[0, computed) are in the cache
     int32_t generated = 0;
     bool cancelled = false;
+    // A forward pass over the sequence failed: a ring may hold rows of positions it never
+    // committed over ones it still claims (a deferred write runs inside the pass), so the
+    // sequence is not cached for reuse.
+    bool rows_unknown = false;
     int32_t reused = 0; // prompt tokens found in the cache
     int32_t choice = 0;
     // Snapshots taken along the prompt (periodic ones, the prompt end's with its logits), for the

@@ -330,7 +330,8 @@ Status Engine::admit(Generation &a) {
 }
 
 bool Engine::cache_sequence(Generation &a) {
-  if (options_.max_cached == 0 || !options_.prefix_reuse || a.computed == 0) return false;
+  if (options_.max_cached == 0 || !options_.prefix_reuse || a.computed == 0 || a.rows_unknown)
+    return false;
   const std::span<const int32_t> held(a.tokens.data(), a.computed);
   // Cached sequences that this one holds add nothing but their rings' slack: a prefix of it or the
   // same tokens, and those whose own prompt this one extends (what they add is the answer they
