@@ -571,6 +571,12 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     int32_t start = prefill && (every > 0 || options_.start_snapshots)
                         ? message_start_near(a, a.computed - size_t(p.n), a.computed)
                         : -1;
+    // A start the rings no longer reach (a chunk ending more than the ring's lead past it, where
+    // the chunk is longer than the lead) gets no snapshot from this chunk: none of the edits it
+    // serves could resume from it. The chunk before the start's does, and resumes them exactly
+    // after recomputing at most one chunk.
+    if (start >= 0 && store_->sequence(a.seq)->rewind_floor() > start + options_.snapshot_reach)
+      start = -1;
     if (start >= 0) { // at most kSnapshotsPerStart for one start (what admission counted)
       if (start != a.near_start) a.near_start = start, a.near_start_snapshots = 0;
       if (a.near_start_snapshots++ >= kSnapshotsPerStart) start = -1;
@@ -582,10 +588,12 @@ void Engine::run_batch(const std::vector<Part> &parts) {
       // A prompt's end (the point a later request resending this history comes back to, with the
       // logits that serve the same prompt again), a periodic point inside a long prompt, or the
       // end of a chunk near a message start, reaching back over it as far as the rings hold (an
-      // edited message). The chunks near a start cover snapshot_reach either side of it between
-      // them: the one ending just before it reaches over its side, the one holding it back from
-      // its end to max_write before, the one just after it over the start. Chunks are not cut
-      // for this: message starts change no chunk boundary, hence no float rounding.
+      // edited message): the ring's lead past the window once it wrapped (cache::Policy::
+      // ring_reach + 1). The chunk ending just before a start reaches over its side; the one
+      // holding it, over the start if the start lies within the lead of the chunk's end; the
+      // one just after it likewise. Chunks are not cut for this: message starts change no chunk
+      // boundary, hence no float rounding (an edit the snapshots miss resumes from the end of
+      // the chunk before, recomputing at most one chunk).
       const int32_t reach =
           std::max(options_.snapshot_reach,
                    start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);

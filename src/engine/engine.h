@@ -50,9 +50,10 @@ struct EngineOptions {
   int32_t max_cached = 8;    // finished sequences kept for prefix reuse
   // Also snapshot every N prompt tokens (0: only at prompt ends): a branch inside a long prompt
   // then recomputes at most N tokens. And at the end of each prefill chunk within snapshot_reach
-  // of a message start (Request::message_starts), reaching back over it: an edit within
-  // snapshot_reach of a message's start (either side) resumes exactly at the edit. Each costs
-  // window - 1 + its reach rows per sliding layer (a reach of at most max_write).
+  // of a message start (Request::message_starts), reaching back over it as far as the rings
+  // hold: an edit within snapshot_reach of a message's start (either side) resumes exactly at the
+  // edit where the chunk ends within the ring's lead of it, else from the chunk before. Each costs
+  // window - 1 + its reach rows per sliding layer (a reach of at most the lead, ring_reach + 1).
   int32_t snapshot_every = 0;
   // Snapshots also resume up to this many tokens before the point they were taken at (each
   // costs that many rows more per sliding layer): a prompt's end then serves a next turn that

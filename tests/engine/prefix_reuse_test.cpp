@@ -143,6 +143,35 @@ TEST(PrefixReuse, SnapshotsReachBackOverMessageStarts) {
   EXPECT_EQ(computed_by(**e, plain), 80);
 }
 
+// Rings whose lead (ring_reach + 1) is shorter than a chunk: a chunk ending further past a start
+// than the lead reaches no edit near it, and takes no snapshot; edits there resume from the
+// chunk before, exactly.
+TEST(PrefixReuse, StartSnapshotsOnlyWhereTheRingsReachTheStart) {
+  std::mt19937_64 rng(37);
+  EngineOptions o = paged(8);
+  o.ring_reach = 2; // lead 3
+  o.snapshot_every = 1000;
+  o.snapshot_reach = 3;
+  o.snapshot_budget = -1;
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  Request first = greedy(random_tokens(rng, 80), 3);
+  first.message_starts = {30, 49};
+  // Chunks of 8. Snapshots: 32 (back to 29), 48 (back to 45) and the prompt end; not 40 (its
+  // rings reach 37, past 30 + 3) nor 56 (53, past 49 + 3).
+  EXPECT_EQ(computed_by(**e, first), 80);
+  EXPECT_EQ((*e)->load().snapshots, 3u);
+  auto edit = [&](int32_t at) {
+    Request r = first;
+    r.prompt[size_t(at)] = (r.prompt[size_t(at)] + 1) % 500;
+    return computed_by(**e, r);
+  };
+  EXPECT_EQ(edit(31), 80 - 31); // one after a start
+  EXPECT_EQ(edit(44), 80 - 32); // the chunk after it: from the chunk before
+  EXPECT_EQ(edit(47), 80 - 47); // two before the next start
+  EXPECT_EQ(edit(51), 80 - 48); // two after it, past the reach of 56's rings
+}
+
 // Message-start snapshots are the default (no snapshot_every needed), under the snapshot budget:
 // over it the least recently used start snapshot goes, never a prompt end's; off, an edit after
 // a start recomputes from the prompt's beginning.
