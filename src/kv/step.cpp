@@ -451,7 +451,9 @@ void Step::attend_before_write(ggml_context *ctx, const StepPlan &plan, ggml_ten
   // The span's rows in the storage type (the bytes the ring will hold: its later reads see what
   // this step's queries saw). Converted by set_rows, as every other write of the cache is: ggml's
   // copy converts f32 to f16 by another routine whose last bits differ (a ring read in logical
-  // order then no longer sums exactly what a full cache does). The copy only allocates the rows.
+  // order then no longer sums exactly what a full cache does). The copy is only the destination:
+  // a node computed beside its source, where a bare new tensor would be a leaf that a backend
+  // scheduler places by rules of its own. Its conversion (one pass over T rows) is overwritten.
   auto stage = [&](ggml_tensor *rows_f32, ggml_tensor *store) {
     if (store->type == GGML_TYPE_F32) return rows_f32;
     ggml_tensor *room = ggml_cpy(
