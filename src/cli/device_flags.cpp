@@ -1,5 +1,7 @@
 #include "device_flags.h"
 
+#include "model/amx_matmul.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +45,9 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
                "accept --rpc endpoints on other machines: ggml-rpc has no authentication or "
                "encryption, so anyone who reaches a server's port can read and write its memory; "
                "use it only on a network you trust");
+  cmd.add_flag("--no-amx", f.no_amx,
+               "CPU matrix multiplies through ggml instead of AMX tiles (used by default for q8_0 "
+               "weights of spans of 4+ tokens where the CPU has AMX: docs/architecture.md)");
 }
 
 void expand_device_flag_aliases(int argc, char **argv) {
@@ -120,6 +125,7 @@ Result<std::unique_ptr<model::Model>> load_placed(const std::string &path, const
                                                   const model::Progress &progress) {
   auto options = device_options(f);
   if (!options.ok()) return options.status();
+  model::set_amx_enabled(!f.no_amx);
   auto devices = model::Devices::open(*options);
   if (!devices.ok()) return devices.status();
   if ((*devices)->size() == 1) {

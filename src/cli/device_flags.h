@@ -1,4 +1,5 @@
-// Where layers run: -ngl, --device, --list-devices, --rpc, --tensor-split and --rpc-allow-remote,
+// Where layers run: -ngl, --device, --list-devices, --rpc, --tensor-split, --rpc-allow-remote
+// and --no-amx,
 // on every command that loads a model for inference (docs/gpu.md, docs/backends.md), and the
 // load that honours them.
 #pragma once
@@ -17,6 +18,7 @@ struct DeviceFlags {
   std::string gpu_layers; // "" (all), a count, or "all"
   std::string device;     // "" (every GPU found), "none", or names "CUDA0,CUDA1"
   bool allow_remote = false;
+  bool no_amx = false; // ggml's CPU matrix multiplies instead of AMX tiles (model/amx_matmul.h)
 };
 
 void add_device_flags(CLI::App &cmd, DeviceFlags &flags);

@@ -6,6 +6,7 @@
 // a GELU-gated MLP, the per-layer embedding's gated residual, and an output scale. Embeddings
 // scaled by sqrt(E); final logit soft-cap. Mixture-of-experts files (26B-A4B) are refused.
 // Facts: llama.cpp's src/models/gemma4.cpp and conversion/gemma.py in the pinned tree.
+#include "model/amx_matmul.h"
 #include "model/arch.h"
 #include "model/graph.h"
 #include "model/weights.h"
@@ -152,7 +153,7 @@ ggml_tensor *per_layer_inputs(const GraphBuilder &g, ggml_tensor *x) {
   const int64_t P = c.n_embd_per_layer, L = c.n_layer, n = g.n_tokens();
   ggml_tensor *table = ggml_get_rows(ctx, w.ple_tok_embd, g.token_ids());
   table = ggml_scale(ctx, ggml_reshape_3d(ctx, table, P, L, n), std::sqrt(float(P)));
-  ggml_tensor *proj = ggml_mul_mat(ctx, w.ple_model_proj, x);
+  ggml_tensor *proj = mul_mat(ctx, w.ple_model_proj, x);
   proj = ggml_reshape_3d(ctx, ggml_scale(ctx, proj, 1.0f / std::sqrt(float(c.n_embd))), P, L, n);
   proj = g.rms_norm(proj, w.ple_proj_norm, c.rms_eps);
   ggml_tensor *sum = ggml_scale(ctx, ggml_add(ctx, proj, table), 1.0f / std::sqrt(2.0f));

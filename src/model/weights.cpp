@@ -1,11 +1,13 @@
 #include "model/weights.h"
 
+#include "model/amx_matmul.h"
+
 #include "ggml-cpu.h"
 
 namespace offgraph::model {
 
 ggml_tensor *Linear::apply(ggml_context *ctx, ggml_tensor *x) const {
-  ggml_tensor *y = ggml_mul_mat(ctx, w, x);
+  ggml_tensor *y = mul_mat(ctx, w, x);
   if (b && bias_before_scale) y = ggml_add(ctx, y, b);
   if (s) y = ggml_mul(ctx, y, s);
   if (b && !bias_before_scale) y = ggml_add(ctx, y, b);

@@ -1,6 +1,7 @@
 // The model layer against full recomputation: decoding step by step and in prefill chunks of
 // varied size gives, at every position, the logits of recomputing the whole prefix from an empty
 // cache (where the sliding layers are not even rings). And malformed files get clear errors.
+#include "model/amx_matmul.h"
 #include "model/arch.h"
 #include "model/forward.h"
 #include "model_test_util.h"
@@ -220,6 +221,11 @@ TEST(ModelRecompute, Gemma4Dense31B) {
 // (decode chunks would otherwise take the grouped kernel, the recompute ggml's). Physical order
 // and the grouped kernel are checked above with f32 weights, where 1e-4 holds across kernels.
 TEST(ModelRecompute, EveryWeightType) {
+  // ggml's kernels on both sides (AMX q8_0 multiplies sum in another order: the test below).
+  set_amx_enabled(false);
+  struct Restore {
+    ~Restore() { set_amx_enabled(true); }
+  } restore;
   for (ggml_type t : {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0,
                       GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K}) {
     synth::SynthSpec s = synth::preset("small", "muse-glimmer").value();
@@ -238,6 +244,54 @@ TEST(ModelRecompute, EveryWeightType) {
                             tolerance);
     if (HasFatalFailure()) return;
   }
+}
+
+// q8_0 weights through AMX tiles (model/amx_matmul.h) against ggml's kernels on the same file and
+// prompt, one 40-token span. The products are exact on both sides and only the order of the f32
+// block sums differs (1e-7 relative; tests/model/amx_matmul_test.cpp), but the next layer
+// quantizes its activations again: a sum within that much of a rounding boundary moves one
+// activation by a whole step, and this random model is sensitive enough that one such step in
+// one projection moves a row's logits by up to 8e-3 (measured with AMX on one weight at a time:
+// every other row bit-identical; the output head alone, where nothing is quantized after it, 1e-7
+// on every row). With every weight on AMX rows differ by about 1.2e-2: bounds 3e-2 median, 5e-2
+// worst. A wrong kernel (a scale, a block or a row out of place) moves logits by O(1).
+TEST(ModelRecompute, Q8WithAmxTilesAgreesWithGgmlUpToRequantization) {
+  if (!amx_available()) GTEST_SKIP() << "no AMX here: " << amx_unavailable_reason();
+  synth::SynthSpec s = synth::preset("small", "muse-glimmer").value();
+  s.n_layer = 4, s.n_vocab = 1000, s.window = 12, s.weight_type = GGML_TYPE_Q8_0, s.seed = 36;
+  const std::string path = make_model(s, "amx-q8_0.gguf");
+  constexpr int32_t N = 40;
+  std::mt19937_64 rng(36);
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, s.n_vocab - 1)(rng);
+  auto logits = [&](bool amx) {
+    set_amx_enabled(amx);
+    Session session(path, N, N);
+    const kv::SeqId seq = *session.store->create_sequence();
+    Batch b;
+    b.tokens = tokens;
+    b.spans.push_back({seq, 0, N});
+    for (int32_t i = 0; i < N; ++i) b.logit_rows.push_back(i);
+    auto l = session.fwd->run(b);
+    EXPECT_TRUE(l.ok()) << l.message();
+    set_amx_enabled(true);
+    return l.ok() ? std::move(l).value() : std::vector<float>();
+  };
+  const std::vector<float> amx = logits(true), stock = logits(false);
+  ASSERT_EQ(amx.size(), size_t(N) * size_t(s.n_vocab));
+  ASSERT_EQ(stock.size(), amx.size());
+  std::vector<double> errors;
+  for (int32_t p = 0; p < N; ++p) {
+    const size_t at = size_t(p) * size_t(s.n_vocab);
+    errors.push_back(rel_error(amx.data() + at, stock.data() + at, size_t(s.n_vocab)));
+  }
+  std::vector<double> sorted = errors;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_LE(sorted[sorted.size() / 2], 3e-2);
+  EXPECT_LE(sorted.back(), 5e-2);
+  std::printf(
+      "[ model    ] q8_0 through AMX tiles vs ggml: first row %.2g, median %.2g, worst %.2g\n",
+      errors[0], sorted[sorted.size() / 2], sorted.back());
 }
 
 TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {

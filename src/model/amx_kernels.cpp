@@ -1,0 +1,179 @@
+#include "model/amx_kernels.h"
+
+#include "ggml-cpu.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace offgraph::model::amx {
+namespace {
+
+struct BlockQ8 { // ggml's block_q8_0
+  uint16_t d;    // f16 scale
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8) == 34);
+
+constexpr int64_t kBlock = 32;                  // values per q8_0 block: a tile's K
+constexpr int64_t kTileRows = 16;               // weight rows of an A tile, tokens of a B tile
+constexpr size_t kTileBytes = 8 * 64;           // a B tile: 8 rows of 16 tokens x 4 values
+constexpr size_t kPacked = kTileBytes + 16 * 4; // and the 16 tokens' scales
+constexpr size_t kScales = kTileBytes;          // where those start
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-1: two A tiles of 16 weight rows x 32 int8 values; 2-3: two B tiles of 32 values x 16
+// tokens (VNNI: 8 rows of 64 bytes); 4-7: their four 16 x 16 int32 products.
+const TileConfig &tile_config() {
+  static const TileConfig config = [] {
+    TileConfig c;
+    for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 32;
+    for (int t : {2, 3}) c.rows[t] = 8, c.colsb[t] = 64;
+    for (int t : {4, 5, 6, 7}) c.rows[t] = 16, c.colsb[t] = 64;
+    return c;
+  }();
+  return config;
+}
+
+float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+} // namespace
+
+size_t packed_bytes(int64_t k, int64_t m) {
+  return size_t((m + kTileRows - 1) / kTileRows) * size_t(k / kBlock) * kPacked;
+}
+
+void pack_activations(ggml_tensor *dst, int ith, int nth, void *) {
+  const ggml_tensor *x = dst->src[0];
+  const int64_t k = x->ne[0], m = x->ne[1], n_kb = k / kBlock;
+  const int64_t n_mb = (m + kTileRows - 1) / kTileRows;
+  const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+  thread_local std::vector<BlockQ8> row;
+  row.resize(size_t(n_kb));
+  auto *out = static_cast<uint8_t *>(dst->data);
+  for (int64_t mb = ith; mb < n_mb; mb += nth) {
+    uint8_t *base = out + size_t(mb * n_kb) * kPacked;
+    for (int64_t t = 0; t < kTileRows; ++t) {
+      const int64_t r = mb * kTileRows + t;
+      if (r < m)
+        quantize(reinterpret_cast<const float *>(static_cast<const char *>(x->data) + r * x->nb[1]),
+                 row.data(), k);
+      else
+        std::memset(row.data(), 0, row.size() * sizeof(BlockQ8)); // padding: scale 0, values 0
+      for (int64_t j = 0; j < n_kb; ++j) {
+        uint8_t *block = base + size_t(j) * kPacked;
+        // VNNI order: tile row q holds values 4q..4q+3 of each of the 16 tokens.
+        for (int q = 0; q < 8; ++q)
+          std::memcpy(block + q * 64 + t * 4, row[size_t(j)].qs + 4 * q, 4);
+        const float scale = f16(row[size_t(j)].d);
+        std::memcpy(block + kScales + size_t(t) * 4, &scale, 4);
+      }
+    }
+  }
+}
+
+void multiply(ggml_tensor *dst, int ith, int nth, void *) {
+  const ggml_tensor *w = dst->src[0];
+  const auto *packed = static_cast<const uint8_t *>(dst->src[1]->data);
+  const int64_t k = w->ne[0], n = w->ne[1], m = dst->ne[1], n_kb = k / kBlock;
+  const int64_t n_mb = (m + kTileRows - 1) / kTileRows;
+  const size_t w_stride = w->nb[1];
+  const auto *w_data = static_cast<const uint8_t *>(w->data);
+  // Work: pairs of 16-row weight blocks (32 rows), split evenly between the threads.
+  const int64_t n_pairs = (n + 2 * kTileRows - 1) / (2 * kTileRows);
+  const int64_t first = n_pairs * ith / nth, last = n_pairs * (ith + 1) / nth;
+  if (first >= last) return;
+  _tile_loadconfig(&tile_config());
+  alignas(64) int32_t products[4][16][16];
+  alignas(64) float acc[4][16][16]; // [2 a + b][weight row][token]
+  alignas(64) int8_t a_pad[2][16][32];
+  alignas(64) static const uint8_t zero_b[kPacked] = {};
+  float *y = static_cast<float *>(dst->data);
+  for (int64_t pair = first; pair < last; ++pair) {
+    const int64_t n0 = pair * 2 * kTileRows;
+    const int64_t rows[2] = {std::min<int64_t>(kTileRows, n - n0),
+                             std::clamp<int64_t>(n - n0 - kTileRows, 0, kTileRows)};
+    for (int64_t mb = 0; mb < n_mb; mb += 2) {
+      const bool second_b = mb + 1 < n_mb;
+      std::memset(acc, 0, sizeof acc);
+      for (int64_t j = 0; j < n_kb; ++j) {
+        // A tiles straight from the weight rows (the values after each block's scale), or, for
+        // a last block of fewer than 16 rows, from a zero-padded copy.
+        const uint8_t *a_src[2];
+        size_t a_stride[2];
+        for (int a = 0; a < 2; ++a) {
+          const uint8_t *first_row =
+              w_data + size_t(n0 + a * kTileRows) * w_stride + size_t(j) * sizeof(BlockQ8) + 2;
+          if (rows[a] == kTileRows) {
+            a_src[a] = first_row, a_stride[a] = w_stride;
+            continue;
+          }
+          std::memset(a_pad[a], 0, sizeof a_pad[a]);
+          for (int64_t r = 0; r < rows[a]; ++r)
+            std::memcpy(a_pad[a][r], first_row + r * w_stride, 32);
+          a_src[a] = reinterpret_cast<const uint8_t *>(a_pad[a]), a_stride[a] = 32;
+        }
+        const uint8_t *b0 = packed + size_t(mb * n_kb + j) * kPacked;
+        const uint8_t *b1 = second_b ? packed + size_t((mb + 1) * n_kb + j) * kPacked : zero_b;
+        _tile_loadd(0, a_src[0], long(a_stride[0]));
+        _tile_loadd(1, a_src[1], long(a_stride[1]));
+        _tile_loadd(2, b0, 64);
+        _tile_loadd(3, b1, 64);
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbssd(4, 0, 2);
+        _tile_dpbssd(5, 0, 3);
+        _tile_dpbssd(6, 1, 2);
+        _tile_dpbssd(7, 1, 3);
+        _tile_stored(4, products[0], 64);
+        _tile_stored(5, products[1], 64);
+        _tile_stored(6, products[2], 64);
+        _tile_stored(7, products[3], 64);
+        // Each product is one block's exact int32 dot products: scaled by the weight row's and
+        // the token's block scales into the f32 sums, as ggml's q8_0 dot product does.
+        const __m512 x_scale[2] = {_mm512_loadu_ps(b0 + kScales), _mm512_loadu_ps(b1 + kScales)};
+        for (int a = 0; a < 2; ++a)
+          for (int64_t r = 0; r < rows[a]; ++r) {
+            const uint8_t *block =
+                w_data + size_t(n0 + a * kTileRows + r) * w_stride + size_t(j) * sizeof(BlockQ8);
+            uint16_t d;
+            std::memcpy(&d, block, 2);
+            const __m512 w_scale = _mm512_set1_ps(f16(d));
+            for (int b = 0; b < 2; ++b) {
+              float *sum = acc[2 * a + b][r];
+              // (The zero-masked conversion: GCC 12 warns that the plain one's undefined
+              // pass-through may be used uninitialized.)
+              const __m512 p =
+                  _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(products[2 * a + b][r]));
+              _mm512_store_ps(
+                  sum, _mm512_fmadd_ps(p, _mm512_mul_ps(w_scale, x_scale[b]), _mm512_load_ps(sum)));
+            }
+          }
+      }
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < (second_b ? 2 : 1); ++b) {
+          const int64_t t0 = (mb + b) * kTileRows, tokens = std::min<int64_t>(kTileRows, m - t0);
+          for (int64_t t = 0; t < tokens; ++t) {
+            float *out = reinterpret_cast<float *>(reinterpret_cast<char *>(y) +
+                                                   size_t(t0 + t) * dst->nb[1]) +
+                         n0 + a * kTileRows;
+            for (int64_t r = 0; r < rows[a]; ++r) out[r] = acc[2 * a + b][r][t];
+          }
+        }
+    }
+  }
+  _tile_release();
+}
+
+} // namespace offgraph::model::amx
