@@ -127,19 +127,21 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
         _tile_loadd(0, a_src[0], long(a_stride[0]));
         _tile_loadd(1, a_src[1], long(a_stride[1]));
         _tile_loadd(2, b0, 64);
-        _tile_loadd(3, b1, 64);
         _tile_zero(4);
-        _tile_zero(5);
         _tile_zero(6);
-        _tile_zero(7);
         _tile_dpbssd(4, 0, 2);
-        _tile_dpbssd(5, 0, 3);
         _tile_dpbssd(6, 1, 2);
-        _tile_dpbssd(7, 1, 3);
         _tile_stored(4, products[0], 64);
-        _tile_stored(5, products[1], 64);
         _tile_stored(6, products[2], 64);
-        _tile_stored(7, products[3], 64);
+        if (second_b) { // (a span of 16 tokens or fewer has one B tile: verify spans, short chunks)
+          _tile_loadd(3, b1, 64);
+          _tile_zero(5);
+          _tile_zero(7);
+          _tile_dpbssd(5, 0, 3);
+          _tile_dpbssd(7, 1, 3);
+          _tile_stored(5, products[1], 64);
+          _tile_stored(7, products[3], 64);
+        }
         // Each product is one block's exact int32 dot products: scaled by the weight row's and
         // the token's block scales into the f32 sums, as ggml's q8_0 dot product does.
         const __m512 x_scale[2] = {_mm512_loadu_ps(b0 + kScales), _mm512_loadu_ps(b1 + kScales)};
@@ -150,7 +152,7 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
             uint16_t d;
             std::memcpy(&d, block, 2);
             const __m512 w_scale = _mm512_set1_ps(f16(d));
-            for (int b = 0; b < 2; ++b) {
+            for (int b = 0; b < (second_b ? 2 : 1); ++b) {
               float *sum = acc[2 * a + b][r];
               // (The zero-masked conversion: GCC 12 warns that the plain one's undefined
               // pass-through may be used uninitialized.)
