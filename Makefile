@@ -115,9 +115,9 @@ clean:
 # offgraph against the pinned llama.cpp: builds what it needs in build-bench/; bench/run writes
 # docs/benchmarks.md and docs/plots/ (about 30 min), then bench/pages (8 min), bench/prefix
 # (32 min), bench-grammar (10 min), bench/speculative, bench/backends, bench/vision, and Gemma 4's
-# bench/gemma4 (16 min) and bench/prefix --arch gemma4 below. BENCH_ARGS go to bench/run; --quick
+# bench/gemma4 (16 min), bench/prefix --arch gemma4 and bench/cpu_kernels below. BENCH_ARGS go to bench/run; --quick
 # also shortens the others.
-.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision bench-gemma4
+.PHONY: bench bench-pages bench-prefix bench-grammar bench-speculative bench-backends bench-vision bench-gemma4 bench-cpu-kernels
 bench:
 	python3 bench/run $(BENCH_ARGS)
 	python3 bench/pages
@@ -128,6 +128,7 @@ bench:
 	python3 bench/vision $(filter --quick,$(BENCH_ARGS))
 	python3 bench/gemma4 $(filter --quick,$(BENCH_ARGS))
 	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
+	python3 bench/cpu_kernels
 
 # Gemma 4 (issue 35): E2B- and 31B-shaped q8_0 files beside llama.cpp, tokens/s at depths 0/4K/16K
 # and K/V bytes at 4K/16K/64K (about 15 min): docs/gemma4-bench.md; then the agent scenarios of
@@ -135,6 +136,11 @@ bench:
 bench-gemma4:
 	python3 bench/gemma4 $(filter --quick,$(BENCH_ARGS))
 	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
+
+# CPU matrix kernels (issue 36): AMX q8_0 tiles, ggml's path (--no-amx) and llama.cpp on three q8_0
+# files, pp512, 9-token verify spans and tg32 (about 15 min): docs/cpu-kernels-bench.md.
+bench-cpu-kernels:
+	python3 bench/cpu_kernels
 
 # Layers over ggml-rpc beside llama-bench --rpc, and 1 against 2 replicas behind nginx (issue 18):
 # docs/backends-bench.md. Builds a second llama.cpp peer with GGML_RPC the first time.
