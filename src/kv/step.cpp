@@ -268,19 +268,14 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
       RowLabels rows;
       Written w;
       attend_before_write(ctx, *plan, k_rows, v_rows, k_store, v_store, host, rows, w);
-      // The layers whose reads the write must follow: all of them, or in a writes-only graph
-      // those before the last layer writing a cache (the rest are not computed).
-      const cache::Geometry &g = layout.geometry();
-      int32_t attending = g.n_layers(); // the layers whose attention the graph computes
-      if (writes_only_) {
-        attending = g.n_layers() - 1; // the last layer writing a cache: only its K and V count
-        while (attending > 0 && g.is_shared_layer(attending)) --attending;
-      }
-      for (int32_t l = 0; l < attending; ++l) w.readers_left += g.cache_of_layer(l) == id;
-      ++deferred_pending_;
+      // Every read of the ring is in the copies w.k and w.v are (the older rows beside the span's,
+      // attend_before_write), which all the layers reading the cache attend: once they are in the
+      // graph, the span's rows can go into their slots.
+      ggml_build_forward_expand(graph_, w.k);
+      ggml_build_forward_expand(graph_, w.v);
       w.mask = mask(ctx, span, *plan, rows);
       found = written_.emplace(key, w).first;
-      if (found->second.readers_left == 0) write_deferred(found->second, ctx, sp, id);
+      write_deferred(found->second, ctx, sp, id);
     } else {
       // (a) write the span's rows (both runs of a wrapping ring at once: set_rows takes indices).
       ggml_tensor *write_rows = write_indices(ctx, span, *plan);
@@ -392,10 +387,7 @@ Result<ggml_tensor *> Step::update_and_attend(ggml_context *ctx, ggml_tensor *q,
     }
   }
   Written &w = found->second;
-  auto out = attend(ctx, q, w, span, id, scale);
-  if (!out.ok() || !w.k_staged) return out;
-  if (Status s = after_read(w, ctx, *out, sp, id); !s.ok()) return s;
-  return out;
+  return attend(ctx, q, w, span, id, scale);
 }
 
 Result<ggml_tensor *> Step::attend(ggml_context *ctx, ggml_tensor *q, const Written &w,
@@ -496,22 +488,6 @@ void Step::attend_before_write(ggml_context *ctx, const StepPlan &plan, ggml_ten
   w.v = join(v_read, view(w.v_staged, spec.v_head_dim, 0, T));
 }
 
-Status Step::after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const Span &sp,
-                        CacheId id) {
-  if (w.deferred_written) {
-    if (writes_only_) return ok_status(); // a layer past the last writer: not computed
-    return Status::error("update_and_attend: cache " + std::to_string(id) +
-                         " is read by more layers than the geometry gives it (its deferred write "
-                         "already went into the graph)");
-  }
-  if (--w.readers_left > 0) return ok_status();
-  // The last layer reading the cache has attended: put that attention (and all it depends on,
-  // every earlier reader included) into the graph, then the writes, so they run after it.
-  ggml_build_forward_expand(graph_, out);
-  write_deferred(w, ctx, sp, id);
-  return ok_status();
-}
-
 void Step::write_deferred(Written &w, ggml_context *ctx, const Span &sp, CacheId id) {
   ggml_tensor *k_store = store_.k_storage(sp.seq, id);
   ggml_tensor *v_store = store_.v_storage(sp.seq, id);
@@ -528,8 +504,6 @@ void Step::write_deferred(Written &w, ggml_context *ctx, const Span &sp, CacheId
     }
     from += r.len;
   }
-  w.deferred_written = true;
-  --deferred_pending_;
 }
 
 Step::Kernel Step::choose_kernel(int64_t T, int64_t group, const cache::CacheSpec &spec,
@@ -573,10 +547,6 @@ void Step::set_inputs() {
 
 Status Step::commit() {
   if (committed_) return Status::error("step: already committed");
-  if (deferred_pending_ > 0)
-    return Status::error("step: " + std::to_string(deferred_pending_) +
-                         " deferred ring write(s) never went into the graph (a layer reading the "
-                         "cache did not attend; every layer must, once per span)");
   for (size_t i = 0; i < spans_.size(); ++i) {
     cache::Sequence *seq = store_.sequence(spans_[i].seq);
     if (!seq) return Status::error("step: sequence " + std::to_string(spans_[i].seq) + " vanished");

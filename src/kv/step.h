@@ -48,24 +48,17 @@ public:
   Result<int32_t> add_span(Span span);
 
   // The graph the fragments go into. Needed by a ring step longer than the ring's lead
-  // (cache::StepPlan::deferred_write): its writes must follow every read of the ring, which no
-  // data dependency orders, so they are appended to the graph after the last reader's attention.
-  // `writes_only`: the graph computes what the caches keep and nothing more (a prefill chunk
-  // wanting no logits or hidden states): layers from the last one writing a cache on are not
-  // computed, so their reads are not waited for (Gemma 4's shared layers would otherwise all be).
-  void set_graph(ggml_cgraph *gf, bool writes_only = false) {
-    graph_ = gf;
-    writes_only_ = writes_only;
-  }
+  // (cache::StepPlan::deferred_write): its writes must follow the reads of the ring's older rows,
+  // which no data dependency orders, so those reads go into the graph first, then the writes.
+  void set_graph(ggml_cgraph *gf) { graph_ = gf; }
 
   // The graph fragment for one attention layer on one span. `ctx` is the graph's (no_alloc)
   // context. Writes k and v into the planned rows, then attends q over the planned read rows with
   // the mask derived from logical positions. A second call on the same cache id and span (a
   // shared layer re-serving its donor's cache) writes nothing and reads the same rows. On a ring
-  // step longer than the ring's lead the order is the other way: q attends the ring's older rows
-  // followed by the span's own (k and v in the storage type), and the span's rows are written
-  // after the last layer reading the cache has attended (every layer of the model calls this
-  // once per span; commit() refuses a step where one did not).
+  // step longer than the ring's lead the order is the other way: q attends a copy of the ring's
+  // older rows followed by the span's own (k and v in the storage type), and the span's rows are
+  // written into the ring after that copy (every layer reading the cache attends the copy).
   Result<ggml_tensor *> update_and_attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k,
                                           ggml_tensor *v, int32_t span, cache::CacheId id,
                                           float scale);
@@ -88,12 +81,10 @@ private:
     Kernel kernel = Kernel::Ggml; // flat caches: the kernel the views were built for
     RowMap rows;                  // scattered pages read by offgraph's kernels
     bool mask_labels = false;     // scattered pages read by ggml's kernel as a masked range
-    // A deferred write (cache::StepPlan::deferred_write): the span's rows in the storage type, the
-    // ring slots they go to, and how many layers reading the cache have yet to attend.
+    // A deferred write (cache::StepPlan::deferred_write): the span's rows in the storage type and
+    // the ring slots they go to.
     ggml_tensor *k_staged = nullptr, *v_staged = nullptr;
     cache::Runs deferred_slots;
-    int32_t readers_left = 0;
-    bool deferred_written = false; // the copies into the ring are in the graph
   };
   struct Pending {
     ggml_tensor *tensor;
@@ -128,10 +119,6 @@ private:
   void attend_before_write(ggml_context *ctx, const cache::StepPlan &plan, ggml_tensor *k_rows,
                            ggml_tensor *v_rows, ggml_tensor *k_store, ggml_tensor *v_store,
                            bool host, RowLabels &rows, Written &w);
-  // After a layer attended a cache with a deferred write: once it was the last reader, the
-  // span's rows go into their slots, after that attention in the graph.
-  Status after_read(Written &w, ggml_context *ctx, ggml_tensor *out, const Span &sp,
-                    cache::CacheId id);
   // The copies of a deferred write's staged rows into their ring slots, appended to the graph.
   void write_deferred(Written &w, ggml_context *ctx, const Span &sp, cache::CacheId id);
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
@@ -168,8 +155,6 @@ private:
   std::deque<GroupedAttentionParams> grouped_params_;
   std::deque<TiledAttentionParams> tiled_params_;
   ggml_cgraph *graph_ = nullptr;
-  bool writes_only_ = false;
-  int32_t deferred_pending_ = 0; // deferred writes whose last reader has not attended yet
   bool committed_ = false;
   // One step per store at a time: another step's growth would free storage this graph views.
   bool in_flight_ = false;

@@ -234,18 +234,19 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   }
   // Tensor objects (views included) the graph may create: about 40 per layer for the
   // projections and MLP, up to 2 more per projection with a bias and a scale (16) and 7 for a
-  // fused q/k/v split, and per attention span up to ~20 (query view, storage views for both
-  // ring orders, set_rows indices, mask view, attention, reshapes), ~16 more where a ring step
-  // writes after it reads (staging, joins, the writes' views). Counted generously: running out
-  // aborts inside ggml, and metadata costs ~0.4 KB per object.
-  const size_t n_nodes = size_t(64 + c.n_layer * (72 + 40 * batch.spans.size()));
+  // fused q/k/v split, 1 more per projection on AMX tiles (the packed activations, up to 10 with
+  // Gemma 4's per-layer input), and per attention span up to ~20 (query view, storage views for
+  // both ring orders, set_rows indices, mask view, attention, reshapes), ~16 more where a ring
+  // step writes after it reads (staging, joins, the writes' views). Counted generously: running
+  // out aborts inside ggml, and metadata costs ~0.4 KB per object.
+  const size_t n_nodes = size_t(64 + c.n_layer * (82 + 40 * batch.spans.size()));
   ggml_init_params params = {
       n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));
   ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
+  step.set_graph(gf);
   // With no logit rows the builder still gets one (never uploaded: the head is left out below).
   const bool wants_logits = !batch.logit_rows.empty();
-  step.set_graph(gf, !wants_logits && batch.hidden_layers.empty());
   GraphInputs in;
   in.tokens = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
   in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);

@@ -50,7 +50,7 @@ public:
                                nullptr, true};
     ggml_context_ptr ctx(ggml_init(params));
     ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
-    step.set_graph(gf, writes_only);
+    step.set_graph(gf);
     // q, k and v live in a buffer of their own, so the graph allocator cannot place an output
     // over them (poisoning that output would then poison the input).
     ggml_init_params in_params = {3 * calls.size() * ggml_tensor_overhead(), nullptr, true};
