@@ -128,7 +128,7 @@ bench:
 	python3 bench/vision $(filter --quick,$(BENCH_ARGS))
 	python3 bench/gemma4 $(filter --quick,$(BENCH_ARGS))
 	python3 bench/prefix --arch gemma4 $(filter --quick,$(BENCH_ARGS))
-	python3 bench/cpu_kernels
+	python3 bench/cpu_kernels $(filter --quick,$(BENCH_ARGS))
 
 # Gemma 4 (issue 35): E2B- and 31B-shaped q8_0 files beside llama.cpp, tokens/s at depths 0/4K/16K
 # and K/V bytes at 4K/16K/64K (about 15 min): docs/gemma4-bench.md; then the agent scenarios of
@@ -140,7 +140,7 @@ bench-gemma4:
 # CPU matrix kernels (issue 36): AMX q8_0 tiles, ggml's path (--no-amx) and llama.cpp on three q8_0
 # files, pp512, 9-token verify spans and tg32 (about 15 min): docs/cpu-kernels-bench.md.
 bench-cpu-kernels:
-	python3 bench/cpu_kernels
+	python3 bench/cpu_kernels $(filter --quick,$(BENCH_ARGS))
 
 # Layers over ggml-rpc beside llama-bench --rpc, and 1 against 2 replicas behind nginx (issue 18):
 # docs/backends-bench.md. Builds a second llama.cpp peer with GGML_RPC the first time.

@@ -4,9 +4,8 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 namespace offgraph::model::amx {
 namespace {
@@ -46,6 +45,13 @@ const TileConfig &tile_config() {
 
 float f16(uint16_t h) { return _cvtsh_ss(h); }
 
+// This file is built for AMX and AVX-512. A template of the standard library instantiated here
+// (std::min<int64_t>, a std::vector<T> of an outside T) is an inline function the linker may keep
+// from this object for the whole program, and run on CPUs without those instructions: so only
+// helpers of this file's own, and buffers of types local to it.
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
 } // namespace
 
 size_t packed_bytes(int64_t k, int64_t m) {
@@ -57,8 +63,9 @@ void pack_activations(ggml_tensor *dst, int ith, int nth, void *) {
   const int64_t k = x->ne[0], m = x->ne[1], n_kb = k / kBlock;
   const int64_t n_mb = (m + kTileRows - 1) / kTileRows;
   const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-  thread_local std::vector<BlockQ8> row;
-  row.resize(size_t(n_kb));
+  thread_local std::unique_ptr<BlockQ8[]> row; // one token's blocks
+  thread_local int64_t row_blocks = 0;
+  if (row_blocks < n_kb) row.reset(new BlockQ8[size_t(n_kb)]), row_blocks = n_kb;
   auto *out = static_cast<uint8_t *>(dst->data);
   for (int64_t mb = ith; mb < n_mb; mb += nth) {
     uint8_t *base = out + size_t(mb * n_kb) * kPacked;
@@ -66,9 +73,9 @@ void pack_activations(ggml_tensor *dst, int ith, int nth, void *) {
       const int64_t r = mb * kTileRows + t;
       if (r < m)
         quantize(reinterpret_cast<const float *>(static_cast<const char *>(x->data) + r * x->nb[1]),
-                 row.data(), k);
+                 row.get(), k);
       else
-        std::memset(row.data(), 0, row.size() * sizeof(BlockQ8)); // padding: scale 0, values 0
+        std::memset(row.get(), 0, size_t(n_kb) * sizeof(BlockQ8)); // padding: scale 0, values 0
       for (int64_t j = 0; j < n_kb; ++j) {
         uint8_t *block = base + size_t(j) * kPacked;
         // VNNI order: tile row q holds values 4q..4q+3 of each of the 16 tokens.
@@ -100,8 +107,7 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   float *y = static_cast<float *>(dst->data);
   for (int64_t pair = first; pair < last; ++pair) {
     const int64_t n0 = pair * 2 * kTileRows;
-    const int64_t rows[2] = {std::min<int64_t>(kTileRows, n - n0),
-                             std::clamp<int64_t>(n - n0 - kTileRows, 0, kTileRows)};
+    const int64_t rows[2] = {min64(kTileRows, n - n0), clamp64(n - n0 - kTileRows, 0, kTileRows)};
     for (int64_t mb = 0; mb < n_mb; mb += 2) {
       const bool second_b = mb + 1 < n_mb;
       std::memset(acc, 0, sizeof acc);
@@ -165,7 +171,7 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
       }
       for (int a = 0; a < 2; ++a)
         for (int b = 0; b < (second_b ? 2 : 1); ++b) {
-          const int64_t t0 = (mb + b) * kTileRows, tokens = std::min<int64_t>(kTileRows, m - t0);
+          const int64_t t0 = (mb + b) * kTileRows, tokens = min64(kTileRows, m - t0);
           for (int64_t t = 0; t < tokens; ++t) {
             float *out = reinterpret_cast<float *>(reinterpret_cast<char *>(y) +
                                                    size_t(t0 + t) * dst->nb[1]) +

@@ -14,8 +14,12 @@
 // ggml's dot product does; only the order of the f32 sums differs from ggml's.
 //
 // Where: only weights in host memory on a CPU whose AMX the kernel has let this process use, for
-// spans of at least kAmxMinTokens tokens (a decode token would fill a sixteenth of a tile); every
-// other multiply is ggml's. `--no-amx` turns it off (set_amx_enabled).
+// activations of at least kAmxMinTokens rows (a decode token would fill a sixteenth of a tile);
+// every other multiply is ggml's. The rows are the batch's, all sequences together (or the logit
+// rows, for the output head): four sequences decoding together take the tiles where one alone
+// does not, so a sequence's last bits of rounding depend on its batch, as with ggml's own
+// choice of kernel by batch size (docs/speculative.md). `--no-amx` turns it off
+// (set_amx_enabled).
 #pragma once
 
 #include "ggml.h"
@@ -25,7 +29,7 @@
 
 namespace offgraph::model {
 
-// Spans of fewer tokens take ggml's path.
+// Activations of fewer rows (tokens of the whole batch) take ggml's path.
 inline constexpr int64_t kAmxMinTokens = 4;
 
 // This CPU has AMX-INT8 (and AVX-512 with F16C for the scaling), the OS saves tile state, and
@@ -44,7 +48,8 @@ bool amx_takes(const ggml_tensor *w, const ggml_tensor *x);
 // checked amx_takes.
 ggml_tensor *amx_mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x);
 
-// ggml_mul_mat, or amx_mul_mat where it takes the pair: what every weight multiply calls.
+// ggml_mul_mat, or amx_mul_mat where it takes the pair: what every weight multiply of the text
+// models calls (the vision encoder's multiplies stay ggml's for now).
 ggml_tensor *mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x);
 
 } // namespace offgraph::model

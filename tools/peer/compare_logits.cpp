@@ -1,13 +1,14 @@
 // Compares two logits files (logits_file.h): the same prompt, the same greedy picks, and every
 // row within a relative error bound (||a - b|| / ||b||). Exits 0 when they agree.
 //
-// Greedy picks may part at a near tie: where the row that picked them is within the bound and
+// With --near-ties (the AMX cases), greedy picks may part at a near tie after at least 8
+// identical ones: where the row that picked them is within the bound and
 // its two candidates lie closer on both sides than the rows differ (each side's pick beats the
 // other's by at most the row's largest difference), the rounding of a kernel that sums in another
 // order explains the split (AMX q8_0 multiplies against ggml's, model/amx_matmul.h). The rows up
 // to that one are compared; later ones follow different tokens and are not.
 //
-//   compare_logits OURS THEIRS TOLERANCE
+//   compare_logits OURS THEIRS TOLERANCE [--near-ties]
 #include "logits_file.h"
 
 #include <algorithm>
@@ -17,7 +18,9 @@
 #include <string>
 
 int main(int argc, char **argv) {
-  if (argc != 4) return std::fprintf(stderr, "usage: compare_logits OURS THEIRS TOLERANCE\n"), 2;
+  const bool near_ties = argc == 5 && std::string(argv[4]) == "--near-ties";
+  if (argc != 4 && !near_ties)
+    return std::fprintf(stderr, "usage: compare_logits OURS THEIRS TOLERANCE [--near-ties]\n"), 2;
   offgraph::peer::LogitsFile a, b;
   for (auto [f, p] : {std::pair{&a, argv[1]}, std::pair{&b, argv[2]}})
     if (std::string e = f->read(p); !e.empty()) return std::fprintf(stderr, "%s\n", e.c_str()), 2;
@@ -44,7 +47,8 @@ int main(int argc, char **argv) {
   std::string greedy = "identical";
   for (size_t i = 0; i < a.tokens.size() && i < b.tokens.size(); ++i) {
     if (a.tokens[i] == b.tokens[i]) continue;
-    if (i >= a.n_prompt && i >= 1 && i - 1 < a.n_rows()) {
+    constexpr size_t kIdenticalPicksFirst = 8;
+    if (near_ties && i >= a.n_prompt + kIdenticalPicksFirst && i - 1 < a.n_rows()) {
       const uint32_t r = uint32_t(i - 1); // the row that picked token i
       double max_diff = 0;
       const double err = row_error(r, &max_diff);
