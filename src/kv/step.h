@@ -66,11 +66,12 @@ public:
   // After the graph holding the fragments was allocated: uploads row indices and masks.
   void set_inputs();
   // After the graph computed successfully: every span's sequence advances by its tokens. Refuses
-  // (advancing nothing) a step whose deferred ring writes never went into the graph.
+  // (advancing nothing) a step already committed or whose sequence is gone.
   Status commit();
 
   const std::vector<Span> &spans() const { return spans_; }
-  // The cache's storage after each write of this step (set_rows results), in call order: a pass
+  // The cache's storage after each write of this step (set_rows results, and a deferred write's
+  // copies into ring slots), in call order: a pass
   // that wants no logits (a prompt chunk before the last) computes only what these depend on.
   const std::vector<ggml_tensor *> &writes() const { return writes_; }
 

@@ -35,9 +35,9 @@ struct alignas(64) TileConfig {
 const TileConfig &tile_config() {
   static const TileConfig config = [] {
     TileConfig c;
-    for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 32;
-    for (int t : {2, 3}) c.rows[t] = 8, c.colsb[t] = 64;
-    for (int t : {4, 5, 6, 7}) c.rows[t] = 16, c.colsb[t] = 64;
+    for (int t = 0; t < 2; ++t) c.rows[t] = 16, c.colsb[t] = 32;
+    for (int t = 2; t < 4; ++t) c.rows[t] = 8, c.colsb[t] = 64;
+    for (int t = 4; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
     return c;
   }();
   return config;

@@ -268,9 +268,10 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_build_forward_expand(gf, *logits);
   } else {
     // A pass that wants no logits (a prompt chunk before the last) computes what the cache keeps
-    // and nothing more: every layer up to the K/V writes of the last one holding a cache, not its
-    // attention, its MLP, the layers after it that share a donor's cache, or the head (which cost
-    // a prefill chunk of a small model as much as its layers).
+    // and what orders it: every layer up to the K/V writes of the last one holding a cache (and
+    // its ring's joined copy where a deferred write must follow it), not its attention, its MLP,
+    // the layers after it that share a donor's cache, or the head (which cost a prefill chunk of
+    // a small model as much as its layers).
     for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(gf, w);
   }
   for (ggml_tensor *h : hidden_tensors) { // outputs: the allocator may not reuse their memory

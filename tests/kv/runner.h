@@ -28,7 +28,7 @@ struct Call {
   std::vector<float> q, k, v; // [T][H][D] each
   std::vector<float> out;     // filled by run()
   std::string kernel;         // the name of the op that attended (offgraph's kernels name theirs)
-  bool computed = true;       // the attention is in the graph (a writes-only step leaves some out)
+  bool computed = true;       // the attention is in the graph (a writes-only step leaves them out)
 };
 
 class Runner {
