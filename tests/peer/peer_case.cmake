@@ -12,7 +12,12 @@ set(common --chunk ${CHUNK} --greedy 64 --ctk ${KV} --ctv ${KV})
 set(kernels)
 set(ties)
 if(AMX STREQUAL "on")
-  set(ties --near-ties) # AMX sums blocks in another order: greedy may part at a near tie
+  # AMX sums blocks in another order: greedy may part at a near tie. Not where this CPU has no
+  # AMX (offgraph --list-devices says): both sides then multiply with ggml's kernels.
+  execute_process(COMMAND ${OFFGRAPH} serve --list-devices OUTPUT_VARIABLE listing)
+  if(listing MATCHES "\\(AMX tiles for q8_0\\)")
+    set(ties --near-ties)
+  endif()
 else()
   set(kernels --no-amx) # ggml's multiplies, as llama.cpp's
 endif()
