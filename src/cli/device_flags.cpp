@@ -47,7 +47,7 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
                "use it only on a network you trust");
   cmd.add_flag("--no-amx", f.no_amx,
                "CPU matrix multiplies through ggml instead of AMX tiles (used by default for q8_0 "
-               "weights of spans of 4+ tokens where the CPU has AMX: docs/architecture.md)");
+               "weights and batches of 4+ rows where the CPU has AMX: docs/cpu-kernels.md)");
 }
 
 void expand_device_flag_aliases(int argc, char **argv) {

@@ -488,7 +488,7 @@ void Step::attend_before_write(ggml_context *ctx, const StepPlan &plan, ggml_ten
   w.v = join(v_read, view(w.v_staged, spec.v_head_dim, 0, T));
 }
 
-void Step::write_deferred(Written &w, ggml_context *ctx, const Span &sp, CacheId id) {
+void Step::write_deferred(const Written &w, ggml_context *ctx, const Span &sp, CacheId id) {
   ggml_tensor *k_store = store_.k_storage(sp.seq, id);
   ggml_tensor *v_store = store_.v_storage(sp.seq, id);
   int64_t from = sp.n_tokens - w.deferred_slots.total(); // the staged row of the first slot

@@ -71,8 +71,8 @@ public:
 
   const std::vector<Span> &spans() const { return spans_; }
   // The cache's storage after each write of this step (set_rows results, and a deferred write's
-  // copies into ring slots), in call order: a pass
-  // that wants no logits (a prompt chunk before the last) computes only what these depend on.
+  // copies into ring slots), in call order: a pass that wants no logits (a prompt chunk before
+  // the last) computes only what these depend on.
   const std::vector<ggml_tensor *> &writes() const { return writes_; }
 
 private:
@@ -121,7 +121,7 @@ private:
                            ggml_tensor *v_rows, ggml_tensor *k_store, ggml_tensor *v_store,
                            bool host, RowLabels &rows, Written &w);
   // The copies of a deferred write's staged rows into their ring slots, appended to the graph.
-  void write_deferred(Written &w, ggml_context *ctx, const Span &sp, cache::CacheId id);
+  void write_deferred(const Written &w, ggml_context *ctx, const Span &sp, cache::CacheId id);
   ggml_tensor *mask(ggml_context *ctx, int32_t span, const cache::StepPlan &plan,
                     const RowLabels &rows);
   // A device's read of a sequence's pages that are not consecutive: the pool rows of pages
