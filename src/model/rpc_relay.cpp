@@ -240,6 +240,10 @@ void RpcRelay::serve(int client) {
     close_server(server);
   };
   std::vector<uint8_t> chunk(1 << 20);
+  // The last request forwarded that has no response (SET_TENSOR, GRAPH_COMPUTE, ...), until a
+  // request with one is answered: a server that closes while the relay waits for the client's
+  // next request died inside a step (computing that graph, say), not between two.
+  uint8_t unanswered = kCmdCount;
   for (;;) {
     // The client's next request, forwarded piece by piece while the server takes it.
     uint8_t cmd = 0;
@@ -252,7 +256,7 @@ void RpcRelay::serve(int client) {
         if (p[0].revents) break;
         // A server never speaks unasked: readable while idle is a close, or bytes it had no
         // reason to send; both end it.
-        if (server >= 0 && p[1].revents) lost(kCmdCount, "closed the connection");
+        if (server >= 0 && p[1].revents) lost(unanswered, "closed the connection");
       }
       if (stopping_) {
         close_server(server);
@@ -286,7 +290,11 @@ void RpcRelay::serve(int client) {
       std::memcpy(&asked, head.data() + kGetTensorSizeAt, 8);
       expected = int64_t(asked);
     }
-    if (expected < 0) continue;
+    if (expected < 0) {
+      unanswered = cmd;
+      continue;
+    }
+    unanswered = kCmdCount;
     // Its response: the server's, or ours once it is gone (zeros of the size the client expects,
     // after whatever part of the server's already went out). A size the client does not expect
     // would make it abort: that server is treated as gone too.

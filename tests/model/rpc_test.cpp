@@ -226,8 +226,8 @@ TEST(Rpc, AServerThatDiesFailsTheStepNotTheProcess) {
   EXPECT_TRUE(own.alive(0));
 }
 
-// Killed while a long step computes on it (a prefill of 200 tokens in one span, repeated until
-// the kill lands inside one).
+// Killed while a long step computes on it (a prefill of 200 tokens in one span): the killer waits
+// for two whole steps, then for a step whose requests have begun to reach the server.
 TEST(Rpc, AServerKilledMidStepFailsThatStep) {
   RpcServers own(1);
   ASSERT_TRUE(own.ok());
@@ -245,29 +245,42 @@ TEST(Rpc, AServerKilledMidStepFailsThatStep) {
       kv::KvStore::create(*layout, {GGML_TYPE_F16, GGML_TYPE_F16}, (*m)->cache_buffer_types(), 128);
   ASSERT_TRUE(store.ok()) << store.message();
   Forward fwd(**m, **store, 2);
+  std::atomic<int> steps{0};
+  std::atomic<int64_t> sent_before_step{-1}; // -1 between steps
+  std::atomic<bool> killed{false};
   std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    own.kill_server(0);
+    while (!killed) {
+      const int64_t before = sent_before_step.load();
+      if (steps >= 2 && before >= 0 && d->bytes_to(0) > before) {
+        own.kill_server(0);
+        killed = true;
+      }
+      std::this_thread::yield();
+    }
   });
   Status last = ok_status();
-  int steps = 0;
   for (int i = 0; i < 1000 && last.ok(); ++i) {
     const kv::SeqId seq = *(*store)->create_sequence();
     Batch b;
     b.tokens.assign(200, 7);
     b.spans.push_back({seq, 0, 200});
     b.logit_rows = {199};
+    sent_before_step = d->bytes_to(0);
     auto r = fwd.run(b);
+    sent_before_step = -1;
     last = r.status();
     (void)(*store)->remove_sequence(seq);
     steps += r.ok();
   }
+  killed = true;
   killer.join();
   ASSERT_FALSE(last.ok());
   EXPECT_NE(last.message().find(own.endpoint(0)), std::string::npos) << last.message();
   // Inside a step (a command named), not between two (the idle check's "an idle moment").
   EXPECT_EQ(last.message().find("idle moment"), std::string::npos) << last.message();
-  std::printf("[ rpc      ] killed after %d whole steps: %s\n", steps, last.message().c_str());
+  EXPECT_GE(steps, 2);
+  std::printf("[ rpc      ] killed after %d whole steps: %s\n", steps.load(),
+              last.message().c_str());
 }
 
 // Something that is not a ggml-rpc-server of the pinned protocol on the port (here: a server that
