@@ -1,6 +1,7 @@
 #include "device_flags.h"
 
 #include "model/amx_matmul.h"
+#include "model/cpu_matmul.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +49,10 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
   cmd.add_flag("--no-amx", f.no_amx,
                "CPU matrix multiplies through ggml instead of AMX tiles (used by default for q8_0 "
                "weights and batches of 4+ rows where the CPU has AMX: docs/cpu-kernels.md)");
+  cmd.add_flag("--no-row-dot", f.no_row_dot,
+               "q8_0 multiplies of 1-3 rows (decode) through ggml's dot product instead of "
+               "offgraph's AVX-512 VNNI row-dot kernel (the same bits, slower: "
+               "docs/cpu-kernels.md)");
 }
 
 void expand_device_flag_aliases(int argc, char **argv) {
@@ -126,6 +131,7 @@ Result<std::unique_ptr<model::Model>> load_placed(const std::string &path, const
   auto options = device_options(f);
   if (!options.ok()) return options.status();
   model::set_amx_enabled(!f.no_amx);
+  model::set_row_dot_enabled(!f.no_row_dot);
   auto devices = model::Devices::open(*options);
   if (!devices.ok()) return devices.status();
   if ((*devices)->size() == 1) {

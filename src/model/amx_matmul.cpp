@@ -1,5 +1,7 @@
 #include "model/amx_matmul.h"
 
+#include "model/cpu_features.h"
+
 #include "ggml-backend.h"
 
 #include <atomic>
@@ -21,19 +23,14 @@ std::atomic<bool> g_enabled{true};
 // The reason AMX cannot be used here, "" when it can. Asks the kernel for the tile data
 // permission (a process-wide grant) on the way.
 std::string probe() {
+  if (const std::string &r = avx512_vnni_unavailable_reason(); !r.empty()) return r;
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return "no CPUID leaf 1";
-  const bool osxsave = c & (1u << 27), f16c = c & (1u << 29);
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "no CPUID leaf 7";
-  const bool avx512f = b & (1u << 16), avx512bw = b & (1u << 30);
   const bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
   if (!amx_tile || !amx_int8) return "this CPU has no AMX-INT8";
-  if (!avx512f || !avx512bw || !f16c) return "this CPU has AMX but not AVX-512F/BW with F16C";
-  if (!osxsave) return "the OS does not enable XSAVE";
   unsigned lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   const unsigned long long xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
-  if ((xcr0 & 0xe6) != 0xe6) return "the OS does not save AVX-512 state";
   if ((xcr0 & (3ull << 17)) != (3ull << 17)) return "the OS does not save AMX tile state";
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
@@ -80,10 +77,6 @@ ggml_tensor *amx_mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x) {
 #else
   return ggml_mul_mat(ctx, w, x);
 #endif
-}
-
-ggml_tensor *mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x) {
-  return amx_takes(w, x) ? amx_mul_mat(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
 } // namespace offgraph::model

@@ -48,8 +48,4 @@ bool amx_takes(const ggml_tensor *w, const ggml_tensor *x);
 // checked amx_takes.
 ggml_tensor *amx_mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x);
 
-// ggml_mul_mat, or amx_mul_mat where it takes the pair: what every weight multiply of the text
-// models calls (the vision encoder's multiplies stay ggml's for now).
-ggml_tensor *mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x);
-
 } // namespace offgraph::model

@@ -1,6 +1,7 @@
 #include "model/devices.h"
 
 #include "model/amx_matmul.h"
+#include "model/cpu_matmul.h"
 
 #include "ggml-cpu.h"
 #include "ggml-rpc.h"
@@ -193,12 +194,14 @@ std::string Devices::describe_available() {
            " (" + mib(total) + ", " + mib(free) + " free)\n";
   }
   if (gpus.empty()) out += "no GPU: " + why_no_gpu() + "\n";
-  // Whether q8_0 multiplies of 4+ rows take AMX tiles here (model/amx_matmul.h), or why not.
+  // Whether q8_0 multiplies take offgraph's own kernels here (model/cpu_matmul.h), or why not.
   out += "CPU: " +
          std::string(
              ggml_backend_dev_description(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU))) +
          (amx_available() ? " (AMX tiles for q8_0)"
                           : " (no AMX tiles: " + amx_unavailable_reason() + ")") +
+         (row_dot_available() ? " (row-dot kernel for q8_0 decode)"
+                              : " (no row-dot kernel: " + row_dot_unavailable_reason() + ")") +
          "\n";
   return out;
 }

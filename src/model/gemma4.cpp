@@ -6,8 +6,8 @@
 // a GELU-gated MLP, the per-layer embedding's gated residual, and an output scale. Embeddings
 // scaled by sqrt(E); final logit soft-cap. Mixture-of-experts files (26B-A4B) are refused.
 // Facts: llama.cpp's src/models/gemma4.cpp and conversion/gemma.py in the pinned tree.
-#include "model/amx_matmul.h"
 #include "model/arch.h"
+#include "model/cpu_matmul.h"
 #include "model/graph.h"
 #include "model/weights.h"
 

@@ -1,6 +1,6 @@
 #include "model/weights.h"
 
-#include "model/amx_matmul.h"
+#include "model/cpu_matmul.h"
 
 #include "ggml-cpu.h"
 

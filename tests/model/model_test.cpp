@@ -248,7 +248,7 @@ TEST(ModelRecompute, EveryWeightType) {
 
 // q8_0 weights through AMX tiles (model/amx_matmul.h) against ggml's kernels on the same file and
 // prompt, one 40-token span. The products are exact on both sides and only the order of the f32
-// block sums differs (1e-7 relative; tests/model/amx_matmul_test.cpp), but the next layer
+// block sums differs (1e-7 relative; tests/model/cpu_matmul_test.cpp), but the next layer
 // quantizes its activations again: a sum within that much of a rounding boundary moves one
 // activation by a whole step, and this random model is sensitive enough that one such step in
 // one projection moves a row's logits by up to 8e-3 (measured with AMX on one weight at a time:
