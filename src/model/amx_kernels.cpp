@@ -21,6 +21,8 @@ constexpr int64_t kTileRows = 16;               // weight rows of an A tile, tok
 constexpr size_t kTileBytes = 8 * 64;           // a B tile: 8 rows of 16 tokens x 4 values
 constexpr size_t kPacked = kTileBytes + 16 * 4; // and the 16 tokens' scales
 constexpr size_t kScales = kTileBytes;          // where those start
+constexpr int64_t kPrefetchExtra = 4096;        // the lead of weight prefetches past a pair
+constexpr int64_t kLine = 64;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -130,6 +132,10 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
     for (int64_t j = 0; hoist_scales && j < n_kb; ++j)
       for (int64_t r = 0; r < rows[0] + rows[1]; ++r)
         scales[size_t(j)].of_row[r] = weight_scale(w_data, w_stride, n0 + r, j);
+    const char *ahead =
+        reinterpret_cast<const char *>(w_data + size_t(n0 + 2 * kTileRows) * w_stride) +
+        kPrefetchExtra;
+    const int64_t ahead_per_block = (int64_t(2 * kTileRows) * int64_t(w_stride) + n_kb - 1) / n_kb;
     for (int64_t mb = 0; mb < n_mb; mb += 2) {
       const bool second_b = mb + 1 < n_mb;
       std::memset(acc, 0, sizeof acc);
@@ -150,6 +156,13 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
             std::memcpy(a_pad[a][r], first_row + r * w_stride, 32);
           a_src[a] = reinterpret_cast<const uint8_t *>(a_pad[a]), a_stride[a] = 32;
         }
+        // The first pass over a pair's rows reads them from memory; meanwhile the next pair's
+        // region (its 32 rows are contiguous) from kPrefetchExtra bytes on is asked for into L2,
+        // spread over the blocks, as the row-dot kernel does (the hardware prefetcher does not
+        // follow 32 streams). Later passes (spans of more than 32 tokens) find the rows in L2.
+        if (mb == 0)
+          for (int64_t o = j * ahead_per_block; o < (j + 1) * ahead_per_block; o += kLine)
+            _mm_prefetch(ahead + o, _MM_HINT_T1);
         const uint8_t *b0 = packed + size_t(mb * n_kb + j) * kPacked;
         const uint8_t *b1 = second_b ? packed + size_t((mb + 1) * n_kb + j) * kPacked : zero_b;
         _tile_loadd(0, a_src[0], long(a_stride[0]));
