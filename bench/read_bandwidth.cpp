@@ -7,7 +7,9 @@
 // and repetition: no kernel reads faster.
 //
 //     read_bandwidth --bytes N [--threads T] [--reps R]     # prints one JSON line
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>

@@ -51,7 +51,7 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
                "weights and batches of 4+ rows where the CPU has AMX: docs/cpu-kernels.md)");
   cmd.add_flag("--no-row-dot", f.no_row_dot,
                "q8_0 multiplies of 1-3 rows (decode) through ggml's dot product instead of "
-               "offgraph's AVX-512 VNNI row-dot kernel (the same bits, slower: "
+               "offgraph's AVX-512 VNNI row-dot kernel (the same bits for one-token steps, slower: "
                "docs/cpu-kernels.md)");
 }
 

@@ -132,9 +132,9 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
     for (int64_t j = 0; hoist_scales && j < n_kb; ++j)
       for (int64_t r = 0; r < rows[0] + rows[1]; ++r)
         scales[size_t(j)].of_row[r] = weight_scale(w_data, w_stride, n0 + r, j);
-    const char *ahead =
-        reinterpret_cast<const char *>(w_data + size_t(n0 + 2 * kTileRows) * w_stride) +
-        kPrefetchExtra;
+    // (Offsets from w_data, never past the weight's last row.)
+    const int64_t ahead = (n0 + 2 * kTileRows) * int64_t(w_stride) + kPrefetchExtra;
+    const int64_t ahead_end = n * int64_t(w_stride);
     const int64_t ahead_per_block = (int64_t(2 * kTileRows) * int64_t(w_stride) + n_kb - 1) / n_kb;
     for (int64_t mb = 0; mb < n_mb; mb += 2) {
       const bool second_b = mb + 1 < n_mb;
@@ -161,8 +161,9 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
         // spread over the blocks, as the row-dot kernel does (the hardware prefetcher does not
         // follow 32 streams). Later passes (spans of more than 32 tokens) find the rows in L2.
         if (mb == 0)
-          for (int64_t o = j * ahead_per_block; o < (j + 1) * ahead_per_block; o += kLine)
-            _mm_prefetch(ahead + o, _MM_HINT_T1);
+          for (int64_t o = ahead + j * ahead_per_block;
+               o < ahead + (j + 1) * ahead_per_block && o < ahead_end; o += kLine)
+            _mm_prefetch(reinterpret_cast<const char *>(w_data + o), _MM_HINT_T1);
         const uint8_t *b0 = packed + size_t(mb * n_kb + j) * kPacked;
         const uint8_t *b1 = second_b ? packed + size_t((mb + 1) * n_kb + j) * kPacked : zero_b;
         _tile_loadd(0, a_src[0], long(a_stride[0]));

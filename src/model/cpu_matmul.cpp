@@ -9,6 +9,7 @@
 
 #if defined(OFFGRAPH_ROW_DOT_KERNELS)
 #include "model/row_dot_kernels.h"
+static_assert(offgraph::model::kRowDotMaxTokens == offgraph::model::row_dot::kMaxTokens);
 #endif
 
 namespace offgraph::model {
@@ -20,7 +21,9 @@ const std::string &row_dot_reason() {
 #if defined(OFFGRAPH_ROW_DOT_KERNELS)
   return avx512_vnni_unavailable_reason();
 #else
-  static const std::string r = "this build has no row-dot kernel (not x86-64)";
+  static const std::string r =
+      "this build has no row-dot kernel (it is built on x86-64 Linux with a compiler for "
+      "AVX-512 VNNI)";
   return r;
 #endif
 }

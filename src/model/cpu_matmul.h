@@ -8,15 +8,15 @@
 // The row-dot kernel. Why: a decode step reads every weight once and does little with each
 // byte, so it should run at the memory's speed; ggml's q8_0 dot product walks one weight row at
 // a time with a single chain of dependent multiply-adds and leaves its loads to the hardware
-// prefetcher: 12-14 GB/s on this project's Xeon (2 threads) where prefetched loads read 28-32
-// (docs/cpu-kernels.md).
+// prefetcher: 12-14 GB/s on this project's Xeon (2 threads, 134-707 MB of weights) where
+// prefetched loads of the same working sets read 27-32 (docs/cpu-kernels.md).
 // How: eight weight rows at a time (eight independent chains), the next group's bytes asked
 // for into L2 while a group computes; each row's sum is computed exactly as ggml's vec_dot computes
 // it (the same exact int32 block products, the same f32 multiply-add per block in block order, the
 // same final horizontal sum), so its results are bit-identical to ggml's one-row path. With 2 or 3
 // rows each token's result is what ggml gives that token alone (ggml itself switches to
-// tinyBLAS there, whose sums round differently): a sequence decodes to the same bits alone or
-// with one or two others.
+// tinyBLAS there, whose sums round differently): a sequence's q8_0 multiplies give the same bits
+// whether it decodes alone or with one or two others.
 //
 // Where: q8_0 weights in host memory, f32 activations, on a CPU with AVX-512 VNNI
 // (cpu_features.h); `--no-row-dot` (set_row_dot_enabled) gives the multiplies back to ggml.

@@ -16,14 +16,13 @@ struct BlockQ8 { // ggml's block_q8_0
 };
 static_assert(sizeof(BlockQ8) == 34);
 
-constexpr int64_t kBlock = 32;    // values per q8_0 block
-constexpr int64_t kMaxTokens = 3; // kRowDotMaxTokens
+constexpr int64_t kBlock = 32; // values per q8_0 block
 // Prefetching: the weight rows of a thread's share are one contiguous region, read a group of
 // rows at a time. While a group computes, the region from the next group's start plus
 // kPrefetchExtra bytes is asked for into L2, evenly over the group's blocks, so each group finds
 // its bytes fetched. The hardware prefetcher alone leaves the loads waiting: on this project's
-// Xeon (2 threads, 128-139 MB of rows) a plain 512-byte lead read 20-22 GB/s at K = 1024, this
-// 35-37 GB/s; ggml's dot product 14.
+// Xeon (2 threads, 134 MB of rows of K = 1024, read again and again) a plain 512-byte lead read
+// 20-23 GB/s, this 33-37; ggml's dot product 13-14 (docs/cpu-kernels.md).
 constexpr int64_t kPrefetchExtra = 4096;
 constexpr int64_t kLine = 64;
 
@@ -42,20 +41,22 @@ float sum8(__m256 x) {
 // ggml_vec_dot_q8_0_q8_0's (block order, one f32 multiply-add per block of the int32 products,
 // sum8), R x M independent chains.
 template <int R, int M>
-void rows(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_kb, const BlockQ8 *const *x,
-          float *y, size_t y_stride) {
+void rows(const uint8_t *w, size_t w_stride, int64_t n, int64_t r0, int64_t n_kb,
+          const BlockQ8 *const *x, float *y, size_t y_stride) {
   __m256 acc[R][M];
   for (int i = 0; i < R; ++i)
     for (int t = 0; t < M; ++t) acc[i][t] = _mm256_setzero_ps();
   const BlockQ8 *row[R];
   for (int i = 0; i < R; ++i)
     row[i] = reinterpret_cast<const BlockQ8 *>(w + size_t(r0 + i) * w_stride);
-  const char *ahead =
-      reinterpret_cast<const char *>(w + size_t(r0 + R) * w_stride) + kPrefetchExtra;
+  // The bytes to prefetch, as offsets from w: never past the weight's last row.
+  const int64_t ahead = int64_t(r0 + R) * int64_t(w_stride) + kPrefetchExtra;
+  const int64_t ahead_end = int64_t(n) * int64_t(w_stride);
   const int64_t ahead_per_block = (int64_t(R * w_stride) + n_kb - 1) / n_kb;
   for (int64_t b = 0; b < n_kb; ++b) {
-    for (int64_t o = b * ahead_per_block; o < (b + 1) * ahead_per_block; o += kLine)
-      _mm_prefetch(ahead + o, _MM_HINT_T1);
+    for (int64_t o = ahead + b * ahead_per_block;
+         o < ahead + (b + 1) * ahead_per_block && o < ahead_end; o += kLine)
+      _mm_prefetch(reinterpret_cast<const char *>(w + o), _MM_HINT_T1);
     __m256i qy[M];
     float dy[M];
     for (int t = 0; t < M; ++t) {
@@ -81,11 +82,11 @@ void rows(const uint8_t *w, size_t w_stride, int64_t r0, int64_t n_kb, const Blo
 
 // Rows [first, last): groups of R, then one by one.
 template <int R, int M>
-void range(const uint8_t *w, size_t w_stride, int64_t first, int64_t last, int64_t n_kb,
+void range(const uint8_t *w, size_t w_stride, int64_t n, int64_t first, int64_t last, int64_t n_kb,
            const BlockQ8 *const *x, float *y, size_t y_stride) {
   int64_t r = first;
-  for (; r + R <= last; r += R) rows<R, M>(w, w_stride, r, n_kb, x, y, y_stride);
-  for (; r < last; ++r) rows<1, M>(w, w_stride, r, n_kb, x, y, y_stride);
+  for (; r + R <= last; r += R) rows<R, M>(w, w_stride, n, r, n_kb, x, y, y_stride);
+  for (; r < last; ++r) rows<1, M>(w, w_stride, n, r, n_kb, x, y, y_stride);
 }
 
 } // namespace
@@ -93,6 +94,7 @@ void range(const uint8_t *w, size_t w_stride, int64_t first, int64_t last, int64
 void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   const ggml_tensor *w = dst->src[0], *x = dst->src[1];
   const int64_t k = w->ne[0], n = w->ne[1], m = x->ne[1], n_kb = k / kBlock;
+  GGML_ASSERT(m >= 1 && m <= kMaxTokens); // row_dot_takes' limit (cpu_matmul.cpp checks they agree)
   // Each thread quantizes the activations itself (ggml's q8_0 from_float, as its mul_mat does):
   // a few thousand values, against the millions of weight bytes each thread reads, and no
   // second op with a barrier between.
@@ -121,11 +123,11 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   // Eight rows' chains for one token, four rows' for two or three (their accumulators and
   // activations fill the 32 vector registers).
   if (m == 1)
-    range<8, 1>(w_data, w_stride, first, last, n_kb, xq, y, y_stride);
+    range<8, 1>(w_data, w_stride, n, first, last, n_kb, xq, y, y_stride);
   else if (m == 2)
-    range<4, 2>(w_data, w_stride, first, last, n_kb, xq, y, y_stride);
+    range<4, 2>(w_data, w_stride, n, first, last, n_kb, xq, y, y_stride);
   else
-    range<4, 3>(w_data, w_stride, first, last, n_kb, xq, y, y_stride);
+    range<4, 3>(w_data, w_stride, n, first, last, n_kb, xq, y, y_stride);
 }
 
 } // namespace offgraph::model::row_dot

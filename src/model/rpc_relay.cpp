@@ -242,7 +242,8 @@ void RpcRelay::serve(int client) {
   std::vector<uint8_t> chunk(1 << 20);
   // The last request forwarded that has no response (SET_TENSOR, GRAPH_COMPUTE, ...), until a
   // request with one is answered: a server that closes while the relay waits for the client's
-  // next request died inside a step (computing that graph, say), not between two.
+  // next request is named after it (a step's requests end with GET_TENSOR's answer, so a server
+  // that dies between steps is still "an idle moment").
   uint8_t unanswered = kCmdCount;
   for (;;) {
     // The client's next request, forwarded piece by piece while the server takes it.
@@ -256,7 +257,16 @@ void RpcRelay::serve(int client) {
         if (p[0].revents) break;
         // A server never speaks unasked: readable while idle is a close, or bytes it had no
         // reason to send; both end it.
-        if (server >= 0 && p[1].revents) lost(unanswered, "closed the connection");
+        if (server >= 0 && p[1].revents) {
+          if (unanswered == kCmdCount)
+            lost(kCmdCount, "closed the connection");
+          else {
+            // (Inside a step, between its requests: the server computing a graph, say.)
+            fail(std::string("the server closed the connection after ") + cmd_name(unanswered) +
+                 ", before the client's next request");
+            close_server(server);
+          }
+        }
       }
       if (stopping_) {
         close_server(server);

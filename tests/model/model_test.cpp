@@ -3,6 +3,7 @@
 // cache (where the sliding layers are not even rings). And malformed files get clear errors.
 #include "model/amx_matmul.h"
 #include "model/arch.h"
+#include "model/cpu_matmul.h"
 #include "model/forward.h"
 #include "model_test_util.h"
 #include "synth/synth.h"
@@ -293,6 +294,53 @@ TEST(ModelRecompute, Q8WithAmxTilesAgreesWithGgmlUpToRequantization) {
   std::printf(
       "[ model    ] q8_0 through AMX tiles vs ggml: first row %.2g, median %.2g, worst %.2g\n",
       errors[0], sorted[sorted.size() / 2], sorted.back());
+}
+
+// Decode steps with q8_0 weights: the row-dot kernel (model/cpu_matmul.h) gives the logits of
+// ggml's path bit for bit, step after step (its sums are ggml's one-row dot product's, in
+// ggml's order), on a file whose every matrix is q8_0. The prompt is one span, through the same
+// kernels in both runs.
+TEST(ModelDecode, RowDotGivesGgmlsLogitsBitForBit) {
+  if (!row_dot_available())
+    GTEST_SKIP() << "no row-dot kernel here: " << row_dot_unavailable_reason();
+  synth::SynthSpec s = synth::preset("small", "muse-glimmer").value();
+  s.n_layer = 4, s.n_vocab = 1000, s.window = 12, s.weight_type = GGML_TYPE_Q8_0, s.seed = 37;
+  const std::string path = make_model(s, "row-dot-q8_0.gguf");
+  constexpr int32_t kPrompt = 12, kSteps = 16;
+  std::mt19937_64 rng(37);
+  std::vector<int32_t> tokens(size_t(kPrompt + kSteps));
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, s.n_vocab - 1)(rng);
+  auto decode = [&](bool row_dot) {
+    set_row_dot_enabled(row_dot);
+    Session session(path, kPrompt + kSteps, kPrompt);
+    const kv::SeqId seq = *session.store->create_sequence();
+    std::vector<float> all;
+    Batch prompt;
+    prompt.tokens.assign(tokens.begin(), tokens.begin() + kPrompt);
+    prompt.spans.push_back({seq, 0, kPrompt});
+    prompt.logit_rows = {kPrompt - 1};
+    auto l = session.fwd->run(prompt);
+    EXPECT_TRUE(l.ok()) << l.message();
+    for (int32_t i = kPrompt; l.ok() && i < kPrompt + kSteps; ++i) {
+      Batch b;
+      b.tokens = {tokens[size_t(i)]};
+      b.spans.push_back({seq, i, 1});
+      b.logit_rows = {0};
+      l = session.fwd->run(b);
+      EXPECT_TRUE(l.ok()) << l.message();
+      if (l.ok()) all.insert(all.end(), l->begin(), l->end());
+    }
+    set_row_dot_enabled(true);
+    return all;
+  };
+  const std::vector<float> own = decode(true), stock = decode(false);
+  ASSERT_EQ(own.size(), size_t(kSteps) * size_t(s.n_vocab));
+  ASSERT_EQ(stock.size(), own.size());
+  for (int32_t step = 0; step < kSteps; ++step) {
+    const size_t at = size_t(step) * size_t(s.n_vocab);
+    EXPECT_EQ(std::memcmp(own.data() + at, stock.data() + at, size_t(s.n_vocab) * sizeof(float)), 0)
+        << "decode step " << step << ": row-dot logits differ from ggml's";
+  }
 }
 
 TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {

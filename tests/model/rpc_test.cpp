@@ -247,15 +247,20 @@ TEST(Rpc, AServerKilledMidStepFailsThatStep) {
   Forward fwd(**m, **store, 2);
   std::atomic<int> steps{0};
   std::atomic<int64_t> sent_before_step{-1}; // -1 between steps
+  std::atomic<int> step_serial{0};           // incremented as each step begins
   std::atomic<bool> killed{false};
   std::thread killer([&] {
     while (!killed) {
+      const int serial = step_serial.load();
       const int64_t before = sent_before_step.load();
-      if (steps >= 2 && before >= 0 && d->bytes_to(0) > before) {
+      // The step's requests reach the server, and it is still the same step (not the next one
+      // compared with this one's count, read across a preemption).
+      if (steps >= 2 && before >= 0 && d->bytes_to(0) > before && step_serial.load() == serial &&
+          sent_before_step.load() == before) {
         own.kill_server(0);
         killed = true;
       }
-      std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   });
   Status last = ok_status();
@@ -266,6 +271,7 @@ TEST(Rpc, AServerKilledMidStepFailsThatStep) {
     b.spans.push_back({seq, 0, 200});
     b.logit_rows = {199};
     sent_before_step = d->bytes_to(0);
+    ++step_serial;
     auto r = fwd.run(b);
     sent_before_step = -1;
     last = r.status();
