@@ -33,7 +33,10 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles 0-1: two A tiles of 16 weight rows x 32 int8 values; 2-3: two B tiles of 32 values x 16
-// tokens (VNNI: 8 rows of 64 bytes); 4-7: their four 16 x 16 int32 products.
+// tokens (VNNI: 8 rows of 64 bytes); 4-7: their four 16 x 16 int32 products. A static, never a
+// local: GCC 12's _tile_loadconfig declares an 8-byte read, so the stores to a local
+// configuration are dead to it and dropped at -O3 (what crashes llama.cpp's AMX path here:
+// docs/peer.md).
 const TileConfig &tile_config() {
   static const TileConfig config = [] {
     TileConfig c;
