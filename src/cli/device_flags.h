@@ -18,7 +18,8 @@ struct DeviceFlags {
   std::string gpu_layers; // "" (all), a count, or "all"
   std::string device;     // "" (every GPU found), "none", or names "CUDA0,CUDA1"
   bool allow_remote = false;
-  bool no_amx = false;     // ggml's CPU matrix multiplies instead of AMX tiles (model/amx_matmul.h)
+  bool no_amx = false; // ggml's CPU matrix multiplies instead of AMX tiles (model/amx_matmul.h)
+  bool mmap = false;   // weights in the file's mapping, not anonymous huge pages (weight_memory.h)
   bool no_row_dot = false; // ggml's dot product for decode instead of model/cpu_matmul.h's
 };
 

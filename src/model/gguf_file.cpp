@@ -366,10 +366,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string &path) {
   return f;
 }
 
-GgufFile::~GgufFile() {
-  buffer_.reset();
-  if (map_) munmap(map_, file_size_);
-}
+GgufFile::~GgufFile() { buffer_.reset(); }
 
 ggml_tensor *GgufFile::tensor(const std::string &name) const {
   return ggml_get_tensor(meta_.get(), name.c_str());
@@ -377,33 +374,32 @@ ggml_tensor *GgufFile::tensor(const std::string &name) const {
 
 int64_t GgufFile::n_tensors() const { return gguf_get_n_tensors(gguf_.get()); }
 
-Status GgufFile::map_weights(const Progress &progress) {
+Status GgufFile::map_weights(const Progress &progress, bool anonymous) {
   if (!has_weights())
     return Status::error(path_ + ": the file holds no weights (" + weights_missing_ + ")");
-  if (map_) return ok_status();
-  const int fd = ::open(path_.c_str(), O_RDONLY);
-  if (fd < 0) return Status::error(path_ + ": cannot open (" + std::strerror(errno) + ")");
-  void *m = mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) return Status::error(path_ + ": cannot map (" + std::strerror(errno) + ")");
-  map_ = m;
+  if (memory_.data()) return ok_status();
+  auto memory = WeightMemory::load(path_, file_size_, anonymous, progress);
+  if (!memory.ok()) return memory.status();
+  memory_ = std::move(memory).value();
   // ggml never writes weights; the CPU buffer only needs an address range.
-  buffer_.reset(ggml_backend_cpu_buffer_from_ptr(map_, file_size_));
-  if (!buffer_) return Status::error(path_ + ": cannot wrap the mapping in a ggml buffer");
+  buffer_.reset(ggml_backend_cpu_buffer_from_ptr(memory_.data(), file_size_));
+  if (!buffer_) return Status::error(path_ + ": cannot wrap the weights in a ggml buffer");
   ggml_backend_buffer_set_usage(buffer_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
   const size_t data = gguf_get_data_offset(gguf_.get());
   for (int64_t i = 0; i < n_tensors(); ++i) {
     ggml_tensor *t = tensor(gguf_get_tensor_name(gguf_.get(), i));
-    char *addr = static_cast<char *>(map_) + data + gguf_get_tensor_offset(gguf_.get(), i);
+    char *addr =
+        static_cast<char *>(memory_.data()) + data + gguf_get_tensor_offset(gguf_.get(), i);
     if (ggml_backend_tensor_alloc(buffer_.get(), t, addr) != GGML_STATUS_SUCCESS)
       return Status::error(path_ + ": cannot bind tensor '" + t->name + "'");
   }
+  if (memory_.anonymous()) return ok_status(); // read in already
   // Touch one byte a page so the reads and page-table entries happen here (with progress), not
   // in the steps: an unmapped embedding row costs a page fault in the decode step that first
   // reads it (0.2 ms a step measured on a 0.4B model; llama.cpp maps with MAP_POPULATE).
-  posix_madvise(map_, file_size_, POSIX_MADV_WILLNEED);
+  posix_madvise(memory_.data(), file_size_, POSIX_MADV_WILLNEED);
   const long page = sysconf(_SC_PAGESIZE);
-  const volatile char *p = static_cast<const char *>(map_);
+  const volatile char *p = static_cast<const char *>(memory_.data());
   const uint64_t chunk = uint64_t(64) << 20;
   char sink = 0;
   for (uint64_t at = 0; at < file_size_;) {

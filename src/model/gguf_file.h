@@ -6,6 +6,7 @@
 #pragma once
 
 #include "base/status.h"
+#include "model/weight_memory.h"
 
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
@@ -69,9 +70,11 @@ public:
   // Why not: the first tensor whose data lies past the end.
   const std::string &weights_missing() const { return weights_missing_; }
 
-  // Maps the file and binds every tensor to its bytes in a CPU buffer over the mapping; with
-  // `progress`, reads the pages in (so a large load shows progress and later steps do not fault).
-  Status map_weights(const Progress &progress = nullptr);
+  // Brings the file's bytes into host memory (model/weight_memory.h: read into anonymous memory
+  // in huge pages, or mapped) and binds every tensor to them in a CPU buffer; `progress` sees the
+  // bytes read in (a mapping's pages are read in here too, so later steps do not fault).
+  Status map_weights(const Progress &progress = nullptr, bool anonymous = false);
+  bool weights_anonymous() const { return memory_.anonymous(); }
 
   // Typed metadata. `optional_*` return nullopt when the key is absent but fail on a wrong type.
   bool has(const std::string &key) const;
@@ -98,7 +101,7 @@ private:
   gguf_context_ptr gguf_;
   ggml_context_ptr meta_;
   std::string weights_missing_;
-  void *map_ = nullptr;
+  WeightMemory memory_;
   ggml_backend_buffer_ptr buffer_;
 };
 

@@ -34,12 +34,19 @@ Result<std::unique_ptr<Model>> Model::load(const std::string &path, const Progre
                                            const DeviceProgress &device_progress) {
   auto m = open_metadata(path);
   if (!m.ok()) return m.status();
-  if (Status s = (*m)->file_->map_weights(progress); !s.ok()) return s;
+  Model &model = **m;
   if (devices) {
-    (*m)->devices_ = std::move(devices);
-    (*m)->layer_device_ = (*m)->devices_->assign((*m)->config_.n_layer);
-    if (Status s = (*m)->place(device_progress); !s.ok()) return s;
+    model.devices_ = std::move(devices);
+    model.layer_device_ = model.devices_->assign(model.config_.n_layer);
   }
+  bool all_on_cpu = model.devices_->is_cpu(model.output_device());
+  for (int32_t il = 0; il < model.config_.n_layer; ++il)
+    all_on_cpu = all_on_cpu && model.devices_->is_cpu(model.layer_device(il));
+  const StorageChoice storage = choose_weight_storage(model.file_->file_size(), all_on_cpu);
+  model.weight_storage_ = storage.why;
+  if (Status s = model.file_->map_weights(progress, storage.anonymous); !s.ok()) return s;
+  if (!all_on_cpu)
+    if (Status s = model.place(device_progress); !s.ok()) return s;
   return m;
 }
 

@@ -37,6 +37,8 @@ public:
 
   const ModelConfig &config() const { return config_; }
   const GgufFile &file() const { return *file_; }
+  // Where the weights live in host memory and why (model/weight_memory.h), for logs.
+  const std::string &weight_storage() const { return weight_storage_; }
   const Weights &weights() const { return weights_; }
   // The final soft-cap's constants (cap 0: none), where graphs' softcap ops read them.
   const SoftcapParams *softcap() const { return &softcap_; }
@@ -60,6 +62,7 @@ private:
   Status place(const DeviceProgress &progress);
 
   std::unique_ptr<GgufFile> file_;
+  std::string weight_storage_;
   const Architecture *arch_ = nullptr;
   ModelConfig config_;
   Weights weights_;
