@@ -1,5 +1,7 @@
 #include "model/amx_kernels.h"
 
+#include "model/q8_kernel_common.h"
+
 #include "ggml-cpu.h"
 
 #include <immintrin.h>
@@ -10,19 +12,15 @@
 namespace offgraph::model::amx {
 namespace {
 
-struct BlockQ8 { // ggml's block_q8_0
-  uint16_t d;    // f16 scale
-  int8_t qs[32];
-};
-static_assert(sizeof(BlockQ8) == 34);
+using q8_kernel::BlockQ8;
+using q8_kernel::f16;
+using q8_kernel::kBlock; // values per q8_0 block: a tile's K
+using q8_kernel::kPrefetchExtra;
 
-constexpr int64_t kBlock = 32;                  // values per q8_0 block: a tile's K
 constexpr int64_t kTileRows = 16;               // weight rows of an A tile, tokens of a B tile
 constexpr size_t kTileBytes = 8 * 64;           // a B tile: 8 rows of 16 tokens x 4 values
 constexpr size_t kPacked = kTileBytes + 16 * 4; // and the 16 tokens' scales
 constexpr size_t kScales = kTileBytes;          // where those start
-constexpr int64_t kPrefetchExtra = 4096;        // the lead of weight prefetches past a pair
-constexpr int64_t kLine = 64;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -47,8 +45,6 @@ const TileConfig &tile_config() {
   }();
   return config;
 }
-
-float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 // This file is built for AMX and AVX-512. A template of the standard library instantiated here
 // (std::min<int64_t>, a std::vector<T> of an outside T) is an inline function the linker may keep
@@ -164,9 +160,8 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
         // spread over the blocks, as the row-dot kernel does (the hardware prefetcher does not
         // follow 32 streams). Later passes (spans of more than 32 tokens) find the rows in L2.
         if (mb == 0)
-          for (int64_t o = ahead + j * ahead_per_block;
-               o < ahead + (j + 1) * ahead_per_block && o < ahead_end; o += kLine)
-            _mm_prefetch(reinterpret_cast<const char *>(w_data + o), _MM_HINT_T1);
+          q8_kernel::prefetch_l2(w_data, ahead + j * ahead_per_block,
+                                 ahead + (j + 1) * ahead_per_block, ahead_end);
         const uint8_t *b0 = packed + size_t(mb * n_kb + j) * kPacked;
         const uint8_t *b1 = second_b ? packed + size_t((mb + 1) * n_kb + j) * kPacked : zero_b;
         _tile_loadd(0, a_src[0], long(a_stride[0]));

@@ -1,8 +1,7 @@
 #include "model/amx_matmul.h"
 
 #include "model/cpu_features.h"
-
-#include "ggml-backend.h"
+#include "model/cpu_matmul.h"
 
 #include <atomic>
 
@@ -54,14 +53,7 @@ void set_amx_enabled(bool enabled) { g_enabled = enabled; }
 bool amx_enabled() { return g_enabled && amx_available(); }
 
 bool amx_takes(const ggml_tensor *w, const ggml_tensor *x) {
-  if (w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32) return false;
-  if (w->ne[2] != 1 || w->ne[3] != 1 || x->ne[2] != 1 || x->ne[3] != 1) return false;
-  if (w->ne[0] % 32 != 0 || w->ne[0] != x->ne[0] || x->ne[1] < kAmxMinTokens) return false;
-  if (w->nb[0] != ggml_type_size(GGML_TYPE_Q8_0) || x->nb[0] != sizeof(float)) return false;
-  // Weights in host memory compute on the CPU; any other device gets ggml's op.
-  ggml_backend_buffer_t buffer = w->view_src ? w->view_src->buffer : w->buffer;
-  if (!buffer || !ggml_backend_buffer_is_host(buffer)) return false;
-  return amx_enabled();
+  return x->ne[1] >= kAmxMinTokens && q8_host_pair(w, x) && amx_enabled();
 }
 
 ggml_tensor *amx_mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x) {

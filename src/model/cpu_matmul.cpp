@@ -35,15 +35,17 @@ std::string row_dot_unavailable_reason() { return row_dot_reason(); }
 void set_row_dot_enabled(bool enabled) { g_row_dot_enabled = enabled; }
 bool row_dot_enabled() { return g_row_dot_enabled && row_dot_available(); }
 
-bool row_dot_takes(const ggml_tensor *w, const ggml_tensor *x) {
+bool q8_host_pair(const ggml_tensor *w, const ggml_tensor *x) {
   if (w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32) return false;
   if (w->ne[2] != 1 || w->ne[3] != 1 || x->ne[2] != 1 || x->ne[3] != 1) return false;
-  if (w->ne[0] != x->ne[0] || x->ne[1] < 1 || x->ne[1] > kRowDotMaxTokens) return false;
+  if (w->ne[0] != x->ne[0]) return false;
   if (w->nb[0] != ggml_type_size(GGML_TYPE_Q8_0) || x->nb[0] != sizeof(float)) return false;
-  // Weights in host memory compute on the CPU; any other device gets ggml's op.
   ggml_backend_buffer_t buffer = w->view_src ? w->view_src->buffer : w->buffer;
-  if (!buffer || !ggml_backend_buffer_is_host(buffer)) return false;
-  return row_dot_enabled();
+  return buffer && ggml_backend_buffer_is_host(buffer);
+}
+
+bool row_dot_takes(const ggml_tensor *w, const ggml_tensor *x) {
+  return x->ne[1] >= 1 && x->ne[1] <= kRowDotMaxTokens && q8_host_pair(w, x) && row_dot_enabled();
 }
 
 ggml_tensor *row_dot_mul_mat(ggml_context *ctx, ggml_tensor *w, ggml_tensor *x) {

@@ -39,6 +39,10 @@ std::string row_dot_unavailable_reason();
 void set_row_dot_enabled(bool enabled);
 bool row_dot_enabled();
 
+// What both of offgraph's q8_0 kernels need of W x: q8_0 weights in host memory (a weight on a
+// GPU or a ggml-rpc server computes there, with ggml's op) and f32 activations, both
+// two-dimensional with contiguous rows, of the same width.
+bool q8_host_pair(const ggml_tensor *w, const ggml_tensor *x);
 // Whether row_dot_mul_mat takes W x: enabled, q8_0 weights in host memory, f32 activations of 1
 // to kRowDotMaxTokens rows, both two-dimensional with contiguous rows.
 bool row_dot_takes(const ggml_tensor *w, const ggml_tensor *x);

@@ -378,21 +378,23 @@ Status GgufFile::map_weights(const Progress &progress, bool anonymous) {
   if (!has_weights())
     return Status::error(path_ + ": the file holds no weights (" + weights_missing_ + ")");
   if (memory_.data()) return ok_status();
-  auto memory = WeightMemory::load(path_, file_size_, anonymous, progress);
-  if (!memory.ok()) return memory.status();
-  memory_ = std::move(memory).value();
+  auto loaded = WeightMemory::load(path_, file_size_, anonymous, progress);
+  if (!loaded.ok()) return loaded.status();
+  // Kept here until every tensor is bound: a failure leaves the file unloaded, not half.
+  WeightMemory memory = std::move(loaded).value();
   // ggml never writes weights; the CPU buffer only needs an address range.
-  buffer_.reset(ggml_backend_cpu_buffer_from_ptr(memory_.data(), file_size_));
-  if (!buffer_) return Status::error(path_ + ": cannot wrap the weights in a ggml buffer");
-  ggml_backend_buffer_set_usage(buffer_.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+  ggml_backend_buffer_ptr buffer(ggml_backend_cpu_buffer_from_ptr(memory.data(), file_size_));
+  if (!buffer) return Status::error(path_ + ": cannot wrap the weights in a ggml buffer");
+  ggml_backend_buffer_set_usage(buffer.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
   const size_t data = gguf_get_data_offset(gguf_.get());
   for (int64_t i = 0; i < n_tensors(); ++i) {
     ggml_tensor *t = tensor(gguf_get_tensor_name(gguf_.get(), i));
-    char *addr =
-        static_cast<char *>(memory_.data()) + data + gguf_get_tensor_offset(gguf_.get(), i);
-    if (ggml_backend_tensor_alloc(buffer_.get(), t, addr) != GGML_STATUS_SUCCESS)
+    char *addr = static_cast<char *>(memory.data()) + data + gguf_get_tensor_offset(gguf_.get(), i);
+    if (ggml_backend_tensor_alloc(buffer.get(), t, addr) != GGML_STATUS_SUCCESS)
       return Status::error(path_ + ": cannot bind tensor '" + t->name + "'");
   }
+  memory_ = std::move(memory); // (the bytes stay where they are: the buffer's addresses hold)
+  buffer_ = std::move(buffer);
   if (memory_.anonymous()) return ok_status(); // read in already
   // Touch one byte a page so the reads and page-table entries happen here (with progress), not
   // in the steps: an unmapped embedding row costs a page fault in the decode step that first

@@ -1,8 +1,8 @@
 // GgufFile: a GGUF file opened for reading. Checks the container before trusting it (our own walk
 // of the header, metadata and tensor table, check_gguf_layout, before ggml's parser sees a byte;
-// then that every tensor's data lies inside the file), maps the data read-only (weights are never
-// copied), and offers typed metadata lookups whose errors name the key, the expected type and the
-// type found.
+// then that every tensor's data lies inside the file), brings the data into host memory read-only
+// (model/weight_memory.h: anonymous huge pages or the file's mapping), and offers typed metadata
+// lookups whose errors name the key, the expected type and the type found.
 #pragma once
 
 #include "base/status.h"
@@ -75,6 +75,7 @@ public:
   // bytes read in (a mapping's pages are read in here too, so later steps do not fault).
   Status map_weights(const Progress &progress = nullptr, bool anonymous = false);
   bool weights_anonymous() const { return memory_.anonymous(); }
+  bool weights_huge_pages_advised() const { return memory_.huge_pages_advised(); }
 
   // Typed metadata. `optional_*` return nullopt when the key is absent but fail on a wrong type.
   bool has(const std::string &key) const;

@@ -44,7 +44,17 @@ Result<std::unique_ptr<Model>> Model::load(const std::string &path, const Progre
     all_on_cpu = all_on_cpu && model.devices_->is_cpu(model.layer_device(il));
   const StorageChoice storage = choose_weight_storage(model.file_->file_size(), all_on_cpu);
   model.weight_storage_ = storage.why;
-  if (Status s = model.file_->map_weights(progress, storage.anonymous); !s.ok()) return s;
+  Status mapped = model.file_->map_weights(progress, storage.anonymous);
+  if (!mapped.ok() && storage.anonymous &&
+      offgraph::model::weight_storage() == WeightStorage::automatic) {
+    // (Memory the kernel will not commit, say: the mapping needs none.)
+    model.weight_storage_ =
+        "the file's mapping (anonymous memory failed: " + mapped.message() + ")";
+    mapped = model.file_->map_weights(progress, false);
+  }
+  if (!mapped.ok()) return mapped;
+  if (storage.anonymous && !model.file_->weights_huge_pages_advised())
+    model.weight_storage_ += "; the kernel refused the advice for huge pages";
   if (!all_on_cpu)
     if (Status s = model.place(device_progress); !s.ok()) return s;
   return m;

@@ -1,7 +1,8 @@
 // Model: a GGUF model loaded for inference. Hyperparameters are validated (config.h), every
 // tensor is checked for presence, shape and type against them before any ggml call, and weights
-// stay in the file's mapping. The forward graph of each architecture lives in its own file and
-// reaches the cache only through kv::Step::update_and_attend.
+// stay in host memory as weight_memory.h chooses (anonymous huge pages or the file's mapping). The
+// forward graph of each architecture lives in its own file and reaches the cache only through
+// kv::Step::update_and_attend.
 #pragma once
 
 #include "base/status.h"
@@ -23,9 +24,11 @@ struct Architecture;
 
 class Model {
 public:
-  // Opens, validates and maps a model; `progress` sees the bytes read in. With `devices`, the
+  // Opens, validates and loads a model; `progress` sees the bytes read in. With `devices`, the
   // weights of the layers the split puts on another device are uploaded there
-  // (`device_progress` sees each device's bytes); the rest stay in the file's mapping.
+  // (`device_progress` sees each device's bytes) and the file stays mapped; with every layer on
+  // the CPU the weights go where choose_weight_storage says (weight_memory.h). An anonymous copy
+  // that cannot be allocated falls back to the mapping.
   using DeviceProgress =
       std::function<void(const std::string &device, uint64_t done, uint64_t total)>;
   static Result<std::unique_ptr<Model>> load(const std::string &path,

@@ -1,5 +1,7 @@
 #include "model/row_dot_kernels.h"
 
+#include "model/q8_kernel_common.h"
+
 #include "ggml-cpu.h"
 
 #include <immintrin.h>
@@ -10,23 +12,17 @@
 namespace offgraph::model::row_dot {
 namespace {
 
-struct BlockQ8 { // ggml's block_q8_0
-  uint16_t d;    // f16 scale
-  int8_t qs[32];
-};
-static_assert(sizeof(BlockQ8) == 34);
+using q8_kernel::BlockQ8;
+using q8_kernel::f16;
+using q8_kernel::kBlock;
+using q8_kernel::kPrefetchExtra;
 
-constexpr int64_t kBlock = 32; // values per q8_0 block
 // Prefetching: the weight rows of a thread's share are one contiguous region, read a group of
 // rows at a time. While a group computes, the region from the next group's start plus
 // kPrefetchExtra bytes is asked for into L2, evenly over the group's blocks, so each group finds
 // its bytes fetched. The hardware prefetcher alone leaves the loads waiting: on this project's
 // Xeon (2 threads, 134 MB of rows of K = 1024, read again and again) a plain 512-byte lead read
 // 20-23 GB/s, this 33-37; ggml's dot product 13-14 (docs/cpu-kernels.md).
-constexpr int64_t kPrefetchExtra = 4096;
-constexpr int64_t kLine = 64;
-
-float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 // ggml's hsum_float_8, in its order of additions.
 float sum8(__m256 x) {
@@ -54,9 +50,8 @@ void rows(const uint8_t *w, size_t w_stride, int64_t n, int64_t r0, int64_t n_kb
   const int64_t ahead_end = int64_t(n) * int64_t(w_stride);
   const int64_t ahead_per_block = (int64_t(R * w_stride) + n_kb - 1) / n_kb;
   for (int64_t b = 0; b < n_kb; ++b) {
-    for (int64_t o = ahead + b * ahead_per_block;
-         o < ahead + (b + 1) * ahead_per_block && o < ahead_end; o += kLine)
-      _mm_prefetch(reinterpret_cast<const char *>(w + o), _MM_HINT_T1);
+    q8_kernel::prefetch_l2(w, ahead + b * ahead_per_block, ahead + (b + 1) * ahead_per_block,
+                           ahead_end);
     __m256i qy[M];
     float dy[M];
     for (int t = 0; t < M; ++t) {

@@ -173,9 +173,9 @@ Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string &path,
                          std::to_string(n_embd_text) + " (an mmproj of another model?)");
   if (!f.has_weights())
     return Status::error(path + ": tensor data is missing (" + f.weights_missing() + ")");
-  // (The encoder computes on the CPU: its weights too take anonymous huge pages where they fit.)
-  OFFGRAPH_TRY(m->file_->map_weights(
-      nullptr, choose_weight_storage(m->file_->file_size(), /*all_on_cpu=*/true).anonymous));
+  // (Mapped: an image reads the encoder's weights once, where a TLB walk a page costs little;
+  // anonymous memory would hold the whole file for it.)
+  OFFGRAPH_TRY(m->file_->map_weights());
   return m;
 }
 

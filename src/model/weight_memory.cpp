@@ -20,14 +20,52 @@ constexpr uint64_t kReadChunk = uint64_t(64) << 20; // bytes a read call asks fo
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
+// Bytes this process may still take: /proc/meminfo's MemAvailable, less where a cgroup (v2, or
+// v1's memory controller) limits the process to less (a container on a larger host). 0: unknown.
+uint64_t read_u64(const std::string &path, bool *unlimited = nullptr) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word)) return 0;
+  if (word == "max") {
+    if (unlimited) *unlimited = true;
+    return 0;
+  }
+  try {
+    return std::stoull(word);
+  } catch (...) {
+    return 0;
+  }
+}
+
 uint64_t mem_available() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
+  std::string key, unit;
+  uint64_t kib = 0, available = 0;
   while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
+    if (key == "MemAvailable:") available = kib * 1024;
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    // v2: "0::/path"; v1: "N:memory:/path" (or with other controllers beside memory).
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string limit_file, usage_file;
+    if (controllers.empty()) {
+      limit_file = "/sys/fs/cgroup" + path + "/memory.max";
+      usage_file = "/sys/fs/cgroup" + path + "/memory.current";
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      limit_file = "/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes";
+      usage_file = "/sys/fs/cgroup/memory" + path + "/memory.usage_in_bytes";
+    } else {
+      continue;
+    }
+    bool unlimited = false;
+    const uint64_t limit = read_u64(limit_file, &unlimited), used = read_u64(usage_file);
+    if (unlimited || limit == 0 || limit >= (uint64_t(1) << 60)) continue;
+    const uint64_t left = limit > used ? limit - used : 0;
+    if (available == 0 || left < available) available = left;
+  }
+  return available;
 }
 
 std::string thp_enabled() {
@@ -55,8 +93,11 @@ StorageChoice choose_weight_storage(uint64_t bytes, uint64_t available, const st
   if (thp != "always" && thp != "madvise")
     return {false, "the file's mapping (the kernel offers no transparent huge pages" +
                        (thp.empty() ? std::string() : ": '" + thp + "'") + ")"};
-  // At most 80% of what is available: the rest for K/V, the graphs, and the other processes.
-  if (available == 0 || bytes > available / 5 * 4)
+  // At most half of what is available: the rest for the K/V pool (which grows with the
+  // context), the graphs and the other processes; the page cache can drop and re-read mapped
+  // weights under pressure, anonymous ones can only swap.
+  if (available == 0) return {false, "the file's mapping (the available memory is unknown)"};
+  if (bytes > available / 2)
     return {false, "the file's mapping (" + mib(bytes) + " of weights against " + mib(available) +
                        " available: anonymous memory would crowd it)"};
   return {true, "anonymous memory in 2 MiB pages (" + mib(bytes) + " of " + mib(available) +
@@ -71,6 +112,10 @@ Result<WeightMemory> WeightMemory::load(const std::string &path, uint64_t size, 
                                         const Progress &progress) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return Status::error(path + ": cannot open (" + std::strerror(errno) + ")");
+  if (size == 0) {
+    ::close(fd);
+    return Status::error(path + ": no bytes to load");
+  }
   WeightMemory w;
   w.size_ = size;
   w.anonymous_ = anonymous;
@@ -93,9 +138,11 @@ Result<WeightMemory> WeightMemory::load(const std::string &path, uint64_t size, 
   auto *base = static_cast<char *>(m);
   const uint64_t head = (kHugePage - reinterpret_cast<uintptr_t>(base) % kHugePage) % kHugePage;
   if (head > 0) munmap(base, head);
-  if (kHugePage - head > 0) munmap(base + head + rounded, kHugePage - head);
+  munmap(base + head + rounded, kHugePage - head);
   w.region_ = w.data_ = base + head, w.region_size_ = rounded;
-  madvise(w.region_, rounded, MADV_HUGEPAGE);
+#if defined(MADV_HUGEPAGE)
+  w.huge_pages_advised_ = madvise(w.region_, rounded, MADV_HUGEPAGE) == 0;
+#endif
   for (uint64_t at = 0; at < size;) {
     const uint64_t want = size - at < kReadChunk ? size - at : kReadChunk;
     const ssize_t got = pread(fd, static_cast<char *>(w.data_) + at, want, off_t(at));
@@ -111,7 +158,9 @@ Result<WeightMemory> WeightMemory::load(const std::string &path, uint64_t size, 
   }
   ::close(fd);
   // Read-only from here, as the mapping is: a stray write is a fault, not a changed weight.
-  mprotect(w.region_, rounded, PROT_READ);
+  if (mprotect(w.region_, rounded, PROT_READ) != 0)
+    return Status::error(path + ": cannot make the weights read-only (" + std::strerror(errno) +
+                         ")");
   return w;
 }
 
@@ -125,6 +174,7 @@ WeightMemory &WeightMemory::operator=(WeightMemory &&other) noexcept {
     region_ = std::exchange(other.region_, nullptr);
     region_size_ = std::exchange(other.region_size_, 0);
     anonymous_ = std::exchange(other.anonymous_, false);
+    huge_pages_advised_ = std::exchange(other.huge_pages_advised_, false);
   }
   return *this;
 }
@@ -135,6 +185,7 @@ void WeightMemory::reset() {
   if (region_) munmap(region_, region_size_);
   region_ = data_ = nullptr;
   region_size_ = size_ = 0;
+  anonymous_ = huge_pages_advised_ = false;
 }
 
 } // namespace offgraph::model

@@ -4,11 +4,12 @@
 //
 // Why: a decode step reads every weight once. Over the file's mapping (4 KiB pages of the page
 // cache) every 4 KiB costs a TLB miss and a page walk in the middle of the stream; in 2 MiB pages
-// the same q8_0 decode ran 14-20% faster on this project's Xeon (Gemma 4 E2B-like 25.8 -> 29.4
-// t/s, Muse Glimmer 0.4b 61 -> 74; docs/cpu-kernels.md). The mapping stays the choice where the
-// weights would crowd the memory (the page cache can drop and re-read mapped pages; anonymous
-// memory can only be swapped), where layers go to other devices (their host copy would only
-// waste memory), and on request: processes serving one file then share its pages.
+// q8_0 decode ran a fifth to a third faster on this project's Xeon (Gemma 4 E2B-like 23.6-24.2 ->
+// 28.5-29.3 t/s, Muse Glimmer 0.4b 57.7-61.4 -> 75.3-78.4; docs/cpu-kernels.md). The mapping
+// stays the choice where the weights would crowd the memory (the page cache can drop and re-read
+// mapped pages; anonymous memory can only be swapped), where layers go to other devices (their
+// host copy would only waste memory), where the kernel gives no huge pages, and on request
+// (`--mmap`): processes serving one file then share its pages (deploy/replicas does).
 #pragma once
 
 #include "base/status.h"
@@ -33,8 +34,9 @@ struct StorageChoice {
 // The choice for `bytes` of weights: `asked` (the setting above), `mem_available` (bytes, from
 // /proc/meminfo), `thp_enabled` (the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled,
 // "" if unknown), `all_on_cpu` (no layer placed on another device). Anonymous memory by default
-// when huge pages can be had, every layer computes on the CPU and the weights take at most 80% of
-// the available memory.
+// when huge pages can be had, every layer computes on the CPU and the weights take at most half
+// of the available memory (MemAvailable, or a cgroup's limit where lower): the rest is left to the
+// K/V pool, which grows with the context.
 StorageChoice choose_weight_storage(uint64_t bytes, uint64_t mem_available,
                                     const std::string &thp_enabled, bool all_on_cpu,
                                     WeightStorage asked);
@@ -45,7 +47,8 @@ StorageChoice choose_weight_storage(uint64_t bytes, bool all_on_cpu);
 // advised for huge pages. Unmapped on destruction.
 class WeightMemory {
 public:
-  // Called with (bytes done, bytes total) while the file is read in.
+  // Called with (bytes done, bytes total) while an anonymous copy is read in (a mapping is read
+  // in later, by its first reads: GgufFile::map_weights touches its pages with progress).
   using Progress = std::function<void(uint64_t, uint64_t)>;
   static Result<WeightMemory> load(const std::string &path, uint64_t size, bool anonymous,
                                    const Progress &progress);
@@ -59,6 +62,9 @@ public:
   void *data() const { return data_; }
   uint64_t size() const { return size_; }
   bool anonymous() const { return anonymous_; }
+  // The kernel took the advice to back the anonymous copy with huge pages (it may still give
+  // 4 KiB pages where it finds no free 2 MiB).
+  bool huge_pages_advised() const { return huge_pages_advised_; }
 
 private:
   void reset();
@@ -67,6 +73,7 @@ private:
   void *region_ = nullptr; // what munmap takes (the aligned anonymous region, or the mapping)
   uint64_t region_size_ = 0;
   bool anonymous_ = false;
+  bool huge_pages_advised_ = false;
 };
 
 } // namespace offgraph::model

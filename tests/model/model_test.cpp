@@ -5,6 +5,7 @@
 #include "model/arch.h"
 #include "model/cpu_matmul.h"
 #include "model/forward.h"
+#include "model/weight_memory.h"
 #include "model_test_util.h"
 #include "synth/synth.h"
 
@@ -341,6 +342,37 @@ TEST(ModelDecode, RowDotGivesGgmlsLogitsBitForBit) {
     EXPECT_EQ(std::memcmp(own.data() + at, stock.data() + at, size_t(s.n_vocab) * sizeof(float)), 0)
         << "decode step " << step << ": row-dot logits differ from ggml's";
   }
+}
+
+// The weights read into anonymous memory and the file's mapping give the same logits, bit for
+// bit (the same bytes), and the model says which it holds; a request for the mapping is kept.
+TEST(ModelWeights, AnonymousAndMappedWeightsGiveTheSameLogits) {
+  synth::SynthSpec s = synth::preset("small", "muse-glimmer").value();
+  s.n_layer = 2, s.n_vocab = 1000, s.weight_type = GGML_TYPE_Q8_0, s.seed = 38;
+  const std::string path = make_model(s, "weights-storage.gguf");
+  auto logits = [&](WeightStorage storage, bool *anonymous) {
+    set_weight_storage(storage);
+    Session session(path, 16, 8);
+    set_weight_storage(WeightStorage::automatic);
+    *anonymous = session.model->file().weights_anonymous();
+    EXPECT_FALSE(session.model->weight_storage().empty());
+    const kv::SeqId seq = *session.store->create_sequence();
+    Batch b;
+    b.tokens = {3, 1, 4, 1, 5, 9, 2, 6};
+    b.spans.push_back({seq, 0, 8});
+    b.logit_rows = {7};
+    auto l = session.fwd->run(b);
+    EXPECT_TRUE(l.ok()) << l.message();
+    return l.ok() ? std::move(l).value() : std::vector<float>();
+  };
+  bool anonymous = false, mapped_anonymous = true;
+  const std::vector<float> a = logits(WeightStorage::anonymous, &anonymous);
+  const std::vector<float> m = logits(WeightStorage::mapped, &mapped_anonymous);
+  EXPECT_TRUE(anonymous);
+  EXPECT_FALSE(mapped_anonymous);
+  ASSERT_EQ(a.size(), size_t(s.n_vocab));
+  ASSERT_EQ(m.size(), a.size());
+  EXPECT_EQ(std::memcmp(a.data(), m.data(), a.size() * sizeof(float)), 0);
 }
 
 TEST(ModelBatch, TwoSequencesInOneBatchMatchEachAlone) {

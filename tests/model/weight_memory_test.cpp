@@ -19,7 +19,7 @@ constexpr uint64_t kGiB = uint64_t(1) << 30;
 
 TEST(WeightStorageChoice, AnonymousHugePagesOnlyWhereEveryRuleAllows) {
   const auto a = WeightStorage::automatic;
-  // The default case: huge pages offered, everything on the CPU, well inside 80%.
+  // The default case: huge pages offered, everything on the CPU, well inside half.
   EXPECT_TRUE(choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", true, a).anonymous);
   EXPECT_TRUE(choose_weight_storage(1 * kGiB, 8 * kGiB, "always", true, a).anonymous);
   // Each rule alone turns it off, and says why.
@@ -30,12 +30,14 @@ TEST(WeightStorageChoice, AnonymousHugePagesOnlyWhereEveryRuleAllows) {
   auto devices = choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", false, a);
   EXPECT_FALSE(devices.anonymous);
   EXPECT_NE(devices.why.find("devices"), std::string::npos) << devices.why;
-  // 80% of what is available: 8 GiB against 10 fits, a byte more does not.
-  EXPECT_TRUE(choose_weight_storage(8 * kGiB, 10 * kGiB, "madvise", true, a).anonymous);
-  auto crowded = choose_weight_storage(8 * kGiB + 1, 10 * kGiB, "madvise", true, a);
+  // Half of what is available: 5 GiB against 10 fits, a byte more does not.
+  EXPECT_TRUE(choose_weight_storage(5 * kGiB, 10 * kGiB, "madvise", true, a).anonymous);
+  auto crowded = choose_weight_storage(5 * kGiB + 1, 10 * kGiB, "madvise", true, a);
   EXPECT_FALSE(crowded.anonymous);
   EXPECT_NE(crowded.why.find("available"), std::string::npos) << crowded.why;
-  EXPECT_FALSE(choose_weight_storage(1, 0, "madvise", true, a).anonymous) << "unknown memory";
+  auto unknown = choose_weight_storage(1, 0, "madvise", true, a);
+  EXPECT_FALSE(unknown.anonymous);
+  EXPECT_NE(unknown.why.find("unknown"), std::string::npos) << unknown.why;
   // A request wins over the rules.
   EXPECT_FALSE(
       choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", true, WeightStorage::mapped).anonymous);
@@ -69,9 +71,23 @@ TEST(WeightMemoryLoad, BothKindsHoldTheFilesExactBytes) {
   auto shorter = WeightMemory::load(path, bytes.size() + 100, true, nullptr);
   ASSERT_FALSE(shorter.ok());
   EXPECT_NE(shorter.message().find("ended early"), std::string::npos) << shorter.message();
+  auto empty = WeightMemory::load(path, 0, true, nullptr);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.message().find("no bytes"), std::string::npos) << empty.message();
   auto missing = WeightMemory::load(path + ".absent", 10, true, nullptr);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find("cannot open"), std::string::npos) << missing.message();
+}
+
+// The anonymous copy is read-only, as the mapping is: a stray write faults instead of changing a
+// weight.
+TEST(WeightMemoryLoadDeathTest, TheAnonymousCopyIsReadOnly) {
+  const std::string path = (testing::temp_dir() / "weight-memory-ro.bin").string();
+  std::vector<char> bytes(4096, 7);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  auto w = WeightMemory::load(path, bytes.size(), true, nullptr);
+  ASSERT_TRUE(w.ok()) << w.message();
+  EXPECT_DEATH(static_cast<volatile char *>(w->data())[10] = 1, "");
 }
 
 } // namespace
