@@ -27,10 +27,8 @@ std::string probe() {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "no CPUID leaf 7";
   const bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
   if (!amx_tile || !amx_int8) return "this CPU has no AMX-INT8";
-  unsigned lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const unsigned long long xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
-  if ((xcr0 & (3ull << 17)) != (3ull << 17)) return "the OS does not save AMX tile state";
+  if ((os_saved_state() & (3ull << 17)) != (3ull << 17))
+    return "the OS does not save AMX tile state";
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
     return "the kernel refused the AMX tile data permission (arch_prctl)";

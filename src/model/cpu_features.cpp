@@ -19,10 +19,7 @@ std::string probe_avx512_vnni() {
     return "this CPU has no AVX-512 F/BW/VL with VNNI";
   if (!fma || !f16c) return "this CPU has no FMA and F16C";
   if (!osxsave) return "the OS does not enable XSAVE";
-  unsigned lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const unsigned long long xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
-  if ((xcr0 & 0xe6) != 0xe6) return "the OS does not save AVX-512 state";
+  if ((os_saved_state() & 0xe6) != 0xe6) return "the OS does not save AVX-512 state";
   return "";
 }
 #else
@@ -30,6 +27,18 @@ std::string probe_avx512_vnni() { return "not an x86-64 CPU"; }
 #endif
 
 } // namespace
+
+unsigned long long os_saved_state() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; // no OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+#else
+  return 0;
+#endif
+}
 
 const std::string &avx512_vnni_unavailable_reason() {
   static const std::string r = probe_avx512_vnni();

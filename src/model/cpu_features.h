@@ -10,4 +10,8 @@ namespace offgraph::model {
 // VNNI with FMA and F16C, and the OS saves the AVX-512 register state.
 const std::string &avx512_vnni_unavailable_reason();
 
+// XCR0: which register states the OS saves (bits 5-7 AVX-512, 17-18 AMX tiles); 0 off x86-64 or
+// where the OS does not enable XSAVE.
+unsigned long long os_saved_state();
+
 } // namespace offgraph::model

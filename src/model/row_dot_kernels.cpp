@@ -6,7 +6,6 @@
 
 #include <immintrin.h>
 
-#include <cstring>
 #include <memory>
 
 namespace offgraph::model::row_dot {
@@ -90,6 +89,13 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   const ggml_tensor *w = dst->src[0], *x = dst->src[1];
   const int64_t k = w->ne[0], n = w->ne[1], m = x->ne[1], n_kb = k / kBlock;
   GGML_ASSERT(m >= 1 && m <= kMaxTokens); // row_dot_takes' limit (cpu_matmul.cpp checks they agree)
+  // Groups of 8 weight rows, split evenly between the threads.
+  constexpr int64_t kGroup = 8;
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  const int64_t first = groups * ith / nth * kGroup;
+  int64_t last = groups * (ith + 1) / nth * kGroup;
+  if (last > n) last = n;
+  if (first >= last) return; // (a thread without rows quantizes nothing)
   // Each thread quantizes the activations itself (ggml's q8_0 from_float, as its mul_mat does):
   // a few thousand values, against the millions of weight bytes each thread reads, and no
   // second op with a barrier between.
@@ -105,13 +111,6 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
              row, k);
     xq[t] = row;
   }
-  // Groups of 8 weight rows, split evenly between the threads.
-  constexpr int64_t kGroup = 8;
-  const int64_t groups = (n + kGroup - 1) / kGroup;
-  const int64_t first = groups * ith / nth * kGroup;
-  int64_t last = groups * (ith + 1) / nth * kGroup;
-  if (last > n) last = n;
-  if (first >= last) return;
   const auto *w_data = static_cast<const uint8_t *>(w->data);
   auto *y = static_cast<float *>(dst->data);
   const size_t w_stride = w->nb[1], y_stride = dst->nb[1];
