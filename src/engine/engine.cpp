@@ -631,8 +631,12 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
     finish(a, FinishReason::Error, token.message());
     return false;
   }
-  if (a.grammar && !a.grammar->accept_token(*token)) { // the mask allowed it: our bug
-    finish(a, FinishReason::Error, "internal: the grammar refused a token its mask allowed");
+  if (a.grammar && !a.grammar->accept_token(*token)) {
+    // The mask allowed it: either reading it met more parses than the matcher walks (the mask
+    // checks each parse alone), or it is our bug.
+    finish(a, FinishReason::Error,
+           a.grammar->too_ambiguous() ? sample::too_ambiguous_error().message()
+                                      : "internal: the grammar refused a token its mask allowed");
     return false;
   }
   if (drawn) *drawn = *token;

@@ -182,6 +182,7 @@ bool GrammarMatcher::advance(uint32_t symbol) {
   Expander ex(*grammar_, *arena_);
   Expansion e;
   ex.step(state_, symbol, e);
+  if (e.overflow) ambiguous_ = true;
   if (e.overflow || (e.tops.empty() && !e.complete)) return false;
   state_ = std::move(e.tops);
   if (e.complete) state_.push_back(kComplete);
@@ -227,16 +228,15 @@ bool GrammarMatcher::accept_token(int32_t token) {
   return false;
 }
 
-namespace {
-Status too_ambiguous() {
+Status too_ambiguous_error() {
   return Status::error("the grammar is too ambiguous here (more than " +
                        std::to_string(GrammarMatcher::kMaxStacks) + " parses at once)");
 }
-} // namespace
 
 Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
   const CompiledGrammar &g = *grammar_;
   const size_t n = g.vocabulary->size();
+  if (!finished_ && ambiguous_) return too_ambiguous_error();
   if (!finished_)
     for (const Cached &c : cache_)
       if (c.state == state_) {
@@ -245,7 +245,6 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
       }
   bits.assign((n + 63) / 64, 0);
   if (finished_) return ok_status();
-  if (ambiguous_) return too_ambiguous();
   Expander ex(g, *arena_);
   Expansion e;
   std::vector<uint32_t> walk;
@@ -266,7 +265,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
     for (; at != kRoot && n_frames < CompiledGrammar::kContextFrames; at = arena_->nodes[at].parent)
       frames[n_frames++] = arena_->nodes[at].pos;
     const CompiledGrammar::Table &table = g.table({frames, n_frames}, at == kRoot);
-    if (table.overflowed) return too_ambiguous();
+    if (table.overflowed) return too_ambiguous_error();
     if (!table.accepted_bits.empty())
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= table.accepted_bits[w];
     for (int32_t a : table.accepted_ids) set_bit(bits, size_t(a));
@@ -279,7 +278,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
       bool alive = true;
       for (char ch : b) {
         ex.step(walk, uint8_t(ch), e);
-        if (e.overflow) return too_ambiguous();
+        if (e.overflow) return too_ambiguous_error();
         if (e.tops.empty() && !e.complete) {
           alive = false;
           break;

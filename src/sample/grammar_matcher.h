@@ -102,6 +102,9 @@ size_t grammar_vocabulary_size(const CompiledGrammar &grammar);
 Status warm_up(std::shared_ptr<const CompiledGrammar> grammar, std::span<const int32_t> symbols,
                const std::atomic<bool> *cancel = nullptr);
 
+// What fill_mask fails with where the grammar is too ambiguous to walk.
+Status too_ambiguous_error();
+
 // The per-request state. Not thread-safe; the CompiledGrammar it reads is shared and immutable.
 class GrammarMatcher {
 public:
@@ -112,7 +115,8 @@ public:
   GrammarMatcher(GrammarMatcher &&) = default;
   GrammarMatcher &operator=(GrammarMatcher &&) = default;
 
-  // Feeds a sampled token. False (and the state unchanged) if the grammar does not allow it.
+  // Feeds a sampled token. False (and the state unchanged) if the grammar does not allow it, or
+  // if reading it meets more than kMaxStacks parses at once (then too_ambiguous() is true).
   bool accept_token(int32_t token);
   // Feeds bytes (tests, and text forced by other means). False, state unchanged, if refused.
   bool accept_bytes(std::string_view bytes);
@@ -120,6 +124,10 @@ public:
   bool can_end() const;
   // An end token was accepted: nothing more is allowed.
   bool finished() const { return finished_; }
+  // The walk met more than kMaxStacks parses (at the start, or reading a token or bytes the mask
+  // allowed: the mask checks each parse's tables alone, the step reads all of them together).
+  // From then on fill_mask fails with the same error.
+  bool too_ambiguous() const { return ambiguous_; }
 
   // Allowed next tokens as a bitset over token ids ((vocabulary size + 63) / 64 words). Fails
   // only where the grammar is too ambiguous to walk (more than kMaxStacks stacks at once, here or
@@ -143,7 +151,7 @@ private:
   std::shared_ptr<Arena> arena_; // the stacks' nodes
   std::vector<uint32_t> state_;  // sorted top node ids; kComplete marks a finished sentence
   bool finished_ = false;
-  bool ambiguous_ = false; // the start alone has more than kMaxStacks stacks
+  bool ambiguous_ = false; // some walk met more than kMaxStacks stacks
   std::vector<Cached> cache_;
   size_t cache_next_ = 0;
   std::vector<uint64_t> scratch_bits_;

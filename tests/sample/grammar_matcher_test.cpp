@@ -355,6 +355,40 @@ TEST(GrammarMatcher, TooAmbiguousIsAnErrorNotATruncation) {
   EXPECT_FALSE(m.fill_mask(bits).ok());
 }
 
+// Each parse alone reads "x" into two (its mask is made parse by parse), all of them together read
+// it into more than kMaxStacks: accepting "x" is refused as too ambiguous, and the mask from then
+// on is that error, not a mask whose tokens are refused.
+TEST(GrammarMatcher, TooAmbiguousToReadATokenIsAnError) {
+  auto texts = std::make_shared<TokenTexts>();
+  texts->bytes = {"x", "y", "z"};
+  texts->special = {0, 0, 0};
+  auto vocab = std::make_shared<GrammarVocabulary>(texts);
+  GrammarBuilder b;
+  std::vector<Sequence> alts;
+  const size_t parses = GrammarMatcher::kMaxStacks * 3 / 4; // <= kMaxStacks at the start
+  for (size_t i = 0; i < parses; ++i) {
+    const std::string n = std::to_string(i);
+    const Element two = b.rule("b" + n, {{b.byte('y')}, {b.byte('y'), b.byte('y')}});
+    alts.push_back({b.rule("a" + n, {{b.byte('x'), two}})});
+  }
+  const Element root = b.rule("root", std::move(alts));
+  auto compiled = compile_grammar(std::move(b).finish(root.value).value(), vocab, {2});
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  GrammarMatcher m(*compiled);
+  std::vector<uint64_t> bits;
+  ASSERT_TRUE(m.fill_mask(bits).ok());
+  EXPECT_TRUE(bits[0] & 1); // "x" is allowed
+  EXPECT_FALSE(m.too_ambiguous());
+  EXPECT_FALSE(m.accept_token(0));
+  EXPECT_TRUE(m.too_ambiguous());
+  const Status s = m.fill_mask(bits);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("too ambiguous"), std::string::npos) << s.message();
+  // A copy keeps the verdict.
+  GrammarMatcher copy(m);
+  EXPECT_FALSE(copy.fill_mask(bits).ok());
+}
+
 // A bounded repetition has a context per count left, each reaching the rest of the chain: such
 // contexts are not shared (their keys would outweigh their tables), so a long one costs the
 // vocabulary's cache nothing.
