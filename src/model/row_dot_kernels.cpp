@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace offgraph::model::row_dot {
@@ -32,12 +33,40 @@ float sum8(__m256 x) {
   return _mm_cvtss_f32(r);
 }
 
+// f16 -> f32 by table (256 KiB): a load where the conversion costs the vector ports three
+// operations per row and block. Filled with F16C, so its values are those of ggml's conversion.
+const float *f16_table() {
+  static const std::unique_ptr<float[]> table = [] {
+    std::unique_ptr<float[]> t(new float[65536]);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16(uint16_t(h));
+    return t;
+  }();
+  return table.get();
+}
+
+// One token's quantized activations as the kernel reads them: per block the 32 values, the f32
+// scale, and -128 times each group of four values' sum (the offset below).
+struct alignas(32) Lanes {
+  int32_t v[8];
+};
+struct Activations {
+  const BlockQ8 *q;
+  const float *d;
+  const Lanes *offset;
+};
+
 // Weight rows [r0, r0 + R) against M tokens' quantized activations: each (row, token) sum is
 // ggml_vec_dot_q8_0_q8_0's (block order, one f32 multiply-add per block of the int32 products,
-// sum8), R x M independent chains.
+// sum8), R x M independent chains. The int32 products: ggml forms them as |w| . sign(x, w); here
+// (w + 128) . x - 128 sum(x), the same exact int32 per lane with one operation fewer (x is never
+// -128: ggml's q8_0 rounds to [-127, 127]); the weight's f16 scale comes from a table. Measured
+// against the former form (the sign trick, F16C per scale; 285 MB of rows of K = 1024, 2 threads):
+// +7-10% for one token, +0-3% for two, +9-12% for three; in rows that stay in L2 62 -> 68 GB/s.
 template <int R, int M>
 void rows(const uint8_t *w, size_t w_stride, int64_t n, int64_t r0, int64_t n_kb,
-          const BlockQ8 *const *x, float *y, size_t y_stride) {
+          const Activations *x, float *y, size_t y_stride) {
+  const float *table = f16_table();
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
   __m256 acc[R][M];
   for (int i = 0; i < R; ++i)
     for (int t = 0; t < M; ++t) acc[i][t] = _mm256_setzero_ps();
@@ -51,19 +80,19 @@ void rows(const uint8_t *w, size_t w_stride, int64_t n, int64_t r0, int64_t n_kb
   for (int64_t b = 0; b < n_kb; ++b) {
     q8_kernel::prefetch_l2(w, ahead + b * ahead_per_block, ahead + (b + 1) * ahead_per_block,
                            ahead_end);
-    __m256i qy[M];
+    __m256i qy[M], off[M];
     float dy[M];
     for (int t = 0; t < M; ++t) {
-      qy[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[t][b].qs));
-      dy[t] = f16(x[t][b].d);
+      qy[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[t].q[b].qs));
+      off[t] = _mm256_load_si256(reinterpret_cast<const __m256i *>(x[t].offset + b));
+      dy[t] = x[t].d[b];
     }
     for (int i = 0; i < R; ++i) {
-      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row[i][b].qs));
-      const __m256i ax = _mm256_sign_epi8(qx, qx); // |w| as unsigned, its sign moved onto x
-      const float dw = f16(row[i][b].d);
+      const __m256i qw = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row[i][b].qs)), bias);
+      const float dw = table[row[i][b].d];
       for (int t = 0; t < M; ++t) {
-        const __m256i sy = _mm256_sign_epi8(qy[t], qx);
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(off[t], qw, qy[t]));
         acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy[t]), q, acc[i][t]);
       }
     }
@@ -77,7 +106,7 @@ void rows(const uint8_t *w, size_t w_stride, int64_t n, int64_t r0, int64_t n_kb
 // Rows [first, last): groups of R, then one by one.
 template <int R, int M>
 void range(const uint8_t *w, size_t w_stride, int64_t n, int64_t first, int64_t last, int64_t n_kb,
-           const BlockQ8 *const *x, float *y, size_t y_stride) {
+           const Activations *x, float *y, size_t y_stride) {
   int64_t r = first;
   for (; r + R <= last; r += R) rows<R, M>(w, w_stride, n, r, n_kb, x, y, y_stride);
   for (; r < last; ++r) rows<1, M>(w, w_stride, n, r, n_kb, x, y, y_stride);
@@ -100,16 +129,33 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   // a few thousand values, against the millions of weight bytes each thread reads, and no
   // second op with a barrier between.
   thread_local std::unique_ptr<BlockQ8[]> quantized;
+  thread_local std::unique_ptr<float[]> scales;
+  thread_local std::unique_ptr<Lanes[]> offsets;
   thread_local int64_t quantized_blocks = 0;
-  if (quantized_blocks < m * n_kb)
-    quantized.reset(new BlockQ8[size_t(m * n_kb)]), quantized_blocks = m * n_kb;
+  if (quantized_blocks < m * n_kb) {
+    quantized.reset(new BlockQ8[size_t(m * n_kb)]);
+    scales.reset(new float[size_t(m * n_kb)]);
+    offsets.reset(new Lanes[size_t(m * n_kb)]);
+    quantized_blocks = m * n_kb;
+  }
   const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-  const BlockQ8 *xq[kMaxTokens] = {};
+  const float *table = f16_table();
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  Activations xq[kMaxTokens] = {};
   for (int64_t t = 0; t < m; ++t) {
     BlockQ8 *row = quantized.get() + t * n_kb;
     quantize(reinterpret_cast<const float *>(static_cast<const char *>(x->data) + t * x->nb[1]),
              row, k);
-    xq[t] = row;
+    float *d = scales.get() + t * n_kb;
+    Lanes *offset = offsets.get() + t * n_kb;
+    for (int64_t b = 0; b < n_kb; ++b) {
+      d[b] = table[row[b].d];
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row[b].qs));
+      _mm256_store_si256(reinterpret_cast<__m256i *>(offset + b),
+                         _mm256_sub_epi32(_mm256_setzero_si256(),
+                                          _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q)));
+    }
+    xq[t] = {row, d, offset};
   }
   const auto *w_data = static_cast<const uint8_t *>(w->data);
   auto *y = static_cast<float *>(dst->data);
