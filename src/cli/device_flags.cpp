@@ -53,9 +53,9 @@ void add_device_flags(CLI::App &cmd, DeviceFlags &f) {
   cmd.add_flag("--mmap", f.mmap,
                "keep the weights in the file's mapping (the page cache, shared by processes "
                "serving one file) instead of reading them into anonymous memory in 2 MiB pages, "
-               "the default where the kernel offers huge pages, every layer is on the CPU and "
-               "they take at most half of the available memory (decode a fifth to a third "
-               "faster: docs/cpu-kernels.md)");
+               "the default where q8_0 holds at least half of the file, the kernel offers huge "
+               "pages, every layer is on the CPU and they take at most half of the available "
+               "memory (q8_0 decode a fifth to a third faster: docs/cpu-kernels.md)");
   cmd.add_flag("--no-row-dot", f.no_row_dot,
                "q8_0 multiplies of 1-3 rows (decode) through ggml's dot product instead of "
                "offgraph's AVX-512 VNNI row-dot kernel (the same bits for one-token steps, slower: "

@@ -42,7 +42,11 @@ Result<std::unique_ptr<Model>> Model::load(const std::string &path, const Progre
   bool all_on_cpu = model.devices_->is_cpu(model.output_device());
   for (int32_t il = 0; il < model.config_.n_layer; ++il)
     all_on_cpu = all_on_cpu && model.devices_->is_cpu(model.layer_device(il));
-  const StorageChoice storage = choose_weight_storage(model.file_->file_size(), all_on_cpu);
+  WeightBytes bytes{model.file_->file_size(), 0};
+  for (ggml_tensor *t = ggml_get_first_tensor(model.file_->tensors()); t;
+       t = ggml_get_next_tensor(model.file_->tensors(), t))
+    if (t->type == GGML_TYPE_Q8_0) bytes.q8_0 += ggml_nbytes(t);
+  const StorageChoice storage = choose_weight_storage(bytes, all_on_cpu);
   model.weight_storage_ = storage.why;
   Status mapped = model.file_->map_weights(progress, storage.anonymous);
   if (!mapped.ok() && storage.anonymous &&

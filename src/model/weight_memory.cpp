@@ -82,7 +82,7 @@ std::string thp_enabled() {
 void set_weight_storage(WeightStorage storage) { g_storage = storage; }
 WeightStorage weight_storage() { return g_storage; }
 
-StorageChoice choose_weight_storage(uint64_t bytes, uint64_t available, const std::string &thp,
+StorageChoice choose_weight_storage(WeightBytes weights, uint64_t available, const std::string &thp,
                                     bool all_on_cpu, WeightStorage asked) {
   if (asked == WeightStorage::mapped) return {false, "the file's mapping (--mmap)"};
   if (asked == WeightStorage::anonymous)
@@ -90,12 +90,16 @@ StorageChoice choose_weight_storage(uint64_t bytes, uint64_t available, const st
   if (!all_on_cpu)
     return {false, "the file's mapping (layers on other devices: a host copy of theirs would "
                    "only take memory)"};
+  if (weights.q8_0 * 2 < weights.total)
+    return {false, "the file's mapping (q8_0 holds " + mib(weights.q8_0) + " of its " +
+                       mib(weights.total) + ": huge pages speed up q8_0 decode, not the others)"};
   if (thp != "always" && thp != "madvise")
     return {false, "the file's mapping (the kernel offers no transparent huge pages" +
                        (thp.empty() ? std::string() : ": '" + thp + "'") + ")"};
   // At most half of what is available: the rest for the K/V pool (which grows with the
   // context), the graphs and the other processes; the page cache can drop and re-read mapped
   // weights under pressure, anonymous ones can only swap.
+  const uint64_t bytes = weights.total;
   if (available == 0) return {false, "the file's mapping (the available memory is unknown)"};
   if (bytes > available / 2)
     return {false, "the file's mapping (" + mib(bytes) + " of weights against " + mib(available) +
@@ -104,7 +108,7 @@ StorageChoice choose_weight_storage(uint64_t bytes, uint64_t available, const st
                     " available)"};
 }
 
-StorageChoice choose_weight_storage(uint64_t bytes, bool all_on_cpu) {
+StorageChoice choose_weight_storage(WeightBytes bytes, bool all_on_cpu) {
   return choose_weight_storage(bytes, mem_available(), thp_enabled(), all_on_cpu, g_storage);
 }
 

@@ -31,17 +31,26 @@ struct StorageChoice {
   std::string why; // for logs: what was chosen and why
 };
 
-// The choice for `bytes` of weights: `asked` (the setting above), `mem_available` (bytes, from
+// What the choice weighs of a file: its size, and how many of its bytes are q8_0 tensors.
+struct WeightBytes {
+  uint64_t total = 0;
+  uint64_t q8_0 = 0;
+};
+
+// The choice for a file's weights: `asked` (the setting above), `mem_available` (bytes, from
 // /proc/meminfo), `thp_enabled` (the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled,
 // "" if unknown), `all_on_cpu` (no layer placed on another device). Anonymous memory by default
-// when huge pages can be had, every layer computes on the CPU and the weights take at most half
-// of the available memory (MemAvailable, or a cgroup's limit where lower): the rest is left to the
-// K/V pool, which grows with the context.
-StorageChoice choose_weight_storage(uint64_t bytes, uint64_t mem_available,
+// when q8_0 tensors hold at least half of the bytes (where huge pages were measured to pay: q8_0
+// decode reads at the memory's speed; f16 ran the same either way and q4_K 1-3% slower, its dot
+// product being compute-bound, so those keep the shareable mapping), huge pages can be had, every
+// layer computes on the CPU and the weights take at most half of the available memory
+// (MemAvailable, or a cgroup's limit where lower): the rest is left to the K/V pool, which grows
+// with the context.
+StorageChoice choose_weight_storage(WeightBytes bytes, uint64_t mem_available,
                                     const std::string &thp_enabled, bool all_on_cpu,
                                     WeightStorage asked);
 // The same, for this machine now.
-StorageChoice choose_weight_storage(uint64_t bytes, bool all_on_cpu);
+StorageChoice choose_weight_storage(WeightBytes bytes, bool all_on_cpu);
 
 // A file's bytes in memory, read-only: mapped, or read into anonymous 2 MiB-aligned memory
 // advised for huge pages. Unmapped on destruction.

@@ -17,32 +17,44 @@ namespace {
 
 constexpr uint64_t kGiB = uint64_t(1) << 30;
 
+// A file of `bytes`, all of them q8_0.
+WeightBytes q8(uint64_t bytes) { return {bytes, bytes}; }
+
 TEST(WeightStorageChoice, AnonymousHugePagesOnlyWhereEveryRuleAllows) {
   const auto a = WeightStorage::automatic;
   // The default case: huge pages offered, everything on the CPU, well inside half.
-  EXPECT_TRUE(choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", true, a).anonymous);
-  EXPECT_TRUE(choose_weight_storage(1 * kGiB, 8 * kGiB, "always", true, a).anonymous);
+  EXPECT_TRUE(choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "madvise", true, a).anonymous);
+  EXPECT_TRUE(choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "always", true, a).anonymous);
   // Each rule alone turns it off, and says why.
-  auto never = choose_weight_storage(1 * kGiB, 8 * kGiB, "never", true, a);
+  auto never = choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "never", true, a);
   EXPECT_FALSE(never.anonymous);
   EXPECT_NE(never.why.find("huge pages"), std::string::npos) << never.why;
-  EXPECT_FALSE(choose_weight_storage(1 * kGiB, 8 * kGiB, "", true, a).anonymous);
-  auto devices = choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", false, a);
+  EXPECT_FALSE(choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "", true, a).anonymous);
+  auto devices = choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "madvise", false, a);
   EXPECT_FALSE(devices.anonymous);
   EXPECT_NE(devices.why.find("devices"), std::string::npos) << devices.why;
   // Half of what is available: 5 GiB against 10 fits, a byte more does not.
-  EXPECT_TRUE(choose_weight_storage(5 * kGiB, 10 * kGiB, "madvise", true, a).anonymous);
-  auto crowded = choose_weight_storage(5 * kGiB + 1, 10 * kGiB, "madvise", true, a);
+  EXPECT_TRUE(choose_weight_storage(q8(5 * kGiB), 10 * kGiB, "madvise", true, a).anonymous);
+  auto crowded = choose_weight_storage(q8(5 * kGiB + 1), 10 * kGiB, "madvise", true, a);
   EXPECT_FALSE(crowded.anonymous);
   EXPECT_NE(crowded.why.find("available"), std::string::npos) << crowded.why;
-  auto unknown = choose_weight_storage(1, 0, "madvise", true, a);
+  auto unknown = choose_weight_storage(q8(1), 0, "madvise", true, a);
   EXPECT_FALSE(unknown.anonymous);
   EXPECT_NE(unknown.why.find("unknown"), std::string::npos) << unknown.why;
-  // A request wins over the rules.
+  // Where q8_0 holds less than half of the bytes (f16, k-quants): the mapping, saying why; half
+  // is enough.
+  auto f16 = choose_weight_storage({1 * kGiB, 0}, 8 * kGiB, "madvise", true, a);
+  EXPECT_FALSE(f16.anonymous);
+  EXPECT_NE(f16.why.find("q8_0"), std::string::npos) << f16.why;
   EXPECT_FALSE(
-      choose_weight_storage(1 * kGiB, 8 * kGiB, "madvise", true, WeightStorage::mapped).anonymous);
-  EXPECT_TRUE(choose_weight_storage(1 * kGiB, 8 * kGiB, "never", false, WeightStorage::anonymous)
-                  .anonymous);
+      choose_weight_storage({1 * kGiB, kGiB / 2 - 1}, 8 * kGiB, "madvise", true, a).anonymous);
+  EXPECT_TRUE(choose_weight_storage({1 * kGiB, kGiB / 2}, 8 * kGiB, "madvise", true, a).anonymous);
+  // A request wins over the rules.
+  EXPECT_FALSE(choose_weight_storage(q8(1 * kGiB), 8 * kGiB, "madvise", true, WeightStorage::mapped)
+                   .anonymous);
+  EXPECT_TRUE(
+      choose_weight_storage({1 * kGiB, 0}, 8 * kGiB, "never", false, WeightStorage::anonymous)
+          .anonymous);
 }
 
 // Both kinds hold the file's bytes exactly (a size not a multiple of any page, random content);
