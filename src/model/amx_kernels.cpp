@@ -14,6 +14,7 @@ namespace {
 
 using q8_kernel::BlockQ8;
 using q8_kernel::f16;
+using q8_kernel::f16_table;
 using q8_kernel::kBlock; // values per q8_0 block: a tile's K
 using q8_kernel::kPrefetchExtra;
 
@@ -58,10 +59,11 @@ struct PairScales { // one block's f32 scales of a pair of 16-row weight blocks
 };
 
 // Block j's scale of weight row r.
-float weight_scale(const uint8_t *w_data, size_t w_stride, int64_t r, int64_t j) {
+float weight_scale(const float *table, const uint8_t *w_data, size_t w_stride, int64_t r,
+                   int64_t j) {
   uint16_t d;
   std::memcpy(&d, w_data + size_t(r) * w_stride + size_t(j) * sizeof(BlockQ8), 2);
-  return f16(d);
+  return table[d];
 }
 
 } // namespace
@@ -100,6 +102,95 @@ void pack_activations(ggml_tensor *dst, int ith, int nth, void *) {
   }
 }
 
+namespace {
+
+// Spans of at most 16 tokens (one B tile: verify spans, short prefill chunks): one 16-row A tile
+// at a time, its rows' f32 sums held in registers across the blocks (the general path below
+// keeps 4 x 16 x 16 sums in memory and reads and writes each once a block). Even and odd blocks
+// use their own tiles and product buffers, and block j's products are scaled while block j + 1's
+// tiles compute: read back right after the tile stores, they would wait for those stores to
+// retire (tile stores do not forward).
+void multiply_one_b_tile(const uint8_t *w_data, size_t w_stride, int64_t n, int64_t n_kb,
+                         const uint8_t *packed, int64_t m, float *y, size_t y_stride, int ith,
+                         int nth) {
+  const int64_t n_blocks = (n + kTileRows - 1) / kTileRows;
+  const int64_t first = n_blocks * ith / nth, last = n_blocks * (ith + 1) / nth;
+  if (first >= last) return;
+  _tile_loadconfig(&tile_config());
+  const float *table = f16_table();
+  alignas(64) int32_t products[4][16][16]; // [block j % 4][weight row][token]
+  alignas(64) int8_t a_pad[2][16][32];
+  alignas(64) float sums[16][16];
+  const int64_t ahead_end = n * int64_t(w_stride);
+  const int64_t ahead_per_block = (int64_t(kTileRows) * int64_t(w_stride) + n_kb - 1) / n_kb;
+  for (int64_t blk = first; blk < last; ++blk) {
+    const int64_t n0 = blk * kTileRows, rows = min64(kTileRows, n - n0);
+    const int64_t ahead = (n0 + kTileRows) * int64_t(w_stride) + kPrefetchExtra;
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+    auto scale_block = [&](int64_t j) {
+      const __m512 x_scale = _mm512_loadu_ps(packed + size_t(j) * kPacked + kScales);
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        const float w_scale = r < rows ? weight_scale(table, w_data, w_stride, n0 + r, j) : 0.0f;
+        const __m512 p = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(products[j & 3][r]));
+        acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(_mm512_set1_ps(w_scale), x_scale), acc[r]);
+      }
+    };
+    // A tiles straight from the weight rows (the values after block j's scale), or, for a last
+    // block of fewer than 16 rows, from a zero-padded copy.
+    auto a_tile = [&](int64_t j, int8_t(*pad)[32], size_t *stride) {
+      const uint8_t *src = w_data + size_t(n0) * w_stride + size_t(j) * sizeof(BlockQ8) + 2;
+      *stride = w_stride;
+      if (rows == kTileRows) return src;
+      std::memset(pad, 0, 16 * 32);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(pad[r], src + r * w_stride, 32);
+      *stride = 32;
+      return reinterpret_cast<const uint8_t *>(pad);
+    };
+    // Two blocks at a time, on tiles of their own (A 0 and 1, B 2 and 3, products 4 and 5): the
+    // tile unit runs the two chains of load, multiply and store side by side.
+    int64_t j = 0;
+    for (; j + 2 <= n_kb; j += 2) {
+      q8_kernel::prefetch_l2(w_data, ahead + j * ahead_per_block, ahead + (j + 2) * ahead_per_block,
+                             ahead_end);
+      size_t s0, s1;
+      const uint8_t *a0 = a_tile(j, a_pad[0], &s0), *a1 = a_tile(j + 1, a_pad[1], &s1);
+      _tile_loadd(0, a0, long(s0));
+      _tile_loadd(2, packed + size_t(j) * kPacked, 64);
+      _tile_loadd(1, a1, long(s1));
+      _tile_loadd(3, packed + size_t(j + 1) * kPacked, 64);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_dpbssd(4, 0, 2);
+      _tile_dpbssd(5, 1, 3);
+      _tile_stored(4, products[j & 2 ? 2 : 0], 64);
+      _tile_stored(5, products[j & 2 ? 3 : 1], 64);
+      if (j >= 2) scale_block(j - 2), scale_block(j - 1);
+    }
+    if (j >= 2) scale_block(j - 2), scale_block(j - 1);
+    if (j < n_kb) { // an odd last block
+      size_t s0;
+      const uint8_t *a0 = a_tile(j, a_pad[0], &s0);
+      _tile_loadd(0, a0, long(s0));
+      _tile_loadd(2, packed + size_t(j) * kPacked, 64);
+      _tile_zero(4);
+      _tile_dpbssd(4, 0, 2);
+      _tile_stored(4, products[j & 2 ? 2 : 0], 64);
+      scale_block(j);
+    }
+    for (int r = 0; r < 16; ++r) _mm512_store_ps(sums[r], acc[r]);
+    for (int64_t t = 0; t < m; ++t) {
+      float *out =
+          reinterpret_cast<float *>(reinterpret_cast<char *>(y) + size_t(t) * y_stride) + n0;
+      for (int64_t r = 0; r < rows; ++r) out[r] = sums[r][t];
+    }
+  }
+  _tile_release();
+}
+
+} // namespace
+
 void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   const ggml_tensor *w = dst->src[0];
   const auto *packed = static_cast<const uint8_t *>(dst->src[1]->data);
@@ -107,12 +198,16 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
   const int64_t n_mb = (m + kTileRows - 1) / kTileRows;
   const size_t w_stride = w->nb[1];
   const auto *w_data = static_cast<const uint8_t *>(w->data);
+  if (n_mb == 1)
+    return multiply_one_b_tile(w_data, w_stride, n, n_kb, packed, m,
+                               static_cast<float *>(dst->data), dst->nb[1], ith, nth);
   // Work: pairs of 16-row weight blocks (32 rows), split evenly between the threads.
   const int64_t n_pairs = (n + 2 * kTileRows - 1) / (2 * kTileRows);
   const int64_t first = n_pairs * ith / nth, last = n_pairs * (ith + 1) / nth;
   if (first >= last) return;
   _tile_loadconfig(&tile_config());
-  alignas(64) int32_t products[4][16][16];
+  alignas(64) int32_t products[2][4][16][16]; // [block j % 2][2 a + b][weight row][token]
+  const float *table = f16_table();
   alignas(64) float acc[4][16][16]; // [2 a + b][weight row][token]
   alignas(64) int8_t a_pad[2][16][32];
   alignas(64) static const uint8_t zero_b[kPacked] = {};
@@ -130,7 +225,7 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
     const int64_t rows[2] = {min64(kTileRows, n - n0), clamp64(n - n0 - kTileRows, 0, kTileRows)};
     for (int64_t j = 0; hoist_scales && j < n_kb; ++j)
       for (int64_t r = 0; r < rows[0] + rows[1]; ++r)
-        scales[size_t(j)].of_row[r] = weight_scale(w_data, w_stride, n0 + r, j);
+        scales[size_t(j)].of_row[r] = weight_scale(table, w_data, w_stride, n0 + r, j);
     // (Offsets from w_data, never past the weight's last row.)
     const int64_t ahead = (n0 + 2 * kTileRows) * int64_t(w_stride) + kPrefetchExtra;
     const int64_t ahead_end = n * int64_t(w_stride);
@@ -138,6 +233,29 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
     for (int64_t mb = 0; mb < n_mb; mb += 2) {
       const bool second_b = mb + 1 < n_mb;
       std::memset(acc, 0, sizeof acc);
+      // Block j's products, scaled by the weight row's and the token's block scales into the f32
+      // sums, as ggml's q8_0 dot product does per block.
+      auto scale_block = [&](int64_t j) {
+        const uint8_t *b0 = packed + size_t(mb * n_kb + j) * kPacked;
+        const uint8_t *b1 = second_b ? packed + size_t((mb + 1) * n_kb + j) * kPacked : zero_b;
+        const __m512 x_scale[2] = {_mm512_loadu_ps(b0 + kScales), _mm512_loadu_ps(b1 + kScales)};
+        int32_t(*product)[16][16] = products[j & 1];
+        for (int a = 0; a < 2; ++a)
+          for (int64_t r = 0; r < rows[a]; ++r) {
+            const __m512 w_scale = _mm512_set1_ps(
+                hoist_scales ? scales[size_t(j)].of_row[a * kTileRows + r]
+                             : weight_scale(table, w_data, w_stride, n0 + a * kTileRows + r, j));
+            for (int b = 0; b < (second_b ? 2 : 1); ++b) {
+              float *sum = acc[2 * a + b][r];
+              // (The zero-masked conversion: GCC 12 warns that the plain one's undefined
+              // pass-through may be used uninitialized.)
+              const __m512 p =
+                  _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(product[2 * a + b][r]));
+              _mm512_store_ps(
+                  sum, _mm512_fmadd_ps(p, _mm512_mul_ps(w_scale, x_scale[b]), _mm512_load_ps(sum)));
+            }
+          }
+      };
       for (int64_t j = 0; j < n_kb; ++j) {
         // A tiles straight from the weight rows (the values after each block's scale), or, for
         // a last block of fewer than 16 rows, from a zero-padded copy.
@@ -171,36 +289,25 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
         _tile_zero(6);
         _tile_dpbssd(4, 0, 2);
         _tile_dpbssd(6, 1, 2);
-        _tile_stored(4, products[0], 64);
-        _tile_stored(6, products[2], 64);
+        int32_t(*product)[16][16] = products[j & 1];
+        _tile_stored(4, product[0], 64);
+        _tile_stored(6, product[2], 64);
         if (second_b) { // (a span of 16 tokens or fewer has one B tile: verify spans, short chunks)
           _tile_loadd(3, b1, 64);
           _tile_zero(5);
           _tile_zero(7);
           _tile_dpbssd(5, 0, 3);
           _tile_dpbssd(7, 1, 3);
-          _tile_stored(5, products[1], 64);
-          _tile_stored(7, products[3], 64);
+          _tile_stored(5, product[1], 64);
+          _tile_stored(7, product[3], 64);
         }
-        // Each product is one block's exact int32 dot products: scaled by the weight row's and
-        // the token's block scales into the f32 sums, as ggml's q8_0 dot product does.
-        const __m512 x_scale[2] = {_mm512_loadu_ps(b0 + kScales), _mm512_loadu_ps(b1 + kScales)};
-        for (int a = 0; a < 2; ++a)
-          for (int64_t r = 0; r < rows[a]; ++r) {
-            const __m512 w_scale = _mm512_set1_ps(
-                hoist_scales ? scales[size_t(j)].of_row[a * kTileRows + r]
-                             : weight_scale(w_data, w_stride, n0 + a * kTileRows + r, j));
-            for (int b = 0; b < (second_b ? 2 : 1); ++b) {
-              float *sum = acc[2 * a + b][r];
-              // (The zero-masked conversion: GCC 12 warns that the plain one's undefined
-              // pass-through may be used uninitialized.)
-              const __m512 p =
-                  _mm512_maskz_cvtepi32_ps(0xffff, _mm512_load_si512(products[2 * a + b][r]));
-              _mm512_store_ps(
-                  sum, _mm512_fmadd_ps(p, _mm512_mul_ps(w_scale, x_scale[b]), _mm512_load_ps(sum)));
-            }
-          }
+        // The previous block's products are scaled while this block's tiles compute: read back
+        // right after the tile stores, they would wait for those stores to retire (tile stores
+        // do not forward), which drained the pipeline every block (9 tokens ran at a third of
+        // the memory's speed with the rows in L2).
+        if (j > 0) scale_block(j - 1);
       }
+      scale_block(n_kb - 1);
       for (int a = 0; a < 2; ++a)
         for (int b = 0; b < (second_b ? 2 : 1); ++b) {
           const int64_t t0 = (mb + b) * kTileRows, tokens = min64(kTileRows, m - t0);

@@ -23,6 +23,18 @@ constexpr int64_t kPrefetchExtra = 4096;
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
+// f16 -> f32 by table (256 KiB, one per kernel file): a load where the conversion costs the vector
+// ports three operations per weight row and block. Filled with F16C, so its values are those of
+// ggml's conversion.
+static inline const float *f16_table() {
+  static const float *const table = [] {
+    float *t = new float[65536];
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16(uint16_t(h));
+    return t;
+  }();
+  return table;
+}
+
 // Asks for the lines of bytes [from, to) of `base` into L2, none at or past `end` (offsets).
 static inline void prefetch_l2(const uint8_t *base, int64_t from, int64_t to, int64_t end) {
   for (int64_t o = from; o < to && o < end; o += kLine)

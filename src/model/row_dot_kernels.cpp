@@ -14,6 +14,7 @@ namespace {
 
 using q8_kernel::BlockQ8;
 using q8_kernel::f16;
+using q8_kernel::f16_table;
 using q8_kernel::kBlock;
 using q8_kernel::kPrefetchExtra;
 
@@ -31,17 +32,6 @@ float sum8(__m256 x) {
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
   r = _mm_add_ss(r, _mm_movehdup_ps(r));
   return _mm_cvtss_f32(r);
-}
-
-// f16 -> f32 by table (256 KiB): a load where the conversion costs the vector ports three
-// operations per row and block. Filled with F16C, so its values are those of ggml's conversion.
-const float *f16_table() {
-  static const std::unique_ptr<float[]> table = [] {
-    std::unique_ptr<float[]> t(new float[65536]);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16(uint16_t(h));
-    return t;
-  }();
-  return table.get();
 }
 
 // One token's quantized activations as the kernel reads them: per block the 32 values, the f32

@@ -139,9 +139,10 @@ protected:
 TEST_F(AmxMatmul, EqualsExactBlockSumsAndGgmlOnRandomShapes) {
   std::mt19937_64 rng(36);
   // Rows not multiples of 16 or 32, tokens not multiples of 16, K not a multiple of 64, and a
-  // shape of Muse Glimmer's width.
-  const std::vector<Shape> shapes = {{32, 1, 4},     {32, 16, 16},   {64, 17, 5},
-                                     {96, 33, 17},   {160, 15, 33},  {224, 48, 31},
+  // shape of Muse Glimmer's width. Spans of up to 16 tokens take their own path (one B tile, two
+  // blocks at a time): odd and even block counts, a padded last row block, among them.
+  const std::vector<Shape> shapes = {{32, 1, 4},     {32, 16, 16},   {64, 17, 5},   {96, 33, 9},
+                                     {224, 40, 12},  {96, 33, 17},   {160, 15, 33}, {224, 48, 31},
                                      {256, 100, 64}, {2048, 64, 40}, {544, 257, 19}};
   int checked = 0;
   for (const Shape &s : shapes) {
