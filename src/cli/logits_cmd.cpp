@@ -60,6 +60,17 @@ std::function<int()> add_logits(CLI::App &app) {
     auto fail = [](const std::string &m) {
       return std::fprintf(stderr, "offgraph logits: %s\n", m.c_str()), 1;
     };
+    // One prompt source: a second one would be silently ignored.
+    std::vector<std::string> sources;
+    if (!o->tokens.empty()) sources.push_back("--tokens");
+    if (!o->prompt.empty()) sources.push_back("--prompt");
+    if (o->random > 0) sources.push_back("--random");
+    if (sources.size() > 1)
+      return fail("give one prompt: " + sources[0] + " and " + sources[1] +
+                  " were both given (--image goes with --prompt)");
+    if (!o->image_files.empty() && o->prompt.empty())
+      return fail("--image needs a text prompt (-p) with <__media__>, not " +
+                  (sources.empty() ? std::string("no prompt") : sources[0]));
     auto m = load_placed(o->model, o->devices, [](uint64_t d, uint64_t t) {
       if (t > (256u << 20)) progress_bar("loading", d, t);
     });

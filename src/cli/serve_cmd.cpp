@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 
 namespace offgraph::cli {
@@ -33,7 +34,8 @@ std::function<int()> add_serve(CLI::App &app) {
     double snapshot_budget_mib = 0;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
-    double kv_budget_mib = 0, cache_budget_mib = 0, max_body_mib = 0;
+    double kv_budget_mib = 0, cache_budget_mib = 0;
+    std::optional<double> max_body_mib; // unset: 8, or 64 with --mmproj
     int max_images = 8;
     int responses_store = 64;
     bool drop_hosted_tools = false;
@@ -141,8 +143,8 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!ctk.ok() || !ctv.ok()) return fail((ctk.ok() ? ctv : ctk).message());
     auto spec = speculation_options(o->spec);
     if (!spec.ok()) return fail(spec.message());
-    if (o->max_body_mib == 0) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
-    if (o->max_body_mib <= 0 || o->max_images < 1 || o->queue < 0 || o->timeout < 1 ||
+    if (!o->max_body_mib) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
+    if (*o->max_body_mib <= 0 || o->max_images < 1 || o->queue < 0 || o->timeout < 1 ||
         o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
         o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
       return fail("--max-body-mib, --max-images, --kv-page and the timeouts must be positive; "
@@ -164,7 +166,7 @@ std::function<int()> add_serve(CLI::App &app) {
     so.idle_seconds = o->idle_timeout;
     so.http_threads = o->http_threads;
     so.max_tokens_cap = o->max_tokens;
-    so.max_body_bytes = size_t(o->max_body_mib * 1024 * 1024);
+    so.max_body_bytes = size_t(*o->max_body_mib * 1024 * 1024);
     so.max_images = o->max_images;
     if (o->responses_store < 0) return fail("--responses-store must not be negative");
     so.responses_store = size_t(o->responses_store);

@@ -15,13 +15,6 @@ namespace {
 // read: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
 constexpr size_t kScoredChunk = 64;
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // The rows of `r`'s embeddings among prompt positions [from, from + n), appended to `batch`
 // (whose index of position `from` is `first`).
 void append_embedding_rows(const Request &r, size_t from, size_t n, int32_t first,
@@ -71,14 +64,6 @@ Status check_prompt_inputs(const Request &r, const model::ModelConfig &c) {
 }
 
 } // namespace
-
-std::vector<int32_t> image_row_ids(uint64_t hash, int32_t n_rows, int32_t n_vocab) {
-  const uint64_t range = uint64_t(std::numeric_limits<int32_t>::max()) - uint64_t(n_vocab) + 1;
-  std::vector<int32_t> ids(size_t(std::max(0, n_rows)));
-  for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = n_vocab + int32_t(splitmix64(hash ^ splitmix64(i)) % range);
-  return ids;
-}
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||

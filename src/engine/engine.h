@@ -132,10 +132,6 @@ struct Request {
   std::vector<Embeddings> embeddings;
 };
 
-// The ids of an image's n_rows embedding rows in a prompt: drawn from `hash` (of the image) into
-// [n_vocab, INT32_MAX] (each row its own draw), so that the prefix tree tells images apart by them.
-std::vector<int32_t> image_row_ids(uint64_t hash, int32_t n_rows, int32_t n_vocab);
-
 // A request's sampling when it sets none: the generic defaults (sample::SamplingParams) with the
 // values the model's architecture recommends in their place.
 sample::SamplingParams default_sampling(const model::Model &model);

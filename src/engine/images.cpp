@@ -5,8 +5,10 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 namespace offgraph::engine {
 
@@ -21,12 +23,23 @@ ImageDigest image_digest(std::span<const uint8_t> bytes) {
   return d;
 }
 
-uint64_t PreparedImage::hash() const {
-  uint64_t h = 0;
-  std::memcpy(&h, digest.data(), sizeof h);
-  return h;
+std::vector<int32_t> image_row_ids(const ImageDigest &digest, int32_t n_rows, int32_t n_vocab) {
+  const uint64_t range = uint64_t(std::numeric_limits<int32_t>::max()) - uint64_t(n_vocab) + 1;
+  std::vector<int32_t> ids(size_t(std::max(0, n_rows)));
+  ImageDigest block{};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i % 8 == 0) { // SHA-256(digest, the block's index as 8 little-endian bytes)
+      std::array<uint8_t, 40> input{};
+      std::memcpy(input.data(), digest.data(), digest.size());
+      for (int b = 0; b < 8; ++b) input[32 + size_t(b)] = uint8_t(uint64_t(i / 8) >> (8 * b));
+      block = image_digest(input);
+    }
+    uint32_t draw = 0;
+    std::memcpy(&draw, block.data() + 4 * (i % 8), 4);
+    ids[i] = n_vocab + int32_t(uint64_t(draw) % range);
+  }
+  return ids;
 }
-
 ImageEncoder::ImageEncoder(const model::VisionModel &vision, ImageOptions options)
     : vision_(vision), options_(options) {}
 
@@ -142,7 +155,7 @@ place_images(std::vector<int32_t> &prompt, std::vector<int32_t> &message_starts,
     const PreparedImage &img = images[next++];
     out.push_back(markers.begin);
     placed.push_back({int32_t(out.size()), img.rows});
-    const std::vector<int32_t> ids = image_row_ids(img.hash(), img.rows->n_rows, n_vocab);
+    const std::vector<int32_t> ids = image_row_ids(img.digest, img.rows->n_rows, n_vocab);
     out.insert(out.end(), ids.begin(), ids.end());
     out.push_back(markers.end);
   }

@@ -5,9 +5,9 @@
 // An image part is <|image_start|>, the image's rows, <|image_end|> at consecutive positions
 // (mtmd's layout for this projector; the chat template writes one <|patch|> per part, which is
 // replaced). The rows' ids are image_row_ids of the image's SHA-256: the prefix tree reuses an
-// image's rows only when the same bytes are sent again. The ids come from 64 bits of the digest:
-// matching another client's image takes about 2^64 tries, but two images made to collide take
-// about 2^32 (a birthday search): such a pair shares rows in the prefix tree.
+// image's rows only when the same bytes are sent again. The ids come from the whole digest (31
+// bits a row, drawn by SHA-256 again): two images whose rows share ids are two images whose
+// digests collide, or, for an image of fewer than 9 rows, whose 31 bits a row do.
 #pragma once
 
 #include "engine/engine.h"
@@ -44,9 +44,12 @@ struct PreparedImage {
   int32_t width = 0, height = 0;           // as decoded
   int32_t grid_width = 0, grid_height = 0; // resized to (pixels)
   bool from_cache = false;
-  // The 64 bits of the digest that name the rows (image_row_ids).
-  uint64_t hash() const;
 };
+
+// The ids of an image's n_rows embedding rows in a prompt, drawn from its whole digest into
+// [n_vocab, INT32_MAX]: row i's from bytes 4 (i % 8) of SHA-256(digest, i / 8), so that the prefix
+// tree tells images apart by them.
+std::vector<int32_t> image_row_ids(const ImageDigest &digest, int32_t n_rows, int32_t n_vocab);
 
 class ImageEncoder {
 public:

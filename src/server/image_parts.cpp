@@ -1,6 +1,7 @@
 #include "server/image_parts.h"
 
 #include <array>
+#include <cctype>
 
 namespace offgraph::server {
 namespace {
@@ -12,7 +13,7 @@ ApiError bad(const std::string &param, const std::string &message,
 
 } // namespace
 
-std::optional<std::vector<uint8_t>> decode_base64(std::string_view text) {
+Result<std::vector<uint8_t>> decode_base64(std::string_view text) {
   static const std::array<int8_t, 256> value = [] {
     std::array<int8_t, 256> v;
     v.fill(-1);
@@ -20,26 +21,50 @@ std::optional<std::vector<uint8_t>> decode_base64(std::string_view text) {
     for (int i = 0; i < 64; ++i) v[uint8_t(alphabet[i])] = int8_t(i);
     return v;
   }();
-  size_t n = text.size();
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; };
+  // The digits, without the white space MIME puts between lines (RFC 2045 wraps at 76 columns).
+  std::string digits;
+  digits.reserve(text.size());
   size_t pad = 0;
-  while (n > 0 && text[n - 1] == '=' && pad < 2) --n, ++pad;
-  if (pad > 0 && (n + pad) % 4 != 0) return std::nullopt;
-  if (n % 4 == 1) return std::nullopt; // no whole byte
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (space(c)) continue;
+    if (c == '=') {
+      if (++pad > 2) return Status::error("more than two '=' of padding");
+      continue;
+    }
+    if (pad > 0)
+      return Status::error("'" + std::string(1, c) + "' at byte " + std::to_string(i) +
+                           " comes after the '=' padding");
+    if (value[uint8_t(c)] < 0)
+      return Status::error("byte " + std::to_string(i) + " (" +
+                           (uint8_t(c) >= 0x20 && uint8_t(c) < 0x7f
+                                ? "'" + std::string(1, c) + "'"
+                                : "0x" + std::string(1, "0123456789abcdef"[uint8_t(c) >> 4]) +
+                                      std::string(1, "0123456789abcdef"[uint8_t(c) & 15])) +
+                           ") is not a base64 digit (A-Z, a-z, 0-9, '+', '/')");
+    digits.push_back(c);
+  }
+  const size_t n = digits.size();
+  if (pad > 0 && (n + pad) % 4 != 0)
+    return Status::error("the '=' padding does not complete a group of four digits");
+  if (n % 4 == 1)
+    return Status::error("it ends with a lone digit (" + std::to_string(n) +
+                         " digits: no whole byte in the last one)");
   std::vector<uint8_t> out;
   out.reserve(n / 4 * 3 + 2);
   uint32_t acc = 0;
   int bits = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int8_t d = value[uint8_t(text[i])];
-    if (d < 0) return std::nullopt;
-    acc = (acc << 6) | uint32_t(d);
+  for (char c : digits) {
+    acc = (acc << 6) | uint32_t(value[uint8_t(c)]);
     bits += 6;
     if (bits >= 8) {
       bits -= 8;
       out.push_back(uint8_t(acc >> bits));
     }
   }
-  if (bits > 0 && (acc & ((1u << bits) - 1)) != 0) return std::nullopt; // non-canonical tail
+  if (bits > 0 && (acc & ((1u << bits) - 1)) != 0)
+    return Status::error("its last digit sets bits past the data (not canonical)");
   return out;
 }
 
@@ -80,23 +105,43 @@ std::optional<ApiError> take_image_part(json &part, const std::string &where,
   const size_t comma = url.find(',');
   if (comma == std::string::npos)
     return bad(param + ".url", "the data: URI has no ',' before its data");
-  const std::string head = url.substr(5, comma - 5);
-  const std::string suffix = ";base64";
-  if (head.size() < suffix.size() ||
-      head.compare(head.size() - suffix.size(), suffix.size(), suffix) != 0)
+  // RFC 2397: data:[<mediatype>][;<attribute>=<value>]*[;base64],<data>. Parameters (a charset,
+  // a file name) say nothing about an image's bytes: accepted, and they change nothing.
+  std::vector<std::string> head;
+  for (size_t at = 5;;) {
+    const size_t semi = url.find(';', at);
+    if (semi == std::string::npos || semi > comma) {
+      head.push_back(url.substr(at, comma - at));
+      break;
+    }
+    head.push_back(url.substr(at, semi - at));
+    at = semi + 1;
+  }
+  auto lower = [](std::string x) {
+    for (char &c : x) c = char(std::tolower(uint8_t(c)));
+    return x;
+  };
+  if (head.size() < 2 || lower(head.back()) != "base64")
     return bad(param + ".url", "the data: URI must be base64 (data:image/png;base64,...)");
-  const std::string type = head.substr(0, head.size() - suffix.size());
+  for (size_t k = 1; k + 1 < head.size(); ++k)
+    if (head[k].find('=') == std::string::npos)
+      return bad(param + ".url", "the data: URI's parameter '" + head[k] +
+                                     "' is not attribute=value (data:image/png;base64,...)");
+  const std::string type = lower(head[0]);
   if (!type.empty() && type != "image/png" && type != "image/jpeg" && type != "image/jpg")
     return bad(param + ".url",
-               "the image type '" + type + "' is not supported; send image/png or image/jpeg",
+               "the image type '" + head[0] + "' is not supported; send image/png or image/jpeg",
                "unsupported");
   const std::string_view data(url.data() + comma + 1, url.size() - comma - 1);
   const int64_t limit = facts.images->options().max_bytes;
-  if (int64_t(data.size()) / 4 * 3 > limit + 2) // before decoding it
-    return bad(param + ".url", "the image has about " + std::to_string(data.size() / 4 * 3) +
+  int64_t digits = 0; // before decoding it (MIME's line breaks are not data)
+  for (char c : data) digits += !(c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f');
+  if (digits / 4 * 3 > limit + 2)
+    return bad(param + ".url", "the image has about " + std::to_string(digits / 4 * 3) +
                                    " bytes; at most " + std::to_string(limit) + " are accepted");
   auto decoded = decode_base64(data);
-  if (!decoded) return bad(param + ".url", "the data: URI's data is not valid base64");
+  if (!decoded.ok())
+    return bad(param + ".url", "the data: URI's data is not valid base64: " + decoded.message());
   if (int64_t(decoded->size()) > limit)
     return bad(param + ".url", "the image has " + std::to_string(decoded->size()) +
                                    " bytes; at most " + std::to_string(limit) + " are accepted");

@@ -13,9 +13,9 @@
 
 namespace offgraph::server {
 
-// Strict base64 (RFC 4648 §4: the standard alphabet, '=' padding optional); nullopt when `text`
-// is not base64.
-std::optional<std::vector<uint8_t>> decode_base64(std::string_view text);
+// Base64 (RFC 4648 §4: the standard alphabet, '=' padding optional), with the white space of
+// MIME's line breaks (RFC 2045) skipped; an error that says what is wrong and where otherwise.
+Result<std::vector<uint8_t>> decode_base64(std::string_view text);
 
 // Validates one image_url part of `where` (e.g. "messages[1].content[0]") and rewrites it as
 // {"type": "image"}; its bytes are appended to `bytes` when not null (the request needs them), else

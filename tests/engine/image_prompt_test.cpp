@@ -4,6 +4,7 @@
 // rows by their ids (the same image resent is reused, another one is not); a match ending inside
 // an image's rows does not reuse them (mutation: a snapshot reaching into the image would); n-gram
 // drafts and penalties never treat row ids as tokens; malformed inputs are refused by name.
+#include "engine/images.h"
 #include "engine_util.h"
 #include "kv/kv_store.h"
 #include "model/forward.h"
@@ -28,11 +29,18 @@ std::shared_ptr<const model::EncodedImage> random_image(uint64_t seed, int32_t n
   return img;
 }
 
-// A prompt of text, then images, each between kBegin and kEnd with ids from image_row_ids(hash).
+// A digest standing for an image's bytes.
+ImageDigest digest_of(uint8_t n) {
+  ImageDigest d{};
+  d[0] = n;
+  return d;
+}
+
+// A prompt of text, then images, each between kBegin and kEnd with ids from image_row_ids(digest).
 struct Part {
   std::vector<int32_t> text;
   std::shared_ptr<const model::EncodedImage> image; // null: text only
-  uint64_t hash = 0;
+  uint8_t digest = 0;
 };
 Request image_request(const std::vector<Part> &parts, int32_t n) {
   Request r = greedy({}, n);
@@ -41,7 +49,7 @@ Request image_request(const std::vector<Part> &parts, int32_t n) {
     if (!p.image) continue;
     r.prompt.push_back(kBegin);
     r.embeddings.push_back({int32_t(r.prompt.size()), p.image});
-    const auto ids = image_row_ids(p.hash, p.image->n_rows, 500);
+    const auto ids = image_row_ids(digest_of(p.digest), p.image->n_rows, 500);
     r.prompt.insert(r.prompt.end(), ids.begin(), ids.end());
     r.prompt.push_back(kEnd);
   }
@@ -154,7 +162,7 @@ TEST(ImagePrompt, AMatchEndingInsideAnImageReusesNoneOfItsRows) {
   EXPECT_EQ(run_one(**e, first).first, reference(first));
   Request second = first;
   second.embeddings[0].rows = a2;
-  const auto other = image_row_ids(62, 20, 500);
+  const auto other = image_row_ids(digest_of(62), 20, 500);
   std::copy(other.begin() + 15, other.end(), second.prompt.begin() + 11 + 15);
   const auto [out, reused] = run_one(**e, second);
   EXPECT_EQ(out, reference(second));

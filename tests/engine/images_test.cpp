@@ -78,7 +78,7 @@ TEST(Images, EncodeEqualsThePipelineByHandAndCaches) {
   // Other bytes, other digest and rows.
   auto b = enc.encode(png(100, 70, 2));
   ASSERT_TRUE(b.ok());
-  EXPECT_NE(b->hash(), p->hash());
+  EXPECT_NE(b->digest, p->digest);
   EXPECT_NE(b->rows->rows, p->rows->rows);
 }
 
@@ -157,7 +157,7 @@ TEST(Images, PlaceImagesAtTheirMarkers) {
   const PreparedImage both[] = {a, b};
   auto placed = place_images(prompt, starts, m, both, 100);
   ASSERT_TRUE(placed.ok()) << placed.message();
-  const auto ia = image_row_ids(a.hash(), 3, 100), ib = image_row_ids(b.hash(), 2, 100);
+  const auto ia = image_row_ids(a.digest, 3, 100), ib = image_row_ids(b.digest, 2, 100);
   const std::vector<int32_t> want = {1, 7, ia[0], ia[1], ia[2], 8, 2, 3, 7, ib[0], ib[1], 8, 4};
   EXPECT_EQ(prompt, want);
   EXPECT_EQ(starts, (std::vector<int32_t>{0, 6, 12}));
@@ -165,7 +165,15 @@ TEST(Images, PlaceImagesAtTheirMarkers) {
   EXPECT_EQ((*placed)[0].at, 2);
   EXPECT_EQ((*placed)[1].at, 9);
   for (int32_t id : ia) EXPECT_GE(id, 100);
-  EXPECT_NE(ia, image_row_ids(b.hash(), 3, 100));
+  EXPECT_NE(ia, image_row_ids(b.digest, 3, 100));
+  // Every byte of the digest names the rows: digests that differ past the first 8 bytes (where
+  // 64 bits of them named the rows before) give other ids, row by row; 9+ rows (two SHA-256
+  // blocks of draws) too.
+  PreparedImage c = a;
+  c.digest[31] ^= 1;
+  const auto ic = image_row_ids(c.digest, 20, 100), ia20 = image_row_ids(a.digest, 20, 100);
+  for (size_t i = 0; i < ic.size(); ++i) EXPECT_NE(ic[i], ia20[i]) << i;
+  EXPECT_EQ(std::vector<int32_t>(ia20.begin(), ia20.begin() + 3), ia); // a prefix: the same draws
   std::vector<int32_t> one = {9, 1}, none;
   auto r = place_images(one, none, m, both, 100);
   ASSERT_FALSE(r.ok());

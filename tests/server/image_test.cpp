@@ -95,18 +95,46 @@ struct ImageServer {
 
 TEST(ImageServer, Base64DecodesWhatIsEncodedAndRefusesTheRest) {
   std::mt19937_64 rng(7);
+  auto decoded = [](std::string_view text) {
+    auto r = decode_base64(text);
+    EXPECT_TRUE(r.ok()) << text << ": " << r.message();
+    return r.ok() ? std::move(r).value() : Bytes{};
+  };
   for (size_t n = 0; n < 200; ++n) {
     Bytes b(n);
     for (auto &x : b) x = uint8_t(rng());
     const std::string e = base64(b);
-    EXPECT_EQ(decode_base64(e), b) << n;
+    EXPECT_EQ(decoded(e), b) << n;
     // Without its padding too (clients that strip it).
-    EXPECT_EQ(decode_base64(e.substr(0, e.find('='))), b) << n;
+    EXPECT_EQ(decoded(e.substr(0, e.find('='))), b) << n;
+    // MIME's form: lines of 76 digits with CRLF between them (RFC 2045), or LF, or spaces.
+    std::string mime, lf;
+    for (size_t i = 0; i < e.size(); i += 76)
+      mime += e.substr(i, 76) + "\r\n", lf += e.substr(i, 76) + "\n ";
+    EXPECT_EQ(decoded(mime), b) << n;
+    EXPECT_EQ(decoded(lf), b) << n;
   }
-  EXPECT_EQ(decode_base64("TWFu"), (Bytes{'M', 'a', 'n'})); // RFC 4648's example
-  for (const char *bad : {"TWF", "T", "TW=u", "TWFu=", "TWFu===", "TW==TW==", "TWF!", "TW-u",
-                          "TWG=", "TR=="}) // "TWG=" and "TR==": bits past the data set
-    EXPECT_FALSE(decode_base64(bad).has_value()) << bad;
+  EXPECT_EQ(decoded("TWFu"), (Bytes{'M', 'a', 'n'})); // RFC 4648's example
+  // Each refusal says what is wrong.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"TWF", "not canonical"},
+      {"T", "lone digit"},
+      {"TW=u", "after the '=' padding"},
+      {"TWFu=", "padding does not complete"},
+      {"TWFu===", "more than two '='"},
+      {"TW==TW==", "after the '=' padding"},
+      {"TWF!", "byte 3 ('!') is not a base64 digit"},
+      {"TW-u", "'-'"},
+      {std::string("TW\x01u"), "0x01"},
+      {"TWG=", "not canonical"}, // "TWG=" and "TR==": bits past the data set
+      {"TR==", "not canonical"}};
+  for (const auto &[text, needle] : bad) {
+    auto r = decode_base64(text);
+    EXPECT_FALSE(r.ok()) << text;
+    if (!r.ok()) {
+      EXPECT_NE(r.message().find(needle), std::string::npos) << text << ": " << r.message();
+    }
+  }
 }
 
 TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
@@ -128,6 +156,16 @@ TEST(ImageServer, UsageCountsImageRowsAndReuseFollowsTheImage) {
   ASSERT_EQ(st2, 200);
   EXPECT_EQ(s.encoder->stats().encoded, 1);
   EXPECT_EQ(again["choices"][0]["logprobs"], first["choices"][0]["logprobs"]);
+  // The same bytes as a MIME-wrapped data: URI with a parameter and the type in capitals: the
+  // same image (not encoded again) and the same answer.
+  std::string wrapped;
+  const std::string digits = base64(a);
+  for (size_t i = 0; i < digits.size(); i += 76) wrapped += digits.substr(i, 76) + "\r\n";
+  auto [st4, mime] = s.post(ask(
+      {image_part("data:IMAGE/PNG;name=cat.png;base64," + wrapped), text_part("What is this?")}));
+  ASSERT_EQ(st4, 200) << mime.dump();
+  EXPECT_EQ(s.encoder->stats().encoded, 1);
+  EXPECT_EQ(mime["choices"][0]["logprobs"], first["choices"][0]["logprobs"]);
   EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
             first["usage"]["prompt_tokens"].get<int>() - 16);
   // Another image at the same place: its own rows, recomputed from the image on.
@@ -214,7 +252,10 @@ TEST(ImageServer, BadImagePartsAreRefusedByName) {
   };
   const std::string p0 = "messages[0].content[0].image_url";
   refused(ask({image_part("https://example.com/cat.png")}), "not fetched", p0 + ".url");
-  refused(ask({image_part("data:image/png;base64,@@@@")}), "not valid base64", p0 + ".url");
+  refused(ask({image_part("data:image/png;base64,@@@@")}),
+          "not valid base64: byte 0 ('@') is not a base64 digit", p0 + ".url");
+  refused(ask({image_part("data:image/png;charset;base64," + base64(a))}), "'charset'",
+          p0 + ".url");
   refused(ask({image_part("data:image/png," + base64(a))}), "must be base64", p0 + ".url");
   refused(ask({image_part("data:image/webp;base64," + base64(a))}), "image/webp", p0 + ".url");
   refused(ask({image_part("ftp://x")}), "data: URI", p0 + ".url");
