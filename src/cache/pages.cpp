@@ -1,5 +1,6 @@
 #include "cache/pages.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,6 +21,8 @@ std::optional<PageId> PageAllocator::allocate() {
   if (!free_.empty()) {
     p = free_.back();
     free_.pop_back();
+    if (cold_ > int32_t(free_.size()))
+      cold_ = int32_t(free_.size()); // it holds memory once written
   } else if (touched() < max_pages_) {
     p = touched();
     refs_.push_back(0);
@@ -44,6 +47,12 @@ bool PageAllocator::release(PageId p) {
   --in_use_;
   free_.push_back(p);
   return true;
+}
+
+std::vector<PageId> PageAllocator::take_cold(int32_t keep) {
+  std::vector<PageId> cold;
+  while (free_warm() > std::max(keep, 0)) cold.push_back(free_[size_t(cold_++)]);
+  return cold;
 }
 
 } // namespace offgraph::cache

@@ -10,7 +10,8 @@
 // Invariants (checked by tests/cache/pages_test.cpp against a naive model):
 // - refs(p) equals the number of table entries naming p, over every live table;
 // - a page is on the free list iff refs(p) == 0; allocate() never returns a page in use;
-// - in_use() + free pages == pages ever handed out <= max_pages().
+// - in_use() + free pages == pages ever handed out <= max_pages();
+// - take_cold hands out only free pages holding memory, and afterwards at most `keep` of them do.
 #pragma once
 
 #include "base/status.h"
@@ -43,11 +44,20 @@ public:
   // One holder fewer; at zero the page returns to the free list. True if it did.
   bool release(PageId p);
 
+  // Free pages that still hold memory: every page freed since it was last taken by take_cold.
+  int32_t free_warm() const { return int32_t(free_.size()) - cold_; }
+  // The free pages past the `keep` most recently freed that still hold memory, least recently
+  // freed first, from now on counted as holding none: the caller gives their memory back to the
+  // OS. Allocation takes the most recently freed first, so these are the last reused. Amortized
+  // O(1) per page: the free list's bottom part is the cold one.
+  std::vector<PageId> take_cold(int32_t keep);
+
 private:
   int32_t max_pages_;
   int32_t in_use_ = 0, shared_ = 0;
   std::vector<int32_t> refs_;
-  std::vector<PageId> free_;
+  std::vector<PageId> free_; // most recently freed last
+  int32_t cold_ = 0;         // free_[0, cold_) hold no memory (given back)
 };
 
 // A sequence's pages, oldest first: page i holds positions [i * page_rows, (i + 1) * page_rows).

@@ -1,8 +1,11 @@
 #include "engine/engine.h"
+
 #include "engine/engine_detail.h"
 #include "model/arch.h"
 
 #include "ggml-cpu.h"
+
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -282,8 +285,23 @@ void Engine::finish(Generation &a, FinishReason reason, const std::string &error
 
 bool Engine::step() {
   const bool worked = step_inner();
+  give_back_memory();
   publish();
   return worked;
+}
+
+void Engine::give_back_memory() {
+  store_->release_free_memory(options_.warm_free_kv);
+  if (draft_store_) draft_store_->release_free_memory(options_.warm_free_kv);
+  // Ring and snapshot buffers come from malloc, which keeps what is freed for reuse: handed
+  // back once a burst is over, not after every step (a trim walks the allocator's free lists).
+  const bool idle = active_.empty() && queue_.empty() && parked_.empty();
+  if (!idle) {
+    trimmed_while_idle_ = false;
+  } else if (!trimmed_while_idle_) {
+    malloc_trim(0);
+    trimmed_while_idle_ = true;
+  }
 }
 
 bool Engine::step_inner() {

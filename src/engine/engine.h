@@ -76,6 +76,11 @@ struct EngineOptions {
   int64_t kv_budget = 0;
   // Bytes the cached conversations may hold together; 0: limited only by max_cached.
   int64_t cache_budget = 0;
+  // Bytes of free KV pages whose memory stays with the process for the next burst to reuse; the
+  // rest is given back to the OS after each step (kv::KvStore::release_free_memory), and the
+  // allocator's free memory (ring and snapshot buffers) when the engine falls idle: the
+  // process's resident memory after a burst returns to what it holds.
+  int64_t warm_free_kv = int64_t(64) << 20;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).
@@ -314,6 +319,8 @@ private:
   // Moves submitted requests into the queue and applies cancellations.
   void take_inbox();
   void publish();
+  // Gives free memory back to the OS (EngineOptions::warm_free_kv).
+  void give_back_memory();
   Status admit(Generation &a);
   // Starts `a` from the deepest reusable point the tree holds; false when there is none.
   bool attach(Generation &a);
@@ -409,6 +416,7 @@ private:
   std::unique_ptr<model::Forward> forward_;
   // The draft model's store and forward pass (EngineOptions::draft_model).
   std::unique_ptr<kv::KvStore> draft_store_;
+  bool trimmed_while_idle_ = false; // malloc_trim ran since the engine last had work
   std::unique_ptr<model::Forward> draft_forward_;
   double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
   // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.

@@ -334,6 +334,45 @@ void KvStore::write_back(const Snapshot &snap, Pool &ring) {
   }
 }
 
+int64_t KvStore::release_free_memory(int64_t keep_bytes) {
+  if (!mapping_.addr || page_bytes_ <= 0) return 0;
+  const int64_t keep = std::min<int64_t>(std::max<int64_t>(keep_bytes, 0) / page_bytes_,
+                                         std::numeric_limits<int32_t>::max());
+  const std::vector<PageId> cold = allocator_.take_cold(int32_t(keep));
+  if (cold.empty()) return 0;
+  const uintptr_t os_page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const auto *lo = static_cast<const char *>(mapping_.addr);
+  const char *hi = lo + mapping_.bytes;
+  const int64_t rows = layout_->page_rows();
+  int64_t given = 0;
+  for (PageId page : cold)
+    for (CacheId c = 0; c < layout_->n_caches(); ++c)
+      for (ggml_tensor *t : {pages_.k[size_t(c)], pages_.v[size_t(c)]}) {
+        if (!t || static_cast<const char *>(t->data) < lo ||
+            static_cast<const char *>(t->data) >= hi)
+          continue; // a flat cache on a device, or a ring
+        const uintptr_t begin = uintptr_t(t->data) + uintptr_t(page * rows) * t->nb[1];
+        const uintptr_t end = begin + uintptr_t(rows) * t->nb[1];
+        const uintptr_t first = (begin + os_page - 1) / os_page * os_page,
+                        last = end / os_page * os_page;
+        if (first >= last) continue;
+        // Reads as zeros afterwards (anonymous memory), as the pool's rows never written do.
+        if (madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED) == 0)
+          given += int64_t(last - first);
+      }
+  return given;
+}
+
+int64_t KvStore::resident_pool_bytes() const {
+  if (!mapping_.addr) return 0;
+  const size_t os_page = size_t(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((mapping_.bytes + os_page - 1) / os_page);
+  if (mincore(mapping_.addr, mapping_.bytes, in.data()) != 0) return -1;
+  int64_t n = 0;
+  for (unsigned char b : in) n += b & 1;
+  return n * int64_t(os_page);
+}
+
 void KvStore::release_pages(PageTable &table, size_t keep) {
   while (table.pages.size() > keep) {
     allocator_.release(table.pages.back());

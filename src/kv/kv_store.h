@@ -188,6 +188,13 @@ public:
   // Bytes of one page: page_rows rows of every flat cache, K and V.
   int64_t page_bytes() const { return page_bytes_; }
   const cache::PageAllocator &pages() const { return allocator_; }
+  // Gives the memory of free pages back to the OS, all but the most recently freed `keep_bytes`
+  // worth (which a burst reuses first): MADV_DONTNEED on the pool's reserved address space, whole
+  // OS pages inside each page's rows; a device's pool keeps its memory. So after a burst the
+  // process's resident memory returns to what its sequences hold. Returns the bytes given back.
+  int64_t release_free_memory(int64_t keep_bytes);
+  // Bytes of the CPU pool's address space the OS backs now (mincore): what it costs in RSS.
+  int64_t resident_pool_bytes() const;
 
 private:
   struct Entry {

@@ -10,6 +10,7 @@ KvMetrics kv_metrics(const kv::KvStore &store) {
   m.flat = use.flat, m.ring = use.ring, m.snapshots = use.snapshots, m.k = use.k, m.v = use.v;
   m.pages = use.pages, m.shared_pages = use.shared_pages, m.page_bytes = store.page_bytes();
   m.held = use.held, m.minimum = use.minimum, m.buffers = use.buffers;
+  m.free_warm_pages = store.pages().free_warm();
   m.k_type = kv::storage_type_name(store.types().k);
   m.v_type = kv::storage_type_name(store.types().v);
   const cache::Layout &layout = store.layout();
@@ -179,6 +180,10 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         double(in.kv.pages));
   w.one("offgraph_kv_pages_shared", "gauge", "flat KV pages held by more than one sequence",
         double(in.kv.shared_pages));
+  w.one("offgraph_kv_pages_free_warm", "gauge",
+        "free flat KV pages whose memory the process keeps for reuse (the others' memory went "
+        "back to the OS)",
+        double(in.kv.free_warm_pages));
   w.one("offgraph_kv_page_bytes", "gauge", "bytes of one flat KV page (all flat caches, K and V)",
         double(in.kv.page_bytes));
   w.one("offgraph_kv_min_bytes", "gauge",

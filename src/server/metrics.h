@@ -20,6 +20,7 @@ struct HttpCounters {
 struct KvMetrics {
   int64_t flat = 0, ring = 0, snapshots = 0, k = 0, v = 0, held = 0, minimum = 0, buffers = 0;
   int64_t pages = 0, shared_pages = 0, page_bytes = 0; // flat pages in use, shared, one's size
+  int64_t free_warm_pages = 0; // free pages whose memory the process keeps (the rest went back)
   std::string k_type, v_type;
   int32_t sequences = 0;
   int32_t ring_rows_max = 0;    // the largest ring any sequence holds

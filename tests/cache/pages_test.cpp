@@ -41,6 +41,59 @@ TEST(Pages, FreedPagesAreReusedMostRecentFirstAndThePoolIsBounded) {
   EXPECT_EQ(a.touched(), 3);
 }
 
+// Giving free pages' memory back: against a naive model that knows, per page, whether it holds
+// memory (from its allocation until take_cold hands it out) and the order pages were freed in.
+TEST(Pages, TakeColdHandsOutTheLeastRecentlyFreedPagesThatHoldMemory) {
+  std::mt19937_64 rng(37);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  constexpr int32_t kMaxPages = 16;
+  PageAllocator pool(kMaxPages);
+  std::vector<PageId> held;      // pages in use (one holder each)
+  std::vector<PageId> freed;     // the naive free list, least recently freed first
+  std::map<PageId, bool> backed; // whether the page holds memory
+  int64_t taken = 0;
+  for (int op = 0; op < 50000; ++op) {
+    switch (uniform(0, 2)) {
+    case 0: { // allocate: the most recently freed, which holds memory once written
+      auto p = pool.allocate();
+      if (!p) break;
+      if (!freed.empty()) {
+        ASSERT_EQ(*p, freed.back());
+        freed.pop_back();
+      }
+      backed[*p] = true;
+      held.push_back(*p);
+      break;
+    }
+    case 1: { // free a random page in use
+      if (held.empty()) break;
+      const size_t i = size_t(uniform(0, int(held.size()) - 1));
+      ASSERT_TRUE(pool.release(held[i]));
+      freed.push_back(held[i]);
+      held.erase(held.begin() + long(i));
+      break;
+    }
+    case 2: { // give back all but `keep` of the free pages holding memory
+      const int32_t keep = uniform(0, 4);
+      std::vector<PageId> want;
+      int32_t warm = 0;
+      for (PageId p : freed) warm += backed[p];
+      for (PageId p : freed)
+        if (backed[p] && warm - int32_t(want.size()) > keep) want.push_back(p);
+      const std::vector<PageId> got = pool.take_cold(keep);
+      ASSERT_EQ(got, want);
+      for (PageId p : got) backed[p] = false;
+      taken += int64_t(got.size());
+      break;
+    }
+    }
+    int32_t warm = 0;
+    for (PageId p : freed) warm += backed[p];
+    ASSERT_EQ(pool.free_warm(), warm) << "op " << op;
+  }
+  EXPECT_GT(taken, 1000); // the case ran
+}
+
 TEST(Pages, RandomSharingMatchesANaiveRecount) {
   std::mt19937_64 rng(2026);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

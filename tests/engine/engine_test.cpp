@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -258,6 +259,44 @@ TEST(Engine, AdmissionRefusesWhatCannotFitWithTheNumbers) {
   auto full = (*q)->submit(greedy({1, 2}, 1), nullptr);
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.message().find("queue is full"), std::string::npos);
+}
+
+// After a burst the pool's resident memory returns to what the cached conversations hold plus
+// the warm free pages asked for; the next burst's answers are unchanged.
+TEST(Engine, FreePagesGoBackToTheOsAfterABurst) {
+  std::mt19937_64 rng(37);
+  std::vector<Request> burst;
+  for (int i = 0; i < 6; ++i) burst.push_back(greedy(random_tokens(rng, 150), 20));
+  // Nothing given back (a budget past the pool), none kept warm, and 1 MiB kept warm.
+  const int64_t all = std::numeric_limits<int64_t>::max();
+  int64_t resident_all = 0;
+  for (const int64_t warm : {all, int64_t(0), int64_t(1) << 20}) {
+    EngineOptions o = options(1); // one conversation stays cached
+    o.warm_free_kv = warm;
+    auto e = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(e.ok()) << e.message();
+    const auto first = run(**e, burst);
+    const kv::KvStore &store = (*e)->store();
+    const int64_t page = store.page_bytes();
+    const int64_t held = store.memory().pages * page;
+    EXPECT_GT(held, 0); // the cached conversation
+    const int64_t free_pages = store.pages().touched() - store.pages().in_use();
+    EXPECT_GT(free_pages, 6);
+    const int64_t resident = store.resident_pool_bytes();
+    if (warm == all) {
+      resident_all = resident;
+      EXPECT_EQ(store.pages().free_warm(), free_pages);
+    } else {
+      // The held pages and the warm free ones at most (a sequence's last page may be written only
+      // in part); the rest went back: at least every free page past the warm ones, less one
+      // partly written page per request.
+      const int64_t warm_pages = std::min(free_pages, warm / page);
+      EXPECT_EQ(store.pages().free_warm(), warm_pages);
+      EXPECT_LE(resident, held + warm_pages * page);
+      EXPECT_GE(resident_all - resident, (free_pages - warm_pages - int64_t(burst.size())) * page);
+    }
+    EXPECT_EQ(run(**e, burst), first);
+  }
 }
 
 TEST(Engine, StopTokensEndTheRequest) {

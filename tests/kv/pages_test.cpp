@@ -183,6 +183,44 @@ TEST(Pages, RewindGivesBackPagesPastTheLengthAndKeepsSharedOnes) {
   EXPECT_FALSE(store->rewind(a, 1).ok()); // the core's refusals stand
 }
 
+// Free pages give their memory back to the OS, all but the most recently freed ones asked to be
+// kept; the pool's resident bytes (mincore) drop by exactly that, and sequences on the pages
+// afterwards compute what they compute in a fresh store, bit for bit.
+TEST(Pages, FreePagesGiveTheirMemoryBackAndServeAgainAsFreshOnes) {
+  // Pages of 64 rows of 512 bytes in each of four tensors (two caches, K and V): whole OS pages.
+  const std::vector<cache::LayerSpec> layers = {layer(0, 2, 64, 64), layer(0, 2, 64, 64)};
+  auto store = make_store(make_layout(layers, 0, {1024, 64, 64}), {GGML_TYPE_F32, GGML_TYPE_F32});
+  auto fresh = make_store(make_layout(layers, 0, {1024, 64, 64}), {GGML_TYPE_F32, GGML_TYPE_F32});
+  const int64_t page = store->page_bytes();
+  ASSERT_EQ(page, 64 * 512 * 4);
+  std::mt19937_64 rng(37);
+  const SeqId a = *store->create_sequence(), b = *store->create_sequence();
+  for (int i = 0; i < 8; ++i) {
+    run_step(*store, a, 64, random_inputs(rng, store->layout(), 64, 4));
+    run_step(*store, b, 64, random_inputs(rng, store->layout(), 64, 4));
+  }
+  ASSERT_EQ(store->memory().pages, 16);
+  const int64_t resident = store->resident_pool_bytes();
+  EXPECT_GE(resident, 16 * page);
+  EXPECT_EQ(store->release_free_memory(0), 0); // nothing is free yet
+  ASSERT_TRUE(store->remove_sequence(a).ok());
+  ASSERT_TRUE(store->remove_sequence(b).ok());
+  EXPECT_EQ(store->resident_pool_bytes(), resident); // freed, still held
+  // Keep three pages' worth (and a bit: whole pages only): 13 go back.
+  EXPECT_EQ(store->release_free_memory(3 * page + page / 2), 13 * page);
+  EXPECT_EQ(store->resident_pool_bytes(), resident - 13 * page);
+  EXPECT_EQ(store->pages().free_warm(), 3);
+  EXPECT_EQ(store->release_free_memory(3 * page), 0); // already given
+  // Ten pages again: the three warm ones first, then seven given back (zeros now).
+  const SeqId c = *store->create_sequence(), d = *fresh->create_sequence();
+  for (int i = 0; i < 10; ++i) {
+    const int32_t n = i % 3 ? 64 : 37;
+    auto in = random_inputs(rng, store->layout(), n, 4);
+    ASSERT_EQ(run_step(*store, c, n, in), run_step(*fresh, d, n, in)) << "step " << i;
+  }
+  EXPECT_EQ(store->pages().free_warm(), 0);
+}
+
 TEST(Pages, AStoreHoldsASharedPrefixOnceAndWithinAPageASequenceOfTheMinimum) {
   const std::vector<cache::LayerSpec> layers = {layer(0), layer(3)};
   auto store = make_store(make_layout(layers, 0, {512, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});
