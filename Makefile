@@ -50,12 +50,17 @@ fuzz-configure: deps
 fuzz-build: fuzz-configure
 	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_all
 
-# Each fuzz target for FUZZ_TIME seconds, two at a time, keeping what they find in
-# $(FUZZ_DIR)/fuzz/<target>-long/corpus across runs:  make fuzz-long FUZZ_TIME=3600
+# Each fuzz target for FUZZ_TIME seconds (default 600), FUZZ_JOBS at a time, keeping what they find
+# in $(FUZZ_LONG_DIR)/<target>/corpus (outside the checkout) across runs; each run is appended to
+# fuzz/record.tsv and the cumulative record rewritten into docs/reliability.md:
+#     make fuzz-long FUZZ_TIME=3600 FUZZ_JOBS=2
+FUZZ_JOBS ?= $(JOBS)
+FUZZ_LONG_DIR ?= $(HOME)/.cache/offgraph/fuzz-long
 fuzz-long: fuzz-build
-	FUZZ_TIME=$(FUZZ_TIME) ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(JOBS) -L fuzz \
-	  --timeout $$(( $(FUZZ_TIME) + 600 ))
-	@cat $(FUZZ_DIR)/fuzz/*-long/stats.txt
+	FUZZ_TIME=$(FUZZ_TIME) FUZZ_LONG_DIR=$(FUZZ_LONG_DIR) FUZZ_RECORD=$(CURDIR)/fuzz/record.tsv \
+	  ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(FUZZ_JOBS) -L fuzz -R '[.]run$$' \
+	  --timeout $$(( $(FUZZ_TIME) + 600 )); rc=$$?; \
+	  cat $(FUZZ_LONG_DIR)/*/stats.txt; python3 fuzz/record.py fuzz/record.tsv docs/reliability.md; exit $$rc
 
 # The whole suite with AddressSanitizer and UndefinedBehaviorSanitizer on our code (gcc; ggml and
 # the llama.cpp peer stay uninstrumented), at -O1 (a third less compile time than -O2; ASan's own
