@@ -95,6 +95,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types(), max_pages);
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
+  if (options.reserve_fault) e->store_->set_reserve_fault(options.reserve_fault);
   e->store_->set_memory_budget(options.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   if (const model::Model *d = options.draft_model) {
@@ -535,6 +536,18 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   // A decode step's cost for the adaptive draft length: the forward pass alone (what follows it
   // is paid per token kept, as plain decoding pays it).
   if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
+  if (!logits.ok() && forward_->failed_span() >= 0) {
+    // One span's storage could not be had (its pages, its budget): nothing was computed. That
+    // request ends with the reason; the others run without it.
+    const size_t bad = size_t(forward_->failed_span());
+    Generation *failed = parts[bad].g;
+    finish(*failed, FinishReason::Error, logits.message());
+    settle({failed});
+    std::vector<Part> rest = parts;
+    rest.erase(rest.begin() + long(bad));
+    if (!rest.empty()) run_batch(rest);
+    return;
+  }
   if (!logits.ok()) {
     // Nothing was committed, but a pass that computed part of its graph may have written ring
     // slots the sequences still claim: they are not kept. The requests of this step end with the

@@ -81,6 +81,9 @@ struct EngineOptions {
   // allocator's free memory (ring and snapshot buffers) when the engine falls idle: the
   // process's resident memory after a burst returns to what it holds.
   int64_t warm_free_kv = int64_t(64) << 20;
+  // Fault injection for tests (kv::KvStore::set_reserve_fault): an error it returns fails that
+  // sequence's reserve of storage for a step.
+  std::function<Status(kv::SeqId, int32_t)> reserve_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).

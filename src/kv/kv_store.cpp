@@ -433,6 +433,8 @@ const cache::Sequence *KvStore::sequence(SeqId id) const {
 }
 
 Status KvStore::reserve(SeqId id, int32_t end) {
+  if (reserve_fault_)
+    if (Status s = reserve_fault_(id, end); !s.ok()) return s;
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   if (end > layout_->capacity())

@@ -175,6 +175,7 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
 Result<std::vector<float>> Forward::run(const Batch &batch,
                                         std::vector<std::vector<float>> *hidden) {
   const ModelConfig &c = model_.config();
+  failed_span_ = -1;
   const int64_t n = int64_t(batch.tokens.size());
   if (n == 0) return Status::error("forward: empty batch");
   int64_t covered = 0;
@@ -228,9 +229,13 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     mark = now;
   };
   kv::Step step(store_);
-  for (const Batch::Span &s : batch.spans) {
+  for (size_t i = 0; i < batch.spans.size(); ++i) {
+    const Batch::Span &s = batch.spans[i];
     auto span = step.add_span({s.seq, s.position, s.n_tokens});
-    if (!span.ok()) return span.status();
+    if (!span.ok()) {
+      failed_span_ = int32_t(i);
+      return span.status();
+    }
   }
   // Tensor objects (views included) the graph may create: about 40 per layer for the
   // projections and MLP, up to 2 more per projection with a bias and a scale (16) and 7 for a

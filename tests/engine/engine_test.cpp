@@ -299,6 +299,65 @@ TEST(Engine, FreePagesGoBackToTheOsAfterABurst) {
   }
 }
 
+// A step whose one span cannot reserve its storage ends that request with the reason; the other
+// requests of the step go on and produce what each produces alone (fault injection at the
+// reserve of every span of every step, one failure per run).
+TEST(Engine, AFailedReserveEndsOnlyItsRequest) {
+  std::mt19937_64 rng(38);
+  std::vector<Request> requests;
+  for (int i = 0; i < 3; ++i) requests.push_back(greedy(random_tokens(rng, 30 + 10 * i), 12));
+  std::vector<std::vector<int32_t>> want;
+  for (const Request &r : requests) want.push_back(alone(r));
+  // Count the reserves of a clean run, then fail each one of them in turn.
+  int64_t reserves = 0;
+  {
+    EngineOptions o = options(0);
+    o.reserve_fault = [&](kv::SeqId, int32_t) {
+      ++reserves;
+      return Status();
+    };
+    auto e = Engine::create(*fixture().model, o);
+    ASSERT_EQ(run(**e, requests), want);
+  }
+  ASSERT_GT(reserves, 10);
+  for (int64_t fail_at = 0; fail_at < reserves; fail_at += 3) {
+    SCOPED_TRACE("reserve " + std::to_string(fail_at) + " fails");
+    int64_t seen = 0;
+    EngineOptions o = options(0);
+    o.reserve_fault = [&](kv::SeqId, int32_t) {
+      return seen++ == fail_at ? Status::error("injected: no pages") : Status();
+    };
+    auto e = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(e.ok());
+    std::vector<std::vector<int32_t>> out(requests.size());
+    std::vector<FinishReason> how(requests.size(), FinishReason::None);
+    std::vector<std::string> why(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+      ASSERT_TRUE((*e)->submit(requests[i],
+                               [&, i](const Event &ev) {
+                                 if (ev.token >= 0) out[i].push_back(ev.token);
+                                 if (ev.finish != FinishReason::None)
+                                   how[i] = ev.finish, why[i] = ev.error;
+                               })
+                      .ok());
+    (*e)->run_until_idle();
+    int failed = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (how[i] == FinishReason::Error) {
+        ++failed;
+        EXPECT_NE(why[i].find("injected: no pages"), std::string::npos) << why[i];
+        // What it produced before is a prefix of its answer.
+        EXPECT_EQ(out[i],
+                  std::vector<int32_t>(want[i].begin(), want[i].begin() + long(out[i].size())));
+      } else {
+        EXPECT_EQ(out[i], want[i]) << "request " << i;
+      }
+    }
+    EXPECT_EQ(failed, 1);
+    EXPECT_EQ((*e)->store().memory().pages, 0); // nothing leaked
+  }
+}
+
 TEST(Engine, StopTokensEndTheRequest) {
   std::mt19937_64 rng(5);
   const auto prompt = random_tokens(rng, 12);
