@@ -433,6 +433,7 @@ private:
   struct Cached {
     uint64_t last_used = 0;
     int32_t prompt = 0;
+    uint64_t request = 0; // the request it answered (0: a published prefix)
   };
   std::map<kv::SeqId, Cached> cached_;
   std::map<PrefixTree::SnapshotId, Saved> saved_;

@@ -340,14 +340,17 @@ bool Engine::cache_sequence(Generation &a) {
   // (A follow-up message leaves the prompt inside its generation header, a token or two before
   // its end: that sequence stays until evicted. Its prompt end's snapshot reaches the new path, but
   // nothing tells a continuation from a conversation that differs only near its prompt end.)
+  // Another choice of the same request is not replaced: its answer is one the client may take
+  // the conversation on from (n > 1 offers the choices to pick from).
   std::vector<kv::SeqId> redundant;
   for (const auto &[s, c] : cached_) {
     const std::vector<int32_t> &t = *tree_.tokens_of(s);
     const size_t shared = shared_prefix(t, held);
-    if (shared == t.size() || shared >= size_t(c.prompt)) redundant.push_back(s);
+    if (shared == t.size() || (shared >= size_t(c.prompt) && c.request != a.id))
+      redundant.push_back(s);
   }
   if (!tree_.insert_sequence(held, a.seq)) return false;
-  cached_[a.seq] = {++clock_, int32_t(std::min(a.computed, a.request.prompt.size()))};
+  cached_[a.seq] = {++clock_, int32_t(std::min(a.computed, a.request.prompt.size())), a.id};
   for (Generation::Taken &t : a.taken) {
     if (size_t(t.depth) <= a.computed)
       keep_snapshot(held.first(size_t(t.depth)), std::move(t.snapshot), std::move(t.logits));

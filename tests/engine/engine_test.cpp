@@ -458,5 +458,41 @@ TEST(Engine, ChoicesForkThePromptOnce) {
   EXPECT_TRUE((*e)->store().sequence_ids().empty());
 }
 
+// With a cache, every choice's conversation stays (none replaces a sibling): the next turn on any
+// of them reuses its prompt and its answer.
+TEST(Engine, ChoicesStayCachedSideBySide) {
+  std::mt19937_64 rng(8);
+  Request r;
+  r.prompt = random_tokens(rng, 40);
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_k = 0, r.sampling.top_p = 1.0f, r.sampling.min_p = 0.0f;
+  r.sampling.seed = 200;
+  r.max_tokens = 12;
+  r.n = 3;
+  const auto more = random_tokens(rng, 6);
+  for (int c = 0; c < 3; ++c) {
+    auto e = Engine::create(*fixture().model, options(8));
+    ASSERT_TRUE(e.ok());
+    std::vector<std::vector<int32_t>> got(3);
+    ASSERT_TRUE((*e)->submit(r,
+                             [&](const Event &ev) {
+                               if (ev.token >= 0) got[size_t(ev.choice)].push_back(ev.token);
+                             })
+                    .ok());
+    (*e)->run_until_idle();
+    ASSERT_NE(got[0], got[1]);
+    EXPECT_EQ((*e)->store().sequence_ids().size(), 3u);
+    // The conversation goes on from choice c: its prompt and answer, then a new message.
+    Request next = greedy(r.prompt, 4);
+    next.prompt.insert(next.prompt.end(), got[size_t(c)].begin(), got[size_t(c)].end());
+    next.prompt.insert(next.prompt.end(), more.begin(), more.end());
+    int32_t cached = -1;
+    ASSERT_TRUE((*e)->submit(next, [&](const Event &ev) { cached = ev.cached_tokens; }).ok());
+    (*e)->run_until_idle();
+    // Everything the choice's sequence computed (its last token was never fed back).
+    EXPECT_EQ(cached, int32_t(r.prompt.size() + got[size_t(c)].size()) - 1) << "choice " << c;
+  }
+}
+
 } // namespace
 } // namespace offgraph::engine
