@@ -95,7 +95,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   auto store = kv::KvStore::create(*layout, options.types, model.cache_buffer_types(), max_pages);
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
-  if (options.reserve_fault) e->store_->set_reserve_fault(options.reserve_fault);
+  if (options.kv_fault) e->store_->set_fault(options.kv_fault);
   e->store_->set_memory_budget(options.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   if (const model::Model *d = options.draft_model) {

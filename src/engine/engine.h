@@ -81,9 +81,9 @@ struct EngineOptions {
   // allocator's free memory (ring and snapshot buffers) when the engine falls idle: the
   // process's resident memory after a burst returns to what it holds.
   int64_t warm_free_kv = int64_t(64) << 20;
-  // Fault injection for tests (kv::KvStore::set_reserve_fault): an error it returns fails that
-  // sequence's reserve of storage for a step.
-  std::function<Status(kv::SeqId, int32_t)> reserve_fault;
+  // Fault injection for tests (kv::KvStore::set_fault): an error it returns fails that call of
+  // the engine's store (a step's reserve, a fork, a fork at a snapshot).
+  kv::KvStore::Fault kv_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).
@@ -176,6 +176,7 @@ struct EngineStats {
   int64_t snapshot_evictions = 0; // snapshots dropped (budget, or their last sequence went)
   int64_t parked = 0;             // requests that waited for another to compute a shared prefix
   int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
+  int64_t failed_forks = 0;       // forks for prefix reuse that could not be made (fell back)
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
   double prefill_seconds = 0, decode_seconds = 0;

@@ -204,13 +204,19 @@ bool Engine::attach(Generation &a) {
     if (at > fork_at && at >= store_->sequence(s)->rewind_floor()) fork_from = s, fork_at = at;
   }
   int32_t reuse = 0;
+  bool forked = false;
   if (!whole_prompt && fork_at > 0 && fork_at >= m.restore_depth) {
-    auto child = store_->fork(fork_from, fork_at);
-    if (!child.ok()) return false;
-    a.seq = *child, reuse = fork_at;
-    cached_[fork_from].last_used = ++clock_;
-    reuse_draft(a, fork_from, fork_at);
-  } else if (m.snapshot) {
+    // A fork that cannot be made (its rings' memory) falls back to the snapshot below, then to
+    // computing the prompt.
+    if (auto child = store_->fork(fork_from, fork_at); child.ok()) {
+      a.seq = *child, reuse = fork_at, forked = true;
+      cached_[fork_from].last_used = ++clock_;
+      reuse_draft(a, fork_from, fork_at);
+    } else {
+      ++stats_.failed_forks;
+    }
+  }
+  if (!forked && m.snapshot) {
     Saved &saved = saved_.at(*m.snapshot);
     auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;

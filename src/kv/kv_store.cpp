@@ -433,8 +433,8 @@ const cache::Sequence *KvStore::sequence(SeqId id) const {
 }
 
 Status KvStore::reserve(SeqId id, int32_t end) {
-  if (reserve_fault_)
-    if (Status s = reserve_fault_(id, end); !s.ok()) return s;
+  if (fault_)
+    if (Status s = fault_("reserve", id); !s.ok()) return s;
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   if (end > layout_->capacity())
@@ -490,6 +490,8 @@ Result<KvStore::Entry> KvStore::child_of(const Entry &src, const cache::ForkPlan
 }
 
 Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
+  if (fault_)
+    if (Status f = fault_("fork", src); !f.ok()) return f;
   Entry *s = find(src);
   if (!s) return Status::error(unknown(src));
   auto plan = s->seq.plan_fork(n);
@@ -509,6 +511,8 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
 }
 
 Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, int32_t at) {
+  if (fault_)
+    if (Status f = fault_("fork_at_snapshot", pages_from); !f.ok()) return f;
   Entry *s = find(pages_from);
   if (!s) return Status::error(unknown(pages_from));
   const int32_t n = at < 0 ? snap.length() : at;

@@ -151,11 +151,11 @@ public:
   // page they touch that another table also holds (copy on write: its rows before the length).
   // All or nothing: on failure (budget, pool exhausted, capacity) the sequence is untouched.
   Status reserve(SeqId id, int32_t end);
-  // Fault injection for tests: called first in every reserve with its arguments; an error it
-  // returns is that reserve's (as if its pages could not be had).
-  void set_reserve_fault(std::function<Status(SeqId, int32_t)> fault) {
-    reserve_fault_ = std::move(fault);
-  }
+  // Fault injection for tests: called first in reserve ("reserve"), fork ("fork") and
+  // fork_at_snapshot ("fork_at_snapshot") with the site and the sequence acted on; an error it
+  // returns is that call's (as if its memory could not be had).
+  using Fault = std::function<Status(std::string_view site, SeqId id)>;
+  void set_fault(Fault fault) { fault_ = std::move(fault); }
   // The core's rewind (refusals and all), then the pages wholly past the new length go back.
   Status rewind(SeqId id, int32_t length);
 
@@ -255,7 +255,7 @@ private:
   int steps_in_flight_ = 0;
   friend class Step;
   RingOrder ring_order_ = RingOrder::Physical;
-  std::function<Status(SeqId, int32_t)> reserve_fault_;
+  Fault fault_;
   AttentionKernel attention_kernel_ = AttentionKernel::Grouped;
   std::map<SeqId, std::unique_ptr<Entry>> entries_;
 };

@@ -83,6 +83,9 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         "requests that reused a cached conversation's prefix", double(e.prefix_hits));
   w.one("offgraph_snapshot_restores_total", "counter", "ring snapshots restored for prefix reuse",
         double(e.snapshot_restores));
+  w.one("offgraph_failed_forks_total", "counter",
+        "forks for prefix reuse that could not be made (a snapshot or the prompt served instead)",
+        double(e.failed_forks));
   w.one("offgraph_cache_evictions_total", "counter",
         "cached conversations dropped for room (count, bytes or memory)",
         double(e.cache_evictions));

@@ -312,8 +312,8 @@ TEST(Engine, AFailedReserveEndsOnlyItsRequest) {
   int64_t reserves = 0;
   {
     EngineOptions o = options(0);
-    o.reserve_fault = [&](kv::SeqId, int32_t) {
-      ++reserves;
+    o.kv_fault = [&](std::string_view site, kv::SeqId) {
+      reserves += site == "reserve";
       return Status();
     };
     auto e = Engine::create(*fixture().model, o);
@@ -324,7 +324,8 @@ TEST(Engine, AFailedReserveEndsOnlyItsRequest) {
     SCOPED_TRACE("reserve " + std::to_string(fail_at) + " fails");
     int64_t seen = 0;
     EngineOptions o = options(0);
-    o.reserve_fault = [&](kv::SeqId, int32_t) {
+    o.kv_fault = [&](std::string_view site, kv::SeqId) {
+      if (site != "reserve") return Status();
       return seen++ == fail_at ? Status::error("injected: no pages") : Status();
     };
     auto e = Engine::create(*fixture().model, o);
@@ -355,6 +356,51 @@ TEST(Engine, AFailedReserveEndsOnlyItsRequest) {
     }
     EXPECT_EQ(failed, 1);
     EXPECT_EQ((*e)->store().memory().pages, 0); // nothing leaked
+  }
+}
+
+// A fork for prefix reuse that cannot be made falls back to a snapshot of the prefix (then to
+// computing the prompt): the answer is the same, only less is reused.
+TEST(Engine, AFailedForkFallsBackToASnapshot) {
+  std::mt19937_64 rng(39);
+  const Request first = greedy(random_tokens(rng, 64), 8);
+  const std::vector<int32_t> answer = alone(first);
+  Request next = greedy(first.prompt, 8);
+  next.prompt.insert(next.prompt.end(), answer.begin(), answer.end());
+  const auto more = random_tokens(rng, 5);
+  next.prompt.insert(next.prompt.end(), more.begin(), more.end());
+  const std::vector<int32_t> want = alone(next);
+  for (const bool fail_forks : {false, true}) {
+    SCOPED_TRACE(fail_forks ? "forks fail" : "forks work");
+    EngineOptions o = options(4);
+    o.snapshot_every = 16; // snapshots inside the prompt
+    o.kv_fault = [&](std::string_view site, kv::SeqId) {
+      return fail_forks && site == "fork" ? Status::error("injected: no ring memory") : Status();
+    };
+    auto e = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(e.ok());
+    run(**e, {first});
+    std::vector<int32_t> got;
+    int32_t cached = -1;
+    ASSERT_TRUE((*e)->submit(next,
+                             [&](const Event &ev) {
+                               if (ev.token >= 0) got.push_back(ev.token);
+                               cached = ev.cached_tokens;
+                               EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                             })
+                    .ok());
+    (*e)->run_until_idle();
+    EXPECT_EQ(got, want);
+    const int32_t whole = int32_t(first.prompt.size() + answer.size()) - 1;
+    if (!fail_forks) {
+      EXPECT_EQ(cached, whole);
+      EXPECT_EQ((*e)->stats().failed_forks, 0);
+    } else {
+      EXPECT_GE((*e)->stats().failed_forks, 1);
+      EXPECT_GE((*e)->stats().snapshot_restores, 1);
+      EXPECT_GT(cached, 0);     // a snapshot's depth
+      EXPECT_LT(cached, whole); // short of the fork's
+    }
   }
 }
 
