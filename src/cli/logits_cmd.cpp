@@ -83,7 +83,6 @@ std::function<int()> add_logits(CLI::App &app) {
     std::vector<engine::Request::Embeddings> placed;
     if (!o->image_files.empty()) {
       if (o->images.mmproj.empty()) return fail("--image needs --mmproj");
-      if (o->prompt.empty()) return fail("--image needs a text prompt (-p) with <__media__>");
       auto tok = text::Tokenizer::from_gguf(o->model);
       if (!tok.ok()) return fail(tok.message());
       auto in = load_image_input(o->images, **m, **tok, o->threads);

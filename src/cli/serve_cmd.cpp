@@ -144,10 +144,12 @@ std::function<int()> add_serve(CLI::App &app) {
     auto spec = speculation_options(o->spec);
     if (!spec.ok()) return fail(spec.message());
     if (!o->max_body_mib) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
-    if (*o->max_body_mib <= 0 || o->max_images < 1 || o->queue < 0 || o->timeout < 1 ||
-        o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 || o->kv_budget_mib < 0 ||
-        o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
-      return fail("--max-body-mib, --max-images, --kv-page and the timeouts must be positive; "
+    if (!(*o->max_body_mib > 0 && *o->max_body_mib <= 65536) || o->max_images < 1 || o->queue < 0 ||
+        o->timeout < 1 || o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 ||
+        o->kv_budget_mib < 0 || o->cache_budget_mib < 0 || o->snapshot_every < 0 ||
+        o->kv_page < 1 || o->ring_reach < 0)
+      return fail("--max-body-mib (at most 65536), --max-images, --kv-page and the timeouts must "
+                  "be positive; "
                   "--queue, "
                   "--max-tokens, --kv-mib, --cache-mib, --snapshot-every and --ring-reach not "
                   "negative");

@@ -265,12 +265,12 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
     }
 }
 
-void Engine::finish(Generation &a, FinishReason reason, const std::string &error) {
+void Engine::finish(Generation &a, FinishReason reason, const std::string &error, bool keep) {
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first. Either
   // way the generation no longer owns it (it stays in active_ until the step settles). A verify
   // span's rejected rows go first; where they cannot, the sequence is not kept.
-  const bool cached = drop_rejected(a).ok() && cache_sequence(a);
+  const bool cached = keep && drop_rejected(a).ok() && cache_sequence(a);
   // A cached conversation keeps its draft cache (cut to the tokens it holds) for the requests
   // that continue it; anything else drops it.
   if (cached && a.draft_seq >= 0) {
@@ -541,7 +541,7 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     // request ends with the reason; the others run without it.
     const size_t bad = size_t(forward_->failed_span());
     Generation *failed = parts[bad].g;
-    finish(*failed, FinishReason::Error, logits.message());
+    finish(*failed, FinishReason::Error, logits.message(), /*keep=*/false); // frees its pages
     settle({failed});
     std::vector<Part> rest = parts;
     rest.erase(rest.begin() + long(bad));

@@ -360,7 +360,8 @@ private:
   // The least recently used cached sequence or snapshot (or sequence only).
   void evict_lru(bool sequences_only = false);
   void evict_over_budget();
-  void finish(Generation &a, FinishReason reason, const std::string &error = "");
+  // Ends a generation; `keep`: its sequence may stay cached for prefix reuse.
+  void finish(Generation &a, FinishReason reason, const std::string &error = {}, bool keep = true);
   // The last event of a (and of its choices not forked yet).
   void end_events(Generation &a, FinishReason reason, const std::string &error = "");
   // A scored prompt's log-probabilities go with each choice's first event.

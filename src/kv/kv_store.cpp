@@ -223,6 +223,9 @@ Status KvStore::make_page_pool() {
         ok = false;
         break;
       }
+      // In 4 KiB pages even where THP is "always": a huge page would back 2 MiB for a page's
+      // first row and keep it after release_free_memory gives a page's memory back.
+      (void)madvise(addr, bytes, MADV_NOHUGEPAGE);
       mapping_.addr = addr, mapping_.bytes = bytes;
       part.buffer.reset(ggml_backend_cpu_buffer_from_ptr(addr, bytes));
       size_t at = 0;
@@ -338,21 +341,26 @@ int64_t KvStore::release_free_memory(int64_t keep_bytes) {
   if (!mapping_.addr || page_bytes_ <= 0) return 0;
   const int64_t keep = std::min<int64_t>(std::max<int64_t>(keep_bytes, 0) / page_bytes_,
                                          std::numeric_limits<int32_t>::max());
-  const std::vector<PageId> cold = allocator_.take_cold(int32_t(keep));
+  std::vector<PageId> cold = allocator_.take_cold(int32_t(keep));
   if (cold.empty()) return 0;
+  // Consecutive pages are consecutive rows of each tensor: one call a run, not one a page.
+  std::sort(cold.begin(), cold.end());
   const uintptr_t os_page = uintptr_t(sysconf(_SC_PAGESIZE));
   const auto *lo = static_cast<const char *>(mapping_.addr);
   const char *hi = lo + mapping_.bytes;
   const int64_t rows = layout_->page_rows();
   int64_t given = 0;
-  for (PageId page : cold)
+  for (size_t i = 0; i < cold.size();) {
+    size_t j = i + 1;
+    while (j < cold.size() && cold[j] == cold[j - 1] + 1) ++j;
+    const int64_t first_page = cold[i], n_pages = int64_t(j - i);
     for (CacheId c = 0; c < layout_->n_caches(); ++c)
       for (ggml_tensor *t : {pages_.k[size_t(c)], pages_.v[size_t(c)]}) {
         if (!t || static_cast<const char *>(t->data) < lo ||
             static_cast<const char *>(t->data) >= hi)
           continue; // a flat cache on a device, or a ring
-        const uintptr_t begin = uintptr_t(t->data) + uintptr_t(page * rows) * t->nb[1];
-        const uintptr_t end = begin + uintptr_t(rows) * t->nb[1];
+        const uintptr_t begin = uintptr_t(t->data) + uintptr_t(first_page * rows) * t->nb[1];
+        const uintptr_t end = begin + uintptr_t(n_pages * rows) * t->nb[1];
         const uintptr_t first = (begin + os_page - 1) / os_page * os_page,
                         last = end / os_page * os_page;
         if (first >= last) continue;
@@ -360,6 +368,8 @@ int64_t KvStore::release_free_memory(int64_t keep_bytes) {
         if (madvise(reinterpret_cast<void *>(first), last - first, MADV_DONTNEED) == 0)
           given += int64_t(last - first);
       }
+    i = j;
+  }
   return given;
 }
 

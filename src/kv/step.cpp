@@ -48,7 +48,8 @@ Result<int32_t> Step::declare(Span span) {
   auto plan = seq->plan(0, span.position, span.n_tokens);
   if (!plan.ok())
     return Status::error("step: sequence " + std::to_string(span.seq) + ": " + plan.message());
-  if (Status s = store_.reserve(span.seq, plan->end()); !s.ok()) return s;
+  if (Status s = store_.reserve(span.seq, plan->end()); !s.ok())
+    return Status::error(s.message(), StatusCode::kResourceExhausted); // Forward::failed_span
   spans_.push_back(span);
   commit_plans_.push_back(*plan);
   return int32_t(spans_.size() - 1);

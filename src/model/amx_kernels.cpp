@@ -292,7 +292,7 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
         int32_t(*product)[16][16] = products[j & 1];
         _tile_stored(4, product[0], 64);
         _tile_stored(6, product[2], 64);
-        if (second_b) { // (a span of 16 tokens or fewer has one B tile: verify spans, short chunks)
+        if (second_b) { // (an odd number of 16-token blocks: the last has one B tile)
           _tile_loadd(3, b1, 64);
           _tile_zero(5);
           _tile_zero(7);

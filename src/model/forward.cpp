@@ -233,7 +233,8 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     const Batch::Span &s = batch.spans[i];
     auto span = step.add_span({s.seq, s.position, s.n_tokens});
     if (!span.ok()) {
-      failed_span_ = int32_t(i);
+      // Storage that could not be had (kv::Step marks it): the batch may run without the span.
+      if (span.status().code() == StatusCode::kResourceExhausted) failed_span_ = int32_t(i);
       return span.status();
     }
   }

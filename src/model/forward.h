@@ -30,8 +30,9 @@ public:
   // token (n_tokens x n_embd, token after token).
   Result<std::vector<float>> run(const Batch &batch,
                                  std::vector<std::vector<float>> *hidden = nullptr);
-  // After a run that failed because one span's storage could not be reserved, that span's index
-  // in batch.spans (nothing was computed: the batch without it may run); else -1.
+  // After a run that failed because one span's storage could not be reserved (the pool, the
+  // budget), that span's index in batch.spans: nothing was computed, the batch without it may
+  // run; else (any other failure, or none) -1.
   int32_t failed_span() const { return failed_span_; }
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one

@@ -118,7 +118,8 @@ public:
   // Feeds a sampled token. False (and the state unchanged) if the grammar does not allow it, or
   // if reading it meets more than kMaxStacks parses at once (then too_ambiguous() is true).
   bool accept_token(int32_t token);
-  // Feeds bytes (tests, and text forced by other means). False, state unchanged, if refused.
+  // Feeds bytes (tests, and text forced by other means). False, state unchanged, if refused (as
+  // accept_token: a refusal for ambiguity leaves too_ambiguous() set).
   bool accept_bytes(std::string_view bytes);
   // The grammar is complete here (an end token may come; more may also, if the grammar allows).
   bool can_end() const;

@@ -6,6 +6,10 @@
 namespace offgraph::server {
 namespace {
 
+// White space MIME puts between base64 lines (RFC 2045 wraps at 76 columns), and what browsers'
+// atob also skips.
+bool base64_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+
 ApiError bad(const std::string &param, const std::string &message,
              const std::string &code = "invalid_value") {
   return ApiError{400, message, param, code};
@@ -21,14 +25,14 @@ Result<std::vector<uint8_t>> decode_base64(std::string_view text) {
     for (int i = 0; i < 64; ++i) v[uint8_t(alphabet[i])] = int8_t(i);
     return v;
   }();
-  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; };
+
   // The digits, without the white space MIME puts between lines (RFC 2045 wraps at 76 columns).
   std::string digits;
   digits.reserve(text.size());
   size_t pad = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (space(c)) continue;
+    if (base64_space(c)) continue;
     if (c == '=') {
       if (++pad > 2) return Status::error("more than two '=' of padding");
       continue;
@@ -135,7 +139,7 @@ std::optional<ApiError> take_image_part(json &part, const std::string &where,
   const std::string_view data(url.data() + comma + 1, url.size() - comma - 1);
   const int64_t limit = facts.images->options().max_bytes;
   int64_t digits = 0; // before decoding it (MIME's line breaks are not data)
-  for (char c : data) digits += !(c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f');
+  for (char c : data) digits += !base64_space(c);
   if (digits / 4 * 3 > limit + 2)
     return bad(param + ".url", "the image has about " + std::to_string(digits / 4 * 3) +
                                    " bytes; at most " + std::to_string(limit) + " are accepted");
