@@ -522,20 +522,10 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     else if (p.wants_logits)
       batch.logit_rows.push_back(first + p.n - 1);
   }
-  ++stats_.steps;
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = forward_->run(batch);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int32_t prefill_tokens = 0;
-  for (const Part &p : parts)
-    if (p.g->computed < p.g->request.prompt.size()) prefill_tokens += p.n;
-  const double share = double(prefill_tokens) / double(batch.tokens.size());
-  stats_.prefill_seconds += seconds * share;
-  stats_.decode_seconds += seconds * (1 - share);
-  // A decode step's cost for the adaptive draft length: the forward pass alone (what follows it
-  // is paid per token kept, as plain decoding pays it).
-  if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok() && forward_->failed_span() >= 0) {
     // One span's storage could not be had (its pages, its budget): nothing was computed. That
     // request ends with the reason; the others run without it.
@@ -545,9 +535,19 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     settle({failed});
     std::vector<Part> rest = parts;
     rest.erase(rest.begin() + long(bad));
-    if (!rest.empty()) run_batch(rest);
+    if (!rest.empty()) run_batch(rest); // (the step is counted there)
     return;
   }
+  ++stats_.steps;
+  int32_t prefill_tokens = 0;
+  for (const Part &p : parts)
+    if (p.g->computed < p.g->request.prompt.size()) prefill_tokens += p.n;
+  const double share = double(prefill_tokens) / double(batch.tokens.size());
+  stats_.prefill_seconds += seconds * share;
+  stats_.decode_seconds += seconds * (1 - share);
+  // A decode step's cost for the adaptive draft length: the forward pass alone (what follows it
+  // is paid per token kept, as plain decoding pays it).
+  if (prefill_tokens == 0 && logits.ok()) step_cost_.observe(int32_t(batch.tokens.size()), seconds);
   if (!logits.ok()) {
     // Nothing was committed, but a pass that computed part of its graph may have written ring
     // slots the sequences still claim: they are not kept. The requests of this step end with the

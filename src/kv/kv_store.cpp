@@ -443,8 +443,7 @@ const cache::Sequence *KvStore::sequence(SeqId id) const {
 }
 
 Status KvStore::reserve(SeqId id, int32_t end) {
-  if (fault_)
-    if (Status s = fault_("reserve", id); !s.ok()) return s;
+  if (Status s = injected_fault("reserve", id); !s.ok()) return s;
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   if (end > layout_->capacity())
@@ -500,8 +499,7 @@ Result<KvStore::Entry> KvStore::child_of(const Entry &src, const cache::ForkPlan
 }
 
 Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
-  if (fault_)
-    if (Status f = fault_("fork", src); !f.ok()) return f;
+  if (Status f = injected_fault("fork", src); !f.ok()) return f;
   Entry *s = find(src);
   if (!s) return Status::error(unknown(src));
   auto plan = s->seq.plan_fork(n);
@@ -521,8 +519,7 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
 }
 
 Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, int32_t at) {
-  if (fault_)
-    if (Status f = fault_("fork_at_snapshot", pages_from); !f.ok()) return f;
+  if (Status f = injected_fault("fork_at_snapshot", pages_from); !f.ok()) return f;
   Entry *s = find(pages_from);
   if (!s) return Status::error(unknown(pages_from));
   const int32_t n = at < 0 ? snap.length() : at;

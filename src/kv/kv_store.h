@@ -156,6 +156,9 @@ public:
   // returns is that call's (as if its memory could not be had).
   using Fault = std::function<Status(std::string_view site, SeqId id)>;
   void set_fault(Fault fault) { fault_ = std::move(fault); }
+  Status injected_fault(std::string_view site, SeqId id) const {
+    return fault_ ? fault_(site, id) : Status();
+  }
   // The core's rewind (refusals and all), then the pages wholly past the new length go back.
   Status rewind(SeqId id, int32_t length);
 

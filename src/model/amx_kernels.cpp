@@ -66,6 +66,20 @@ float weight_scale(const float *table, const uint8_t *w_data, size_t w_stride, i
   return table[d];
 }
 
+// The A tile of weight rows [r0, r0 + rows) at block j: straight from the rows (the 32 values
+// after the block's scale, at the row stride), or, for fewer than 16 rows, from `pad`, a
+// zero-padded copy. Sets the stride to load it with.
+const uint8_t *a_tile_source(const uint8_t *w_data, size_t w_stride, int64_t r0, int64_t rows,
+                             int64_t j, int8_t (*pad)[32], size_t *stride) {
+  const uint8_t *src = w_data + size_t(r0) * w_stride + size_t(j) * sizeof(BlockQ8) + 2;
+  *stride = w_stride;
+  if (rows == kTileRows) return src;
+  std::memset(pad, 0, 16 * 32);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(pad[r], src + r * w_stride, 32);
+  *stride = 32;
+  return reinterpret_cast<const uint8_t *>(pad);
+}
+
 } // namespace
 
 size_t packed_bytes(int64_t k, int64_t m) {
@@ -137,16 +151,8 @@ void multiply_one_b_tile(const uint8_t *w_data, size_t w_stride, int64_t n, int6
         acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(_mm512_set1_ps(w_scale), x_scale), acc[r]);
       }
     };
-    // A tiles straight from the weight rows (the values after block j's scale), or, for a last
-    // block of fewer than 16 rows, from a zero-padded copy.
     auto a_tile = [&](int64_t j, int8_t(*pad)[32], size_t *stride) {
-      const uint8_t *src = w_data + size_t(n0) * w_stride + size_t(j) * sizeof(BlockQ8) + 2;
-      *stride = w_stride;
-      if (rows == kTileRows) return src;
-      std::memset(pad, 0, 16 * 32);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(pad[r], src + r * w_stride, 32);
-      *stride = 32;
-      return reinterpret_cast<const uint8_t *>(pad);
+      return a_tile_source(w_data, w_stride, n0, rows, j, pad, stride);
     };
     // Two blocks at a time, on tiles of their own (A 0 and 1, B 2 and 3, products 4 and 5): the
     // tile unit runs the two chains of load, multiply and store side by side.
@@ -164,8 +170,8 @@ void multiply_one_b_tile(const uint8_t *w_data, size_t w_stride, int64_t n, int6
       _tile_zero(5);
       _tile_dpbssd(4, 0, 2);
       _tile_dpbssd(5, 1, 3);
-      _tile_stored(4, products[j & 2 ? 2 : 0], 64);
-      _tile_stored(5, products[j & 2 ? 3 : 1], 64);
+      _tile_stored(4, products[j & 3], 64);
+      _tile_stored(5, products[(j + 1) & 3], 64);
       if (j >= 2) scale_block(j - 2), scale_block(j - 1);
     }
     if (j >= 2) scale_block(j - 2), scale_block(j - 1);
@@ -176,7 +182,7 @@ void multiply_one_b_tile(const uint8_t *w_data, size_t w_stride, int64_t n, int6
       _tile_loadd(2, packed + size_t(j) * kPacked, 64);
       _tile_zero(4);
       _tile_dpbssd(4, 0, 2);
-      _tile_stored(4, products[j & 2 ? 2 : 0], 64);
+      _tile_stored(4, products[j & 3], 64);
       scale_block(j);
     }
     for (int r = 0; r < 16; ++r) _mm512_store_ps(sums[r], acc[r]);
@@ -257,22 +263,11 @@ void multiply(ggml_tensor *dst, int ith, int nth, void *) {
           }
       };
       for (int64_t j = 0; j < n_kb; ++j) {
-        // A tiles straight from the weight rows (the values after each block's scale), or, for
-        // a last block of fewer than 16 rows, from a zero-padded copy.
         const uint8_t *a_src[2];
         size_t a_stride[2];
-        for (int a = 0; a < 2; ++a) {
-          const uint8_t *first_row =
-              w_data + size_t(n0 + a * kTileRows) * w_stride + size_t(j) * sizeof(BlockQ8) + 2;
-          if (rows[a] == kTileRows) {
-            a_src[a] = first_row, a_stride[a] = w_stride;
-            continue;
-          }
-          std::memset(a_pad[a], 0, sizeof a_pad[a]);
-          for (int64_t r = 0; r < rows[a]; ++r)
-            std::memcpy(a_pad[a][r], first_row + r * w_stride, 32);
-          a_src[a] = reinterpret_cast<const uint8_t *>(a_pad[a]), a_stride[a] = 32;
-        }
+        for (int a = 0; a < 2; ++a)
+          a_src[a] = a_tile_source(w_data, w_stride, n0 + a * kTileRows, rows[a], j, a_pad[a],
+                                   &a_stride[a]);
         // The first pass over a pair's rows reads them from memory; meanwhile the next pair's
         // region (its 32 rows are contiguous) from kPrefetchExtra bytes on is asked for into L2,
         // spread over the blocks, as the row-dot kernel does (the hardware prefetcher does not
