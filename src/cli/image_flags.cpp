@@ -13,6 +13,11 @@ void add_image_flags(CLI::App &cmd, ImageFlags &f) {
   cmd.add_option("--image-cache", f.image_cache_mib,
                  "MiB of encoded images kept for images sent again (0: none)")
       ->capture_default_str();
+  cmd.add_option("--image-mib", f.image_rows_mib,
+                 "MiB of encoded image rows alive at once (cached, in queued and active requests, "
+                 "being encoded): a request's images wait for room, cached ones giving way first; "
+                 "images that never fit are refused (0: no limit)")
+      ->capture_default_str();
 }
 
 Result<ImageInput> load_image_input(const ImageFlags &f, const model::Model &text_model,
@@ -21,6 +26,7 @@ Result<ImageInput> load_image_input(const ImageFlags &f, const model::Model &tex
   if (f.mmproj.empty()) return in;
   if (f.max_image_bytes < 1) return Status::error("--max-image-bytes must be at least 1");
   if (f.image_cache_mib < 0) return Status::error("--image-cache must not be negative");
+  if (f.image_rows_mib < 0) return Status::error("--image-mib must not be negative");
   if (text_model.config().arch_name != model::VisionModel::kTextArchitecture)
     return Status::error("--mmproj: the vision encoder offgraph reads feeds a " +
                          std::string(model::VisionModel::kTextArchitecture) +
@@ -42,6 +48,7 @@ Result<ImageInput> load_image_input(const ImageFlags &f, const model::Model &tex
   engine::ImageOptions o;
   o.max_bytes = f.max_image_bytes;
   o.cache_bytes = f.image_cache_mib << 20;
+  o.rows_budget = f.image_rows_mib << 20;
   o.threads = threads;
   in.encoder = std::make_unique<engine::ImageEncoder>(*in.vision, o);
   return in;

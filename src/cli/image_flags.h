@@ -21,6 +21,7 @@ struct ImageFlags {
   std::string mmproj;
   int64_t max_image_bytes = int64_t(20) << 20;
   int64_t image_cache_mib = 256;
+  int64_t image_rows_mib = 1024; // engine::ImageOptions::rows_budget
 };
 
 void add_image_flags(CLI::App &cmd, ImageFlags &flags);

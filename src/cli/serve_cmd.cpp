@@ -34,8 +34,9 @@ std::function<int()> add_serve(CLI::App &app) {
     double snapshot_budget_mib = 0;
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
-    double kv_budget_mib = 0, cache_budget_mib = 0;
-    std::optional<double> max_body_mib; // unset: 8, or 64 with --mmproj
+    double cache_budget_mib = 0;
+    std::optional<double> kv_budget_mib; // unset: from the memory available (engine.h)
+    std::optional<double> max_body_mib;  // unset: 8, or 64 with --mmproj
     int max_images = 8;
     int responses_store = 64;
     bool drop_hosted_tools = false;
@@ -87,8 +88,10 @@ std::function<int()> add_serve(CLI::App &app) {
                   "KV memory the kept conversations may hold (0: no byte limit)")
       ->capture_default_str();
   cmd->add_option("--kv-mib", o->kv_budget_mib,
-                  "KV memory in all; requests wait until theirs fits (0: no limit)")
-      ->capture_default_str();
+                  "KV memory in all (sequences, cached conversations, snapshots); requests wait "
+                  "until theirs fits, one that never can is refused (default: three quarters of "
+                  "the memory available once the weights are in, at most the page pool; 0: no "
+                  "limit)");
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
   cmd->add_option("--responses-store", o->responses_store,
                   "Responses API: responses kept in memory for previous_response_id and GET "
@@ -146,8 +149,8 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!o->max_body_mib) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
     if (!(*o->max_body_mib > 0 && *o->max_body_mib <= 65536) || o->max_images < 1 || o->queue < 0 ||
         o->timeout < 1 || o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 ||
-        o->kv_budget_mib < 0 || o->cache_budget_mib < 0 || o->snapshot_every < 0 ||
-        o->kv_page < 1 || o->ring_reach < 0)
+        (o->kv_budget_mib && !(*o->kv_budget_mib >= 0)) || o->cache_budget_mib < 0 ||
+        o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
       return fail("--max-body-mib (at most 65536), --max-images, --kv-page and the timeouts must "
                   "be positive; "
                   "--queue, "
@@ -212,7 +215,11 @@ std::function<int()> add_serve(CLI::App &app) {
     eo.snapshot_every = o->snapshot_every;
     eo.page_rows = o->kv_page;
     eo.ring_reach = o->ring_reach;
-    eo.kv_budget = int64_t(o->kv_budget_mib * 1024 * 1024);
+    // A tiny positive budget stays positive (0 means none).
+    eo.kv_budget = !o->kv_budget_mib ? engine::EngineOptions::kKvBudgetFromMemory
+                   : *o->kv_budget_mib > 0
+                       ? std::max<int64_t>(1, int64_t(*o->kv_budget_mib * 1048576))
+                       : 0;
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.start_snapshots = !o->no_start_snapshots;
     if (o->snapshot_budget_mib < 0 && o->snapshot_budget_mib != -1)
@@ -229,6 +236,12 @@ std::function<int()> add_serve(CLI::App &app) {
     if (Status st = (*s)->attach(**m, eo, {images.encoder.get(), images.markers}); !st.ok())
       return (*s)->stop(), fail(st.message());
     const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
+    const int64_t kv_budget = (*s)->engine_options().kv_budget;
+    std::fprintf(stderr, "offgraph serve: KV budget %s\n",
+                 kv_budget > 0 ? (std::to_string((kv_budget + (1 << 19)) >> 20) + " MiB" +
+                                  (o->kv_budget_mib ? "" : " (from the memory available)"))
+                                     .c_str()
+                               : "none (--kv-mib 0)");
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),
                  url.c_str());
     std::fprintf(stderr,

@@ -2,6 +2,7 @@
 
 #include "engine/engine_detail.h"
 #include "model/arch.h"
+#include "model/weight_memory.h"
 
 #include "ggml-cpu.h"
 
@@ -71,9 +72,11 @@ Status check_prompt_inputs(const Request &r, const model::ModelConfig &c) {
 Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, EngineOptions options) {
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
       options.max_active < 1 || options.max_cached < 0 || options.snapshot_every < 0 ||
-      options.snapshot_reach < 0 || options.page_rows < 1)
+      options.snapshot_reach < 0 || options.page_rows < 1 ||
+      options.kv_budget < EngineOptions::kKvBudgetFromMemory)
     return Status::error("engine: context >= 2, max_write, step_tokens, max_active and page_rows "
-                         ">= 1, max_cached, snapshot_every and snapshot_reach >= 0");
+                         ">= 1, max_cached, snapshot_every and snapshot_reach >= 0, kv_budget >= "
+                         "-1 (from memory)");
   options.max_write = std::min(options.max_write, options.context);
   if (Status s = validate(options.speculation); !s.ok()) return s;
   if (options.speculation.source != DraftSource::None && options.max_write < 2)
@@ -96,7 +99,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
   if (options.kv_fault) e->store_->set_fault(options.kv_fault);
-  e->store_->set_memory_budget(options.kv_budget);
+  if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
+    e->options_.kv_budget = kv_budget_from_memory(
+        int64_t(model::available_memory()),
+        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(), e->store_->page_bytes());
+  e->store_->set_memory_budget(e->options_.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   if (const model::Model *d = options.draft_model) {
     if (d->config().n_vocab != model.config().n_vocab)
@@ -135,6 +142,8 @@ Result<uint64_t> Engine::submit(Request request, std::function<void(const Event 
                          " tokens and asks for up to " + std::to_string(request.max_tokens) +
                          " more, " + std::to_string(need) + " in all; the context holds " +
                          std::to_string(options_.context));
+  // One that can never fit the KV budget is refused before it waits for it.
+  if (Status s = check_kv_budget(request, peak_kv_bytes(request)); !s.ok()) return s;
   auto sampler = sample::Sampler::create(request.sampling, model_.config().n_vocab);
   if (!sampler.ok()) return sampler.status();
   if (request.speculation) {
@@ -223,6 +232,10 @@ void Engine::publish() {
   l.cached_bytes = cached_bytes();
   l.tree_nodes = tree_.n_nodes();
   l.snapshots = saved_.size();
+  l.kv_in_use = store_->bytes_in_use();
+  l.snapshot_bytes = snapshot_bytes();
+  l.snapshot_budget = snapshot_budget();
+  l.draft_kv = draft_store_ ? draft_store_->bytes_in_use() : 0;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;
@@ -360,24 +373,24 @@ void Engine::drop_cancelled() {
 void Engine::admit_queued() {
   unpark();
   while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
+    std::unique_ptr<Generation> a = std::move(queue_.front());
+    queue_.pop_front();
+    // Waiting for another request to compute a shared prefix holds no memory: it parks before
+    // any cached state is evicted to make room for it.
+    if (park(a)) continue; // still waiting, beside the queue
     // First come, first served: the head waits for memory rather than being overtaken.
-    auto fits = memory_allows(*queue_.front());
+    auto fits = memory_allows(*a);
     if (fits.ok() && !*fits) {
       if (!active_.empty()) {
         ++stats_.waits_for_memory;
+        queue_.push_front(std::move(a));
         break;
       }
       fits = Status::error("the KV memory budget cannot hold this request even alone");
     }
-    std::unique_ptr<Generation> a = std::move(queue_.front());
-    queue_.pop_front();
     --waiting_;
     if (!fits.ok()) {
       end_events(*a, FinishReason::Error, fits.message());
-      continue;
-    }
-    if (park(a)) {
-      ++waiting_; // still waiting, beside the queue
       continue;
     }
     if (Status s = admit(*a); !s.ok()) {

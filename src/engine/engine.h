@@ -70,9 +70,12 @@ struct EngineOptions {
   int64_t snapshot_budget = 0;
   bool prefix_reuse = true; // off: every prompt is computed from scratch (a reference)
   size_t max_queue = 64;    // waiting requests; more are refused
-  // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit. A request is
-  // admitted only when the most it can grow to fits beside what the active ones may grow to;
-  // until then it waits in the queue. Cached conversations make room, least recently used first.
+  // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit;
+  // kKvBudgetFromMemory: kv_budget_from_memory(). A request is admitted only when the most it can
+  // grow to fits beside what the active ones may grow to; until then it waits in the queue (one
+  // that can never fit is refused at submit). Cached conversations make room, least recently
+  // used first.
+  static constexpr int64_t kKvBudgetFromMemory = -1;
   int64_t kv_budget = 0;
   // Bytes the cached conversations may hold together; 0: limited only by max_cached.
   int64_t cache_budget = 0;
@@ -82,7 +85,8 @@ struct EngineOptions {
   // process's resident memory after a burst returns to what it holds.
   int64_t warm_free_kv = int64_t(64) << 20;
   // Fault injection for tests (kv::KvStore::set_fault): an error it returns fails that call of
-  // the engine's store (a step's reserve, a fork, a fork at a snapshot).
+  // the engine's store (a step's reserve, a fork, a fork at a snapshot, a new sequence, a
+  // snapshot).
   kv::KvStore::Fault kv_fault;
   kv::StorageTypes types;
   int threads = 2;
@@ -92,6 +96,12 @@ struct EngineOptions {
   // the token texts; the engine, their count), run with a KV store of its own. Not owned.
   const model::Model *draft_model = nullptr;
 };
+
+// The KV budget EngineOptions::kKvBudgetFromMemory stands for: three quarters of the memory the
+// process may still take (`available`: model::available_memory(), after the weights are in),
+// at most what the store's page pool can hold (`pool`) and at least one page (`page`). A
+// quarter stays for compute buffers, images, grammar tables and the rest of the process.
+int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t page);
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
 
@@ -218,6 +228,10 @@ public:
     size_t active = 0, queued = 0, cached = 0;
     int64_t cached_bytes = 0;
     size_t tree_nodes = 0, snapshots = 0;
+    // Against the memory budgets (docs/reliability.md, "Budgets"): what counts against kv_budget
+    // (kv::KvStore::bytes_in_use), the snapshots inside prompts and their budget (-1: none), and
+    // the draft model's store (no budget of its own yet).
+    int64_t kv_in_use = 0, snapshot_bytes = 0, snapshot_budget = 0, draft_kv = 0;
   };
   Load load() const;
   EngineStats published_stats() const;
@@ -225,6 +239,9 @@ public:
   // Bytes held by the cached conversations and the snapshots: their rings, the pages no active
   // request holds (each once), snapshots and their logits.
   int64_t cached_bytes() const;
+  // The most KV memory `request` can hold (every choice at its full length and the snapshots
+  // its prompt keeps): what admission reserves for it under EngineOptions::kv_budget.
+  int64_t peak_kv_bytes(const Request &request) const;
   const PrefixTree &tree() const { return tree_; }
   const EngineOptions &options() const { return options_; }
   const kv::KvStore &store() const { return *store_; }
@@ -357,6 +374,10 @@ private:
   // an error when it could never fit.
   Result<bool> memory_allows(const Generation &a);
   int64_t peak_bytes(const Generation &a) const;
+  // With `shared_points` snapshots where queued requests wait to share its prefix.
+  int64_t peak_bytes(const Request &r, size_t shared_points) const;
+  // Refuses `need` bytes past the KV budget, naming it.
+  Status check_kv_budget(const Request &r, int64_t need) const;
   // The least recently used cached sequence or snapshot (or sequence only).
   void evict_lru(bool sequences_only = false);
   void evict_over_budget();

@@ -9,6 +9,13 @@
 
 namespace offgraph::engine {
 
+int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t page) {
+  if (available <= 0) return 0; // unknown: no limit, as before there was a default
+  int64_t budget = available / 4 * 3;
+  if (pool > 0) budget = std::min(budget, pool);
+  return std::max(budget, std::max<int64_t>(page, 1));
+}
+
 int64_t Engine::cached_bytes() const {
   // Runs every step (publish): marks in a flat array by page id, not a set. 1: an active request
   // holds the page (it counts there); 2: already counted here.
@@ -128,40 +135,49 @@ int64_t Engine::snapshot_bytes() const {
 }
 
 int64_t Engine::peak_bytes(const Generation &a) const {
+  return peak_bytes(a.request, a.publish_at.size());
+}
+
+int64_t Engine::peak_kv_bytes(const Request &request) const { return peak_bytes(request, 0); }
+
+int64_t Engine::peak_bytes(const Request &r, size_t shared_points) const {
   // Each choice may grow to the full length; the prompt keeps a snapshot at its end, one every
   // snapshot_every tokens and at most kSnapshotsPerStart per message start, and one where requests
   // wait to share it (each at most the rings).
-  const int32_t prompt = int32_t(a.request.prompt.size());
-  const int32_t length = prompt + a.request.max_tokens;
+  const int32_t prompt = int32_t(r.prompt.size());
+  const int32_t length = prompt + r.max_tokens;
   int64_t snapshots = 0;
   if (store_->layout().has_ring()) {
     const int64_t starts = options_.snapshot_every > 0 || options_.start_snapshots
-                               ? kSnapshotsPerStart * int64_t(a.request.message_starts.size())
+                               ? kSnapshotsPerStart * int64_t(r.message_starts.size())
                                : 0;
-    const int64_t count = 1 + int64_t(a.publish_at.size()) +
-                          (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0) +
-                          starts;
+    const int64_t shared = int64_t(shared_points);
+    const int64_t count =
+        1 + shared + (options_.snapshot_every > 0 ? prompt / options_.snapshot_every : 0) + starts;
     // The prompt end's and the shared points' are needed; the others (message starts, periodic)
     // are kept within the snapshot budget, which bounds them (trim_taken).
     const int64_t per = store_->peak_bytes_at_length(0);
-    const int64_t required = (1 + int64_t(a.publish_at.size())) * per;
-    int64_t optional = (count - 1 - int64_t(a.publish_at.size())) * per;
+    const int64_t required = (1 + shared) * per;
+    int64_t optional = (count - 1 - shared) * per;
     if (const int64_t budget = snapshot_budget(); budget >= 0)
       optional = std::min(optional, budget);
     if (!options_.prefix_reuse || options_.max_cached == 0) optional = 0; // none are taken
     snapshots = required + optional;
   }
-  return int64_t(a.request.n) * store_->peak_bytes_at_length(length) + snapshots;
+  return int64_t(r.n) * store_->peak_bytes_at_length(length) + snapshots;
+}
+
+Status Engine::check_kv_budget(const Request &r, int64_t need) const {
+  if (options_.kv_budget <= 0 || need <= options_.kv_budget) return ok_status();
+  return Status::error("the request may need " + std::to_string(need) +
+                       " bytes of KV cache (prompt + max_tokens" + (r.n > 1 ? ", times n" : "") +
+                       "); the budget (--kv-mib) is " + std::to_string(options_.kv_budget));
 }
 
 Result<bool> Engine::memory_allows(const Generation &a) {
   if (options_.kv_budget <= 0) return true;
   const int64_t need = peak_bytes(a);
-  if (need > options_.kv_budget)
-    return Status::error("the request may need " + std::to_string(need) +
-                         " bytes of KV cache (prompt + max_tokens" +
-                         (a.request.n > 1 ? ", times n" : "") + "); the budget is " +
-                         std::to_string(options_.kv_budget));
+  if (Status s = check_kv_budget(a.request, need); !s.ok()) return s;
   int64_t reserved = 0;
   for (const auto &b : active_) // a request with n choices forks them when its prompt is done
     reserved +=

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace offgraph::engine {
 
@@ -40,12 +42,122 @@ std::vector<int32_t> image_row_ids(const ImageDigest &digest, int32_t n_rows, in
   }
   return ids;
 }
+// Shared with the deleters of the rows handed out, which may outlive the encoder.
+struct ImageEncoder::RowTally {
+  std::mutex mutex;
+  std::condition_variable room; // rows dropped, a reservation gone
+  int64_t live = 0, reserved = 0, refused = 0;
+  int32_t waiting = 0;
+  void release(int64_t live_bytes, int64_t reserved_bytes) {
+    {
+      std::lock_guard lock(mutex);
+      live -= live_bytes, reserved -= reserved_bytes;
+    }
+    room.notify_all();
+  }
+};
+
+ImageEncoder::Reservation::Reservation(Reservation &&other) noexcept
+    : tally_(std::move(other.tally_)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+ImageEncoder::Reservation &ImageEncoder::Reservation::operator=(Reservation &&other) noexcept {
+  if (this != &other) {
+    if (tally_) tally_->release(0, bytes_);
+    tally_ = std::move(other.tally_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+ImageEncoder::Reservation::~Reservation() {
+  if (tally_) tally_->release(0, bytes_);
+}
+
 ImageEncoder::ImageEncoder(const model::VisionModel &vision, ImageOptions options)
-    : vision_(vision), options_(options) {}
+    : vision_(vision), options_(options), tally_(std::make_shared<RowTally>()) {}
 
 ImageEncoder::Stats ImageEncoder::stats() const {
+  Stats s;
+  {
+    std::lock_guard lock(mutex_);
+    s = stats_;
+  }
+  std::lock_guard lock(tally_->mutex);
+  s.live_bytes = tally_->live, s.reserved_bytes = tally_->reserved;
+  s.waiting = tally_->waiting, s.refused = tally_->refused;
+  return s;
+}
+
+int64_t ImageEncoder::rows_bytes(int32_t n_rows) const {
+  return int64_t(n_rows) * vision_.config().n_embd_out * int64_t(sizeof(float));
+}
+
+bool ImageEncoder::drop_cached_image() {
+  std::shared_ptr<const model::EncodedImage> dropped; // its deleter runs outside the lock
   std::lock_guard lock(mutex_);
-  return stats_;
+  if (lru_.empty()) return false;
+  const Entry &last = lru_.back();
+  stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
+  dropped = last.second.rows;
+  by_digest_.erase(last.first);
+  lru_.pop_back();
+  return true;
+}
+
+Result<ImageEncoder::Reservation>
+ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled) {
+  const int64_t budget = options_.rows_budget;
+  RowTally &t = *tally_;
+  auto refuse = [&](Status s) {
+    std::lock_guard lock(t.mutex);
+    ++t.refused;
+    return s;
+  };
+  if (budget > 0 && bytes > budget)
+    return refuse(Status::error("the images' rows take " + std::to_string(bytes) +
+                                " bytes; the image memory budget (--image-mib) is " +
+                                std::to_string(budget)));
+  const auto deadline = std::chrono::steady_clock::now() + options_.max_wait;
+  std::unique_lock lock(t.mutex);
+  auto fits = [&] { return budget <= 0 || t.live + t.reserved + bytes <= budget; };
+  if (!fits()) {
+    if (t.waiting >= options_.max_waiting) {
+      lock.unlock();
+      return refuse(Status::error(std::to_string(options_.max_waiting) +
+                                      " requests already wait for image memory (--image-mib " +
+                                      std::to_string(budget) + " bytes)",
+                                  StatusCode::kResourceExhausted));
+    }
+    ++t.waiting;
+    while (!fits()) {
+      // Cached images give way first; then the rows requests hold, as they finish.
+      lock.unlock();
+      const bool dropped = drop_cached_image();
+      lock.lock();
+      if (dropped || fits()) continue;
+      if (cancelled && cancelled()) {
+        --t.waiting, ++t.refused;
+        return Status::error("cancelled while waiting for image memory", StatusCode::kUnavailable);
+      }
+      // Woken by rows dropped or a reservation gone; a short period for `cancelled`.
+      const auto wake =
+          std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      if (t.room.wait_until(lock, wake) == std::cv_status::timeout && !fits() &&
+          std::chrono::steady_clock::now() >= deadline) {
+        --t.waiting, ++t.refused;
+        return Status::error("no image memory came free in " +
+                                 std::to_string(options_.max_wait.count()) + " ms (--image-mib " +
+                                 std::to_string(budget) + " bytes)",
+                             StatusCode::kUnavailable);
+      }
+    }
+    --t.waiting;
+  }
+  t.reserved += bytes;
+  Reservation r;
+  r.tally_ = tally_;
+  r.bytes_ = bytes;
+  return r;
 }
 
 Status ImageEncoder::check_size(std::span<const uint8_t> bytes) const {
@@ -87,7 +199,7 @@ Result<int32_t> ImageEncoder::count_rows(std::span<const uint8_t> bytes) {
   return (g.width / cell) * (g.height / cell);
 }
 
-Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
+Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reservation *room) {
   if (Status s = check_size(bytes); !s.ok()) return s;
   const ImageDigest digest = image_digest(bytes);
   const std::string key(digest.begin(), digest.end());
@@ -108,14 +220,27 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
   auto rows = model::encode_image(vision_, image::normalize_planar(resized, c.mean, c.std_dev),
                                   g.width, g.height, options_.threads);
   if (!rows.ok()) return rows.status();
-  p.rows = std::make_shared<const model::EncodedImage>(std::move(rows).value());
+  const int64_t size = int64_t(rows->rows.size() * sizeof(float));
+  {
+    // Alive from here until the last holder drops them; out of the room reserved for them.
+    std::lock_guard lock(tally_->mutex);
+    const int64_t taken = room ? std::min(room->bytes_, size) : 0;
+    if (room) room->bytes_ -= taken;
+    tally_->reserved -= taken, tally_->live += size;
+  }
+  p.rows = std::shared_ptr<const model::EncodedImage>(
+      new model::EncodedImage(std::move(rows).value()),
+      [tally = tally_, size](const model::EncodedImage *e) {
+        delete e;
+        tally->release(size, 0);
+      });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard lock(mutex_);
   ++stats_.encoded;
   stats_.rows += p.rows->n_rows;
   stats_.seconds += seconds;
-  const int64_t size = int64_t(p.rows->rows.size() * sizeof(float));
+  std::vector<std::shared_ptr<const model::EncodedImage>> dropped; // deleted outside the lock
   if (size <= options_.cache_bytes) {
     lru_.emplace_front(key, p);
     by_digest_[key] = lru_.begin();
@@ -123,6 +248,7 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes) {
     while (stats_.cached_bytes > options_.cache_bytes) {
       const Entry &last = lru_.back();
       stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
+      dropped.push_back(last.second.rows);
       by_digest_.erase(last.first);
       lru_.pop_back();
     }

@@ -16,6 +16,8 @@
 #include "model/vision.h"
 
 #include <array>
+#include <chrono>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -30,6 +32,15 @@ struct ImageOptions {
   image::DecodeLimits decode;            // its decoded size
   // Encoded rows kept for images sent again, least recently used dropped past this (0: none).
   int64_t cache_bytes = int64_t(256) << 20;
+  // Encoded rows alive at once (docs/reliability.md, "Budgets"): in the cache, in the requests
+  // that hold them (queued or active) and reserved for encodes to come. A request's images are
+  // reserved together before any is encoded (reserve_rows), so that two requests never each hold
+  // part of what they need; cached images give way first. 0: no limit.
+  int64_t rows_budget = int64_t(1024) << 20;
+  // Requests waiting for room at once; one more is refused (kResourceExhausted).
+  int32_t max_waiting = 16;
+  // How long one waits for room before it is refused (kUnavailable).
+  std::chrono::milliseconds max_wait{std::chrono::seconds(120)};
   int threads = 2;
 };
 
@@ -52,13 +63,43 @@ struct PreparedImage {
 std::vector<int32_t> image_row_ids(const ImageDigest &digest, int32_t n_rows, int32_t n_vocab);
 
 class ImageEncoder {
+  struct RowTally; // the rows alive and reserved, shared with the rows' deleters
+
 public:
   ImageEncoder(const model::VisionModel &vision, ImageOptions options);
 
+  // Room for encoded rows, held until it goes (reserve_rows); what encode() makes under it moves
+  // from reserved to alive.
+  class Reservation {
+  public:
+    Reservation() = default;
+    Reservation(Reservation &&other) noexcept;
+    Reservation &operator=(Reservation &&other) noexcept;
+    ~Reservation();
+    int64_t bytes() const { return bytes_; }
+
+  private:
+    friend class ImageEncoder;
+    std::shared_ptr<RowTally> tally_;
+    int64_t bytes_ = 0;
+  };
+
+  // The bytes of `n_rows` encoded rows (the text model's width, f32).
+  int64_t rows_bytes(int32_t n_rows) const;
+  // Room for `bytes` of encoded rows (a request's images, counted before encoding: count_rows,
+  // rows_bytes): waits while the rows alive and reserved leave too little, dropping cached
+  // images (least recently used first). Refused, naming the limit: `bytes` past rows_budget
+  // alone (kInvalidArgument), max_waiting requests already waiting (kResourceExhausted), no room
+  // after max_wait (kUnavailable), or `cancelled` returning true while it waits (kUnavailable:
+  // the server stopping).
+  Result<Reservation> reserve_rows(int64_t bytes, const std::function<bool()> &cancelled = {});
+
   // Bytes to rows: decoded, resized to the grid the reference chooses, normalised as the file
   // says, encoded. Thread-safe; one image is encoded at a time (it takes every thread). The same
-  // bytes again come from the cache. Errors name the problem (size, format, dimensions).
-  Result<PreparedImage> encode(std::span<const uint8_t> bytes);
+  // bytes again come from the cache. Errors name the problem (size, format, dimensions). The
+  // rows it makes count as alive until the last holder drops them; taken out of `room` where
+  // given (a caller without one, a command's own images, is not held to rows_budget).
+  Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr);
 
   // The rows `bytes` encode to, without encoding: from the cache, or decoded and sized (a
   // fraction of a percent of the encode). What a caller checks against the context before
@@ -69,6 +110,11 @@ public:
     int64_t encoded = 0, cache_hits = 0, rows = 0; // rows: of the images encoded
     double seconds = 0;                            // encoding them (decode included)
     int64_t cached_bytes = 0;
+    // Against rows_budget: rows alive (cached or held by requests) and reserved; requests
+    // waiting for room now, and those refused for it so far.
+    int64_t live_bytes = 0, reserved_bytes = 0;
+    int32_t waiting = 0;
+    int64_t refused = 0;
   };
   Stats stats() const;
   const ImageOptions &options() const { return options_; }
@@ -80,8 +126,12 @@ private:
   // The cached image of `key`, or none; a hit moves it to the front and is counted.
   std::optional<PreparedImage> lookup(const std::string &key);
 
+  // Drops the least recently used cached image; false when the cache is empty.
+  bool drop_cached_image();
+
   const model::VisionModel &vision_;
   ImageOptions options_;
+  std::shared_ptr<RowTally> tally_;
   mutable std::mutex mutex_; // the cache and the stats
   std::mutex encode_mutex_;  // one encoding at a time
   using Entry = std::pair<std::string, PreparedImage>;

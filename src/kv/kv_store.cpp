@@ -398,6 +398,7 @@ Result<SeqId> KvStore::insert(Entry entry) {
 }
 
 Result<SeqId> KvStore::create_sequence() {
+  if (Status f = injected_fault("create_sequence", -1); !f.ok()) return f;
   Entry e(layout_);
   auto ring = make_ring_pool();
   if (!ring.ok()) return ring.status();
@@ -543,6 +544,7 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
 Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
+  if (Status f = injected_fault("snapshot", id); !f.ok()) return f;
   auto snap = std::make_unique<Snapshot>();
   snap->spec_ = e->seq.describe_snapshot(reach);
   const size_t n = snap->spec_.rows.size();

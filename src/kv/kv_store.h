@@ -151,9 +151,10 @@ public:
   // page they touch that another table also holds (copy on write: its rows before the length).
   // All or nothing: on failure (budget, pool exhausted, capacity) the sequence is untouched.
   Status reserve(SeqId id, int32_t end);
-  // Fault injection for tests: called first in reserve ("reserve"), fork ("fork") and
-  // fork_at_snapshot ("fork_at_snapshot") with the site and the sequence acted on; an error it
-  // returns is that call's (as if its memory could not be had).
+  // Fault injection for tests: called first in reserve ("reserve"), fork ("fork"),
+  // fork_at_snapshot ("fork_at_snapshot"), create_sequence ("create_sequence", id -1) and
+  // snapshot ("snapshot") with the site and the sequence acted on; an error it returns is that
+  // call's (as if its memory could not be had).
   using Fault = std::function<Status(std::string_view site, SeqId id)>;
   void set_fault(Fault fault) { fault_ = std::move(fault); }
   Status injected_fault(std::string_view site, SeqId id) const {
@@ -204,6 +205,8 @@ public:
   int64_t release_free_memory(int64_t keep_bytes);
   // Bytes of the CPU pool's address space the OS backs now (mincore): what it costs in RSS.
   int64_t resident_pool_bytes() const;
+  // What counts against set_memory_budget: pages in use, every sequence's rings, live snapshots.
+  int64_t bytes_in_use() const;
 
 private:
   struct Entry {
@@ -233,7 +236,6 @@ private:
   int32_t ring_allocated_rows(cache::CacheId c) const;
   // Refuses `more` bytes beyond what is in use when they would pass the budget.
   Status check_budget(int64_t more, const char *what) const;
-  int64_t bytes_in_use() const;
   // Copies rows [0, n) of page `from` into page `to`, on every flat cache.
   void copy_page(cache::PageId from, cache::PageId to, int32_t n);
   void release_pages(cache::PageTable &table, size_t keep);

@@ -20,8 +20,7 @@ constexpr uint64_t kReadChunk = uint64_t(64) << 20; // bytes a read call asks fo
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
-// Bytes this process may still take: /proc/meminfo's MemAvailable, less where a cgroup (v2, or
-// v1's memory controller) limits the process to less (a container on a larger host). 0: unknown.
+// A cgroup file's one number ("max": unlimited). 0: unreadable.
 uint64_t read_u64(const std::string &path, bool *unlimited = nullptr) {
   std::ifstream in(path);
   std::string word;
@@ -37,7 +36,8 @@ uint64_t read_u64(const std::string &path, bool *unlimited = nullptr) {
   }
 }
 
-uint64_t mem_available() {
+// available_memory() (weight_memory.h).
+uint64_t read_mem_available() {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   uint64_t kib = 0, available = 0;
@@ -79,6 +79,8 @@ std::string thp_enabled() {
 
 } // namespace
 
+uint64_t available_memory() { return read_mem_available(); }
+
 void set_weight_storage(WeightStorage storage) { g_storage = storage; }
 WeightStorage weight_storage() { return g_storage; }
 
@@ -109,7 +111,7 @@ StorageChoice choose_weight_storage(WeightBytes weights, uint64_t available, con
 }
 
 StorageChoice choose_weight_storage(WeightBytes bytes, bool all_on_cpu) {
-  return choose_weight_storage(bytes, mem_available(), thp_enabled(), all_on_cpu, g_storage);
+  return choose_weight_storage(bytes, available_memory(), thp_enabled(), all_on_cpu, g_storage);
 }
 
 Result<WeightMemory> WeightMemory::load(const std::string &path, uint64_t size, bool anonymous,

@@ -37,6 +37,10 @@ struct WeightBytes {
   uint64_t q8_0 = 0;
 };
 
+// Bytes this process may still take: /proc/meminfo's MemAvailable, less where a cgroup (v2, or
+// v1's memory controller) limits the process to less (a container on a larger host). 0: unknown.
+uint64_t available_memory();
+
 // The choice for a file's weights: `asked` (the setting above), `mem_available` (bytes, from
 // /proc/meminfo), `thp_enabled` (the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled,
 // "" if unknown), `all_on_cpu` (no layer placed on another device). Anonymous memory by default

@@ -57,6 +57,8 @@ public:
   // The shared tables held now, and their size.
   size_t shared_tables() const;
   size_t shared_table_bytes() const;
+  // Bytes past which the least recently used tables go (those a grammar holds stay with it).
+  size_t shared_table_budget() const;
 
 private:
   std::shared_ptr<const TokenTexts> texts_;

@@ -307,6 +307,8 @@ size_t GrammarVocabulary::shared_tables() const {
   for (const auto &[key, entry] : tables_->entries) n += entry.variants.size();
   return n;
 }
+size_t GrammarVocabulary::shared_table_budget() const { return GrammarTableCache::kMaxBytes; }
+
 size_t GrammarVocabulary::shared_table_bytes() const {
   std::lock_guard lock(tables_->mutex);
   return tables_->bytes;

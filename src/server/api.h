@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,8 @@ struct ModelFacts {
   engine::ImageEncoder *images = nullptr;
   engine::ImageMarkers image_markers;
   int32_t max_images = 8;
+  // Set when the server stops: a request waiting for image memory gives up (503).
+  const std::atomic<bool> *stopping = nullptr;
 };
 
 // One HTTP request turned into engine work and the instructions to assemble its answer.

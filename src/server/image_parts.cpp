@@ -170,16 +170,25 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
   // The prompt's length once the images are in it, before any is encoded: a request that cannot
   // fit is refused for the price of decoding its images, not of encoding them (minutes each on
   // the real tower). Each image's marker becomes <|image_start|>, its rows, <|image_end|>.
-  int64_t placed_length = int64_t(job.request.prompt.size());
+  int64_t placed_length = int64_t(job.request.prompt.size()), row_bytes = 0;
   for (size_t i = 0; i < job.images.size(); ++i) {
     auto rows = facts.images->count_rows(job.images[i]);
     if (!rows.ok()) return image_error(i, rows.status());
     placed_length += int64_t(*rows) + 1;
+    row_bytes += facts.images->rows_bytes(*rows);
   }
   if (auto e = check_prompt_budget(facts, job, placed_length)) return e;
+  // Room for all of them before any is encoded (engine/images.h): waits in the image queue.
+  auto room = facts.images->reserve_rows(
+      row_bytes, [stopping = facts.stopping] { return stopping && stopping->load(); });
+  if (!room.ok()) {
+    ApiError e = api_error(room.status());
+    e.param = "messages";
+    return e;
+  }
   std::vector<engine::PreparedImage> prepared;
   for (size_t i = 0; i < job.images.size(); ++i) {
-    auto p = facts.images->encode(job.images[i]);
+    auto p = facts.images->encode(job.images[i], &*room);
     if (!p.ok()) return image_error(i, p.status());
     job.image_tokens += p->rows->n_rows;
     prepared.push_back(std::move(p).value());

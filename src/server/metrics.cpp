@@ -198,6 +198,15 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_kv_ring_rows_design", "gauge",
         "window + min(ring reach, max_write - 1): the ring size sliding layers need",
         double(in.kv.ring_rows_design));
+  w.family("offgraph_memory_used_bytes", "gauge",
+           "bytes counted against each memory budget now (docs/reliability.md)");
+  for (const MetricsInput::Budget &b : in.budgets)
+    w.sample("offgraph_memory_used_bytes", double(b.used),
+             "budget=\"" + b.name + "\",flag=\"" + b.flag + "\"");
+  w.family("offgraph_memory_budget_bytes", "gauge", "each memory budget (0: none)");
+  for (const MetricsInput::Budget &b : in.budgets)
+    w.sample("offgraph_memory_budget_bytes", double(b.limit),
+             "budget=\"" + b.name + "\",flag=\"" + b.flag + "\"");
   return w.take();
 }
 

@@ -35,6 +35,13 @@ struct MetricsInput {
   int64_t cached_bytes = 0, kv_budget = 0;
   size_t grammar_tables = 0, grammar_table_bytes = 0; // mask tables shared through the vocabulary
   KvMetrics kv;
+  // One row per memory budget (docs/reliability.md, "Budgets"): what counts against it now and
+  // its limit (0: none), with the flag that sets it.
+  struct Budget {
+    std::string name, flag;
+    int64_t used = 0, limit = 0;
+  };
+  std::vector<Budget> budgets;
   // Layers on other devices (docs/backends.md): per RPC device, its name, the bytes sent to its
   // server and received from it, and whether it still answers.
   struct Device {

@@ -834,6 +834,7 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   facts_.speculation = engine_options.speculation;
   facts_.draft_model = engine_options.draft_model != nullptr;
   facts_.images = images.encoder;
+  facts_.stopping = &stopping_;
   facts_.image_markers = images.markers;
   facts_.max_images = options_.max_images;
   facts_.max_tokens_cap = options_.max_tokens_cap > 0
@@ -982,6 +983,23 @@ std::string Server::metrics_text() {
     in.kv_budget = engine_->options().kv_budget;
     in.grammar_tables = facts_.vocabulary->shared_tables();
     in.grammar_table_bytes = facts_.vocabulary->shared_table_bytes();
+    const engine::EngineOptions &eo = engine_->options();
+    in.budgets = {
+        {"kv", "--kv-mib", load.kv_in_use, eo.kv_budget},
+        {"cached_conversations", "--cache-mib", load.cached_bytes, eo.cache_budget},
+        {"snapshots", "--snapshot-mib", load.snapshot_bytes,
+         std::max<int64_t>(0, load.snapshot_budget)},
+        {"draft_kv", "", load.draft_kv, 0},
+        {"grammar_tables", "", int64_t(in.grammar_table_bytes),
+         int64_t(facts_.vocabulary->shared_table_budget())},
+    };
+    if (facts_.images) {
+      const engine::ImageEncoder::Stats is = facts_.images->stats();
+      in.budgets.push_back({"image_rows", "--image-mib", is.live_bytes + is.reserved_bytes,
+                            facts_.images->options().rows_budget});
+      in.budgets.push_back(
+          {"image_cache", "--image-cache", is.cached_bytes, facts_.images->options().cache_bytes});
+    }
     const model::Devices &d = model_->devices();
     for (int32_t i = 0; i < d.size(); ++i)
       if (!d.is_cpu(i))

@@ -76,6 +76,8 @@ public:
   // Binds and serves in background threads; returns once listening.
   Status start();
   int port() const { return port_; }
+  // The attached engine's options, budgets resolved (EngineOptions::kKvBudgetFromMemory).
+  const engine::EngineOptions &engine_options() const { return engine_->options(); }
   void stop();
   // Blocks until stop() (for `offgraph serve`).
   void wait();

@@ -125,6 +125,30 @@ TEST(Engine, CachedConversationsStayUnderTheirByteBudget) {
   EXPECT_EQ((*e)->stats().cache_evictions, 3);
 }
 
+// The default KV budget: three quarters of the memory available, at most the page pool, at least
+// a page; none where the memory is unknown. An engine asked for it holds a positive budget no
+// larger than its pool, and a budget below -1 is refused.
+TEST(Engine, KvBudgetFromMemory) {
+  const int64_t gib = int64_t(1) << 30;
+  EXPECT_EQ(kv_budget_from_memory(4 * gib, 10 * gib, 4096), 3 * gib);
+  EXPECT_EQ(kv_budget_from_memory(4 * gib, 2 * gib, 4096), 2 * gib);
+  EXPECT_EQ(kv_budget_from_memory(4 * gib, 0, 4096), 3 * gib);
+  EXPECT_EQ(kv_budget_from_memory(1000, 10 * gib, 4096), 4096);
+  EXPECT_EQ(kv_budget_from_memory(0, 10 * gib, 4096), 0);
+  EngineOptions o = options(0);
+  o.kv_budget = EngineOptions::kKvBudgetFromMemory;
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  const kv::KvStore &store = (*e)->store();
+  EXPECT_GT((*e)->options().kv_budget, 0);
+  EXPECT_LE((*e)->options().kv_budget, int64_t(store.pages().max_pages()) * store.page_bytes());
+  std::mt19937_64 rng(12);
+  const Request r = greedy(random_tokens(rng, 30), 5);
+  EXPECT_EQ(run(**e, {r})[0], alone(r));
+  o.kv_budget = -2;
+  EXPECT_FALSE(Engine::create(*fixture().model, o).ok());
+}
+
 // A KV budget that holds one request at a time: the second waits in the queue (nothing refused,
 // nothing lost) and both answer as alone; one that can never fit is refused with the numbers.
 TEST(Engine, RequestsWaitForKvMemory) {
@@ -143,16 +167,24 @@ TEST(Engine, RequestsWaitForKvMemory) {
   EXPECT_EQ(both[1], alone(b));
   EXPECT_GT((*e)->stats().waits_for_memory, 0);
   EXPECT_LE((*e)->store().memory().buffers, o.kv_budget);
-  std::string error;
+  // Two choices can never fit: refused at submit, with the numbers, before it waits.
   Request two = greedy(random_tokens(rng, 60), 40);
   two.n = 2;
-  ASSERT_TRUE((*e)->submit(two,
-                           [&](const Event &ev) {
-                             if (ev.finish == FinishReason::Error) error = ev.error;
-                           })
-                  .ok());
+  const int64_t need = (*e)->peak_kv_bytes(two);
+  EXPECT_GT(need, o.kv_budget);
+  auto refused = (*e)->submit(two, [](const Event &) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("may need " + std::to_string(need) + " bytes"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("the budget (--kv-mib) is " + std::to_string(o.kv_budget)),
+            std::string::npos)
+      << refused.message();
+  // One choice of the same request fits and is accepted.
+  two.n = 1;
+  EXPECT_LE((*e)->peak_kv_bytes(two), o.kv_budget);
+  EXPECT_TRUE((*e)->submit(two, [](const Event &) {}).ok());
   (*e)->run_until_idle();
-  EXPECT_NE(error.find("the budget is " + std::to_string(o.kv_budget)), std::string::npos) << error;
 }
 
 // Constrained output: every choice, sampled at temperature 1 with a bias against the grammar,
@@ -400,6 +432,112 @@ TEST(Engine, AFailedForkFallsBackToASnapshot) {
       EXPECT_GE((*e)->stats().snapshot_restores, 1);
       EXPECT_GT(cached, 0);     // a snapshot's depth
       EXPECT_LT(cached, whole); // short of the fork's
+    }
+  }
+}
+
+// The fault matrix: every site of the store's fault hook, each of its calls failed in turn (every
+// third), in a mix of a fresh prompt, a request with two choices, a conversation's next turn
+// (a fork or a snapshot) and a prompt sharing another's prefix. Where the engine has a fallback
+// (a fork at a snapshot: recompute; a snapshot: one reuse point fewer) no request errors and
+// every answer is as alone; elsewhere (a reserve, a new sequence, a fork: for prefix reuse it
+// falls back to a snapshot, for a second choice it has none) at most the request whose call
+// failed ends with the error, having sent a prefix of its answer, and every other answers as
+// alone. Nothing is left held but the cached conversations.
+TEST(Engine, FaultsAtEveryStoreSiteEndAtMostTheirRequest) {
+  std::mt19937_64 rng(40);
+  const std::vector<int32_t> base = random_tokens(rng, 40);
+  auto with = [&](std::vector<int32_t> p, size_t n) {
+    const auto tail = random_tokens(rng, n);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  std::vector<Request> first = {greedy(with(base, 6), 10), greedy(random_tokens(rng, 35), 8)};
+  first[1].n = 2;
+  const std::vector<int32_t> answer0 = alone(first[0]);
+  std::vector<int32_t> turn = first[0].prompt;
+  turn.insert(turn.end(), answer0.begin(), answer0.end());
+  std::vector<Request> second = {greedy(with(turn, 5), 8), greedy(with(base, 9), 8)};
+  // Per request and choice, its tokens alone.
+  auto tokens_alone = [](const Request &r) {
+    auto e = Engine::create(*fixture().model, options(0));
+    std::vector<std::vector<int32_t>> out(size_t(r.n));
+    EXPECT_TRUE((*e)->submit(r,
+                             [&](const Event &ev) {
+                               if (ev.token >= 0) out[size_t(ev.choice)].push_back(ev.token);
+                             })
+                    .ok());
+    (*e)->run_until_idle();
+    return out;
+  };
+  std::vector<std::vector<std::vector<int32_t>>> want;
+  for (const auto *wave : {&first, &second})
+    for (const Request &r : *wave) want.push_back(tokens_alone(r));
+  struct Run {
+    std::vector<std::vector<std::vector<int32_t>>> out;
+    std::vector<std::string> errors;
+  };
+  auto run_with = [&](kv::KvStore::Fault fault) {
+    EngineOptions o = options(4);
+    o.page_rows = 8, o.snapshot_every = 16;
+    o.kv_fault = std::move(fault);
+    auto e = Engine::create(*fixture().model, o);
+    Run r;
+    r.out.resize(want.size());
+    r.errors.resize(want.size());
+    size_t k = 0;
+    for (const auto *wave : {&first, &second}) {
+      for (const Request &req : *wave) {
+        r.out[k].resize(size_t(req.n));
+        EXPECT_TRUE((*e)->submit(req,
+                                 [&r, k](const Event &ev) {
+                                   if (ev.token >= 0)
+                                     r.out[k][size_t(ev.choice)].push_back(ev.token);
+                                   if (ev.finish == FinishReason::Error) r.errors[k] = ev.error;
+                                 })
+                        .ok());
+        ++k;
+      }
+      (*e)->run_until_idle();
+    }
+    EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
+    return r;
+  };
+  std::map<std::string, int64_t> calls;
+  {
+    Run clean = run_with([&](std::string_view site, kv::SeqId) {
+      ++calls[std::string(site)];
+      return Status();
+    });
+    ASSERT_EQ(clean.out, want);
+  }
+  for (const char *site : {"reserve", "fork", "fork_at_snapshot", "create_sequence", "snapshot"}) {
+    ASSERT_GT(calls[site], 0) << site << " is never called by this mix";
+    // A fork for prefix reuse falls back; a fork for a request's second choice ends that choice.
+    const bool falls_back =
+        std::string_view(site) == "fork_at_snapshot" || std::string_view(site) == "snapshot";
+    for (int64_t fail_at = 0; fail_at < calls[site]; fail_at += 3) {
+      SCOPED_TRACE(std::string(site) + " call " + std::to_string(fail_at) + " fails");
+      int64_t seen = 0;
+      Run got = run_with([&](std::string_view s, kv::SeqId) {
+        return s == site && seen++ == fail_at ? Status::error("injected: no memory") : Status();
+      });
+      int failed = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (got.errors[i].empty()) {
+          EXPECT_EQ(got.out[i], want[i]) << "request " << i;
+          continue;
+        }
+        ++failed;
+        EXPECT_NE(got.errors[i].find("injected: no memory"), std::string::npos) << got.errors[i];
+        for (size_t c = 0; c < want[i].size(); ++c)
+          EXPECT_EQ(got.out[i][c],
+                    std::vector<int32_t>(want[i][c].begin(),
+                                         want[i][c].begin() + long(std::min(got.out[i][c].size(),
+                                                                            want[i][c].size()))))
+              << "request " << i << " choice " << c;
+      }
+      EXPECT_LE(failed, falls_back ? 0 : 1);
     }
   }
 }

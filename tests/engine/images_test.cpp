@@ -12,8 +12,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <random>
+#include <thread>
 #include <unistd.h>
 
 namespace offgraph::engine {
@@ -98,6 +101,78 @@ TEST(Images, CacheDropsTheLeastRecentlyUsedPastItsBudget) {
   ImageEncoder none(*vision().model, zero);
   ASSERT_TRUE(none.encode(a).ok());
   EXPECT_FALSE(none.encode(a)->from_cache);
+}
+
+// The image memory budget (ImageOptions::rows_budget): rows count as alive from their encode
+// until the last holder drops them; a reservation past the budget alone is refused by name; one
+// that does not fit waits (cached images give way first, then rows that requests drop), is
+// refused when max_waiting others wait, and gives up after max_wait. Images of 6 rows x 64 f32.
+TEST(Images, RowsStayWithinTheirBudget) {
+  constexpr int64_t kImage = 6 * 64 * 4;
+  const Bytes a = png(100, 70, 13), b = png(100, 70, 14), c = png(100, 70, 15);
+  ImageOptions o;
+  o.rows_budget = kImage + kImage / 2, o.cache_bytes = 0, o.max_wait = std::chrono::seconds(20);
+  ImageEncoder enc(*vision().model, o);
+  EXPECT_EQ(enc.rows_bytes(6), kImage);
+  auto too_big = enc.reserve_rows(2 * kImage);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.message().find("--image-mib"), std::string::npos) << too_big.message();
+  std::shared_ptr<const model::EncodedImage> held;
+  {
+    auto room = enc.reserve_rows(kImage);
+    ASSERT_TRUE(room.ok()) << room.message();
+    EXPECT_EQ(enc.stats().reserved_bytes, kImage);
+    auto p = enc.encode(a, &*room);
+    ASSERT_TRUE(p.ok()) << p.message();
+    EXPECT_EQ(room->bytes(), 0);
+    held = p->rows;
+    EXPECT_EQ(enc.stats().live_bytes, kImage);
+    EXPECT_EQ(enc.stats().reserved_bytes, 0);
+  }
+  // b waits while a's rows are held; dropping them lets it in.
+  std::atomic<bool> b_done{false};
+  std::thread waiter([&] {
+    auto room = enc.reserve_rows(kImage);
+    EXPECT_TRUE(room.ok()) << room.message();
+    if (room.ok()) {
+      EXPECT_TRUE(enc.encode(b, &*room).ok());
+    }
+    b_done = true;
+  });
+  while (enc.stats().waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(b_done);
+  EXPECT_LE(enc.stats().live_bytes + enc.stats().reserved_bytes, o.rows_budget);
+  held.reset();
+  waiter.join();
+  EXPECT_TRUE(b_done);
+  EXPECT_EQ(enc.stats().live_bytes, 0); // b's rows went with the thread (nothing cached)
+  // None may wait: refused at once (429); a short wait: refused after it (503).
+  ImageOptions strict = o;
+  strict.max_waiting = 0;
+  ImageEncoder queue_full(*vision().model, strict);
+  held = queue_full.encode(c).value().rows; // a command's own image: not held to the budget
+  auto refused = queue_full.reserve_rows(kImage);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  strict.max_waiting = 1, strict.max_wait = std::chrono::milliseconds(50);
+  ImageEncoder impatient(*vision().model, strict);
+  auto kept = impatient.encode(c).value().rows;
+  auto timed_out = impatient.reserve_rows(kImage);
+  ASSERT_FALSE(timed_out.ok());
+  EXPECT_EQ(timed_out.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(impatient.stats().refused, 1);
+  auto stopped = impatient.reserve_rows(kImage, [] { return true; });
+  EXPECT_EQ(stopped.status().code(), StatusCode::kUnavailable);
+  // A cached image nobody holds gives way at once.
+  ImageOptions cached = o;
+  cached.cache_bytes = int64_t(1) << 20;
+  ImageEncoder with_cache(*vision().model, cached);
+  ASSERT_TRUE(with_cache.encode(a).ok());
+  EXPECT_EQ(with_cache.stats().cached_bytes, kImage);
+  auto room = with_cache.reserve_rows(kImage);
+  ASSERT_TRUE(room.ok()) << room.message();
+  EXPECT_EQ(with_cache.stats().cached_bytes, 0);
+  EXPECT_EQ(with_cache.stats().live_bytes, 0);
 }
 
 // count_rows: what encode will make, before it (sizes that round either way, a long thin one, one

@@ -312,6 +312,50 @@ TEST(PrefixReuse, RequestsArrivingTogetherComputeTheirSharedPrefixOnce) {
   EXPECT_EQ(computed_by(**e, greedy(later, 4)), 2);
 }
 
+// A request that waits for another to compute the prefix they share holds no memory while it
+// waits: under a KV budget that cannot also keep a cached conversation beside both, parking it
+// evicts nothing (memory is made only when it is admitted), and every answer is as alone.
+TEST(PrefixReuse, ARequestWaitingForASharedPrefixEvictsNothing) {
+  std::mt19937_64 rng(37);
+  EngineOptions o = paged(4);
+  const std::vector<int32_t> other = random_tokens(rng, 40), system = random_tokens(rng, 70);
+  std::vector<int32_t> pa = system, pr = system;
+  for (int32_t t : random_tokens(rng, 5)) pa.push_back(t);
+  for (int32_t t : random_tokens(rng, 6)) pr.push_back(t);
+  const Request c = greedy(other, 3), a = greedy(pa, 20), r = greedy(pr, 20);
+  int64_t cached = 0, peak_a = 0, peak_r = 0;
+  {
+    auto probe = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(probe.ok());
+    run(**probe, {c});
+    cached = (*probe)->cached_bytes(), peak_a = (*probe)->peak_kv_bytes(a);
+    peak_r = (*probe)->peak_kv_bytes(r);
+  }
+  ASSERT_GT(cached, 0);
+  o.kv_budget = peak_a + peak_r + cached - 1; // both fit, not beside the cached conversation
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok());
+  run(**e, {c});
+  ASSERT_EQ((*e)->cached_bytes(), cached);
+  std::vector<std::vector<int32_t>> answers(2);
+  const Request both[2] = {a, r};
+  for (size_t i = 0; i < 2; ++i)
+    ASSERT_TRUE((*e)->submit(both[i],
+                             [&answers, i](const Event &ev) {
+                               if (ev.token >= 0) answers[i].push_back(ev.token);
+                               EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                             })
+                    .ok());
+  ASSERT_TRUE((*e)->step());
+  EXPECT_EQ((*e)->stats().parked, 1);
+  EXPECT_EQ((*e)->stats().cache_evictions, 0);
+  EXPECT_EQ((*e)->cached(), 1u);
+  (*e)->run_until_idle();
+  EXPECT_EQ(answers[0], alone(a));
+  EXPECT_EQ(answers[1], alone(r));
+  EXPECT_LE((*e)->store().memory().buffers, o.kv_budget);
+}
+
 TEST(PrefixReuse, InterleavedConversationsOfEqualLengthsAllStayCached) {
   // Four conversations sharing a long prefix and differing in one token, turn by turn: a cached
   // conversation is dropped only for one that holds it (a prefix or the same tokens), never for

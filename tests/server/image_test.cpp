@@ -67,9 +67,11 @@ json text_part(const std::string &t) { return {{"type", "text"}, {"text", t}}; }
 struct ImageServer {
   std::unique_ptr<engine::ImageEncoder> encoder;
   std::unique_ptr<Running> run;
-  explicit ImageServer(int32_t max_images = 8, int64_t max_bytes = int64_t(1) << 20) {
+  explicit ImageServer(int32_t max_images = 8, int64_t max_bytes = int64_t(1) << 20,
+                       int64_t rows_budget = int64_t(1) << 30) {
     engine::ImageOptions io;
     io.max_bytes = max_bytes;
+    io.rows_budget = rows_budget;
     encoder = std::make_unique<engine::ImageEncoder>(*files().vision, io);
     auto tok = text::Tokenizer::from_gguf(files().text);
     EXPECT_TRUE(tok.ok());
@@ -236,6 +238,36 @@ TEST(ImageServer, ImagesPastTheContextAreRefusedBeforeEncoding) {
       s.post(ask({image_part(data_url(a)), image_part(data_url(a)), text_part("Twice.")}));
   EXPECT_EQ(st3, 400) << again.dump();
   EXPECT_EQ(s.encoder->stats().encoded, 1);
+}
+
+// Under an image memory budget of one image's rows: two images in one request can never fit and
+// are refused by name before any is encoded (not left waiting for room that cannot come); one
+// fits, and /metrics counts its rows against the budget (alive in the cache) and never past it.
+TEST(ImageServer, ImagesPastTheImageMemoryBudgetAreRefusedByName) {
+  const Bytes a = png(280, 280, 23), b = png(280, 280, 24);
+  engine::ImageEncoder probe(*files().vision, {});
+  const int64_t one = probe.rows_bytes(probe.count_rows(a).value());
+  ImageServer s(8, int64_t(8) << 20, one);
+  auto [st1, both] =
+      s.post(ask({image_part(data_url(a)), image_part(data_url(b)), text_part("Both.")}, 2));
+  EXPECT_EQ(st1, 400) << both.dump();
+  EXPECT_NE(both["error"]["message"].get<std::string>().find("--image-mib"), std::string::npos)
+      << both.dump();
+  EXPECT_EQ(s.encoder->stats().encoded, 0);
+  auto [st2, fits] = s.post(ask({image_part(data_url(a)), text_part("Describe it.")}, 2));
+  ASSERT_EQ(st2, 200) << fits.dump();
+  EXPECT_EQ(s.encoder->stats().live_bytes, one); // in the cache
+  EXPECT_EQ(s.encoder->stats().reserved_bytes, 0);
+  auto m = s.client->Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string row = "offgraph_memory_used_bytes{budget=\"image_rows\",flag=\"--image-mib\"} ";
+  const size_t at = m->body.find(row);
+  ASSERT_NE(at, std::string::npos) << m->body;
+  EXPECT_EQ(std::stoll(m->body.substr(at + row.size())), one);
+  EXPECT_NE(
+      m->body.find("offgraph_memory_budget_bytes{budget=\"image_rows\",flag=\"--image-mib\"} " +
+                   std::to_string(one)),
+      std::string::npos);
 }
 
 TEST(ImageServer, BadImagePartsAreRefusedByName) {

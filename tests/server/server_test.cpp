@@ -222,6 +222,23 @@ TEST(Server, MetricsCountWhatHappened) {
   EXPECT_GE(value("offgraph_generated_tokens_total"), 3);
   EXPECT_GT(value("offgraph_kv_buffer_bytes"), 0);
   EXPECT_EQ(value("offgraph_sequences_active"), 0);
+  // Every memory budget, with what counts against it: the conversation just answered is cached
+  // (max_cached 4), so KV is in use and the cached conversations hold some.
+  auto budget_row = [&](const std::string &family, const std::string &budget,
+                        const std::string &flag) {
+    return value(family + "{budget=\"" + budget + "\",flag=\"" + flag + "\"}");
+  };
+  const double kv = budget_row("offgraph_memory_used_bytes", "kv", "--kv-mib");
+  const double cached =
+      budget_row("offgraph_memory_used_bytes", "cached_conversations", "--cache-mib");
+  EXPECT_GT(cached, 0);
+  EXPECT_GT(kv, 0);
+  EXPECT_EQ(budget_row("offgraph_memory_budget_bytes", "kv", "--kv-mib"), 0); // none asked
+  EXPECT_GE(budget_row("offgraph_memory_used_bytes", "snapshots", "--snapshot-mib"), 0);
+  EXPECT_GT(budget_row("offgraph_memory_budget_bytes", "snapshots", "--snapshot-mib"), 0);
+  EXPECT_EQ(budget_row("offgraph_memory_budget_bytes", "grammar_tables", ""), 256 << 20);
+  EXPECT_LE(budget_row("offgraph_memory_used_bytes", "grammar_tables", ""), 256 << 20);
+  EXPECT_EQ(budget_row("offgraph_memory_used_bytes", "draft_kv", ""), 0);
 }
 
 // A full queue answers 429 with Retry-After (a queue of 0 makes it certain), and under
