@@ -12,7 +12,7 @@ CUDA_TARGETS ?= offgraph gpu_tests
 FUZZ_SECONDS ?= 20
 FUZZ_TIME ?= 600
 
-.PHONY: all deps configure build test run replicas clean bench-kv bench-agents fuzz-configure fuzz-build fuzz-long test-asan cuda-configure cuda test-cuda
+.PHONY: all deps configure build test run replicas clean bench-kv bench-agents fuzz-configure fuzz-build fuzz-long soak test-asan cuda-configure cuda test-cuda
 
 all: build
 
@@ -61,6 +61,15 @@ fuzz-long: fuzz-build
 	  ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(FUZZ_JOBS) -L fuzz -R '[.]run$$' \
 	  --timeout $$(( $(FUZZ_TIME) + 600 )); rc=$$?; \
 	  cat $(FUZZ_LONG_DIR)/*/stats.txt; python3 fuzz/record.py fuzz/record.tsv docs/reliability.md; exit $$rc
+
+# The server soak at full size (docs/reliability.md, "Soak"): SOAK_REQUESTS requests from 32
+# clients on loopback (ctest runs it at 1,200). SOAK_DIR=build-asan runs it under the sanitizers.
+SOAK_REQUESTS ?= 20000
+SOAK_DIR ?= $(BUILD_DIR)
+soak: build
+	cmake --build $(SOAK_DIR) --target server_soak_tests
+	OFFGRAPH_SOAK_REQUESTS=$(SOAK_REQUESTS) ctest --test-dir $(SOAK_DIR) -R '^ServerSoak[.]' \
+	  --output-on-failure -V --timeout 3600 | grep -E '\[ soak|Passed|Failed|Failure|tests passed'
 
 # The whole suite with AddressSanitizer and UndefinedBehaviorSanitizer on our code (gcc; ggml and
 # the llama.cpp peer stay uninstrumented), at -O1 (a third less compile time than -O2; ASan's own
