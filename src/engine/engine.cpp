@@ -15,8 +15,8 @@
 namespace offgraph::engine {
 namespace {
 
-// Prefill chunk of a scored prompt (Request::prompt_logprobs), whose every row of logits is
-// read: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
+// Rows of scored prompts (Request::prompt_logprobs), whose every row of logits is read, in one
+// step, all such requests together: 64 rows of Muse Glimmer's 202,048 logits are 52 MB.
 constexpr size_t kScoredChunk = 64;
 
 // The rows of `r`'s embeddings among prompt positions [from, from + n), appended to `batch`
@@ -222,6 +222,13 @@ void Engine::take_inbox() {
     for (auto &p : parked_) p.g->cancelled = true;
     cancel_all_ = false;
   }
+}
+
+int64_t Engine::max_step_logit_rows() const {
+  // A row of logits is a row of the step's tokens: at most step_tokens.
+  return std::min<int64_t>(options_.step_tokens,
+                           int64_t(kScoredChunk) +
+                               int64_t(options_.max_active) * (1 + kMaxDraftTokens));
 }
 
 void Engine::publish() {
@@ -441,6 +448,7 @@ std::vector<Engine::Part> Engine::plan_batch() {
     order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
   int32_t budget = options_.step_tokens;
+  size_t scored_rows = 0; // within kScoredChunk a step
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
   // What drafted tokens add to a step of one token per active generation, measured; a draft
@@ -496,7 +504,11 @@ std::vector<Engine::Part> Engine::plan_batch() {
     if (auto next = a->publish_at.upper_bound(int32_t(a->computed)); next != a->publish_at.end())
       n = std::min(n, size_t(*next) - a->computed); // and where others wait to share
     const bool scored = a->prompt_logprobs != nullptr;
-    if (scored) n = std::min(n, kScoredChunk);
+    if (scored) {
+      n = std::min(n, kScoredChunk - scored_rows);
+      if (n == 0) continue; // its turn comes in a later step (the order rotates)
+      scored_rows += n;
+    }
     parts.push_back({a, int32_t(n), a->computed + n == a->request.prompt.size(), scored});
     budget -= int32_t(n);
   }
@@ -536,6 +548,8 @@ void Engine::run_batch(const std::vector<Part> &parts) {
       batch.logit_rows.push_back(first + p.n - 1);
   }
   const auto t0 = std::chrono::steady_clock::now();
+  stats_.peak_step_logit_rows =
+      std::max(stats_.peak_step_logit_rows, int64_t(batch.logit_rows.size()));
   auto logits = forward_->run(batch);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -187,6 +187,8 @@ struct EngineStats {
   int64_t parked = 0;             // requests that waited for another to compute a shared prefix
   int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
   int64_t failed_forks = 0;       // forks for prefix reuse that could not be made (fell back)
+  // The most rows of logits one step computed (scored prompts take at most 64 a step together).
+  int64_t peak_step_logit_rows = 0;
   // Time of the forward passes, split between prompt and generated tokens by their share of
   // each step's tokens.
   double prefill_seconds = 0, decode_seconds = 0;
@@ -242,6 +244,9 @@ public:
   // The most KV memory `request` can hold (every choice at its full length and the snapshots
   // its prompt keeps): what admission reserves for it under EngineOptions::kv_budget.
   int64_t peak_kv_bytes(const Request &request) const;
+  // The most rows of logits a step can compute: the scored prompts' 64, and a verify span's (or
+  // a token's) for every active generation, at most the step's tokens.
+  int64_t max_step_logit_rows() const;
   const PrefixTree &tree() const { return tree_; }
   const EngineOptions &options() const { return options_; }
   const kv::KvStore &store() const { return *store_; }

@@ -984,12 +984,16 @@ std::string Server::metrics_text() {
     in.grammar_tables = facts_.vocabulary->shared_tables();
     in.grammar_table_bytes = facts_.vocabulary->shared_table_bytes();
     const engine::EngineOptions &eo = engine_->options();
+    const int64_t row_bytes = int64_t(model_->config().n_vocab) * int64_t(sizeof(float));
     in.budgets = {
         {"kv", "--kv-mib", load.kv_in_use, eo.kv_budget},
         {"cached_conversations", "--cache-mib", load.cached_bytes, eo.cache_budget},
         {"snapshots", "--snapshot-mib", load.snapshot_bytes,
          std::max<int64_t>(0, load.snapshot_budget)},
         {"draft_kv", "", load.draft_kv, 0},
+        // Logits of one step, the most so far against what one step can compute.
+        {"step_logits", "", in.engine.peak_step_logit_rows * row_bytes,
+         engine_->max_step_logit_rows() * row_bytes},
         {"grammar_tables", "", int64_t(in.grammar_table_bytes),
          int64_t(facts_.vocabulary->shared_table_budget())},
     };

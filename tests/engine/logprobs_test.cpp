@@ -143,6 +143,39 @@ TEST(Logprobs, MaxTokensZeroScoresThePromptOnly) {
     expect_matches(out[0].prompt[i], rows[i], r.prompt[i + 1], 0, "prompt " + std::to_string(i));
 }
 
+// Scored prompts arriving together share 64 rows of logits a step (not 64 each: three prompts of
+// 60 would take 180 rows, 180 x n_vocab floats, in one step), and each one's scores are still
+// the direct pass's.
+TEST(Logprobs, ScoredPromptsTogetherTakeAtMost64RowsOfLogitsAStep) {
+  std::mt19937_64 rng(53);
+  EngineOptions o = options(0);
+  o.max_write = 64, o.step_tokens = 256;
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  std::vector<Request> requests;
+  std::vector<std::vector<sample::TokenLogprobs>> got(3);
+  for (size_t i = 0; i < 3; ++i) {
+    requests.push_back(greedy(random_tokens(rng, 60), 0));
+    requests[i].prompt_logprobs = true;
+    ASSERT_TRUE((*e)->submit(requests[i],
+                             [&got, i](const Event &ev) {
+                               if (ev.prompt_logprobs) got[i] = *ev.prompt_logprobs;
+                               EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                             })
+                    .ok());
+  }
+  (*e)->run_until_idle();
+  EXPECT_LE((*e)->stats().peak_step_logit_rows, 64);
+  EXPECT_GE((*e)->stats().peak_step_logit_rows, 60);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(got[i].size(), 59u) << "request " << i;
+    const auto rows = reference_logits(requests[i].prompt);
+    for (size_t j = 0; j < 59; ++j)
+      expect_matches(got[i][j], rows[j], requests[i].prompt[j + 1], 0,
+                     "request " + std::to_string(i) + " prompt " + std::to_string(j));
+  }
+}
+
 TEST(Logprobs, TheyAreTheModelsWhateverTheSampling) {
   // Sampled with a temperature, penalties and a bias: the reported log-probabilities are still
   // the model's own (before every sampling step).

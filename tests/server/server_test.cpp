@@ -239,6 +239,9 @@ TEST(Server, MetricsCountWhatHappened) {
   EXPECT_EQ(budget_row("offgraph_memory_budget_bytes", "grammar_tables", ""), 256 << 20);
   EXPECT_LE(budget_row("offgraph_memory_used_bytes", "grammar_tables", ""), 256 << 20);
   EXPECT_EQ(budget_row("offgraph_memory_used_bytes", "draft_kv", ""), 0);
+  const double logits = budget_row("offgraph_memory_used_bytes", "step_logits", "");
+  EXPECT_GT(logits, 0);
+  EXPECT_LE(logits, budget_row("offgraph_memory_budget_bytes", "step_logits", ""));
 }
 
 // A full queue answers 429 with Retry-After (a queue of 0 makes it certain), and under
