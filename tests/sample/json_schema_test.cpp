@@ -862,6 +862,40 @@ ojson random_schema(std::mt19937 &rng, int depth) {
   return s;
 }
 
+// The schemas real agent clients send (bench/grammar/corpus, captured from the pinned Claude Code
+// and Codex by bench/grammar/capture_schemas.py): each compiles, plain and in OpenAI's strict
+// mode, or is refused with a message that names the keyword and its path. The refusal rate is
+// printed (docs/structured-output-bench.md carries it).
+TEST(JsonSchemaCorpus, RealClientsSchemasCompileOrAreRefusedByName) {
+  int files = 0, schemas = 0, refused = 0, refused_strict = 0;
+  for (const auto &entry : std::filesystem::directory_iterator(OFFGRAPH_SCHEMA_CORPUS_DIR)) {
+    if (entry.path().extension() != ".json") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    const nlohmann::ordered_json corpus = nlohmann::ordered_json::parse(in);
+    ASSERT_FALSE(corpus.value("source", "").empty()) << entry.path();
+    for (const auto &s : corpus.at("schemas")) {
+      ++schemas;
+      const std::string where =
+          entry.path().filename().string() + " " + s.at("name").get<std::string>();
+      for (const bool strict : {false, true}) {
+        JsonSchemaOptions o;
+        o.strict = strict;
+        auto g = json_schema_grammar(s.at("schema"), o);
+        if (g.ok()) continue;
+        ++(strict ? refused_strict : refused);
+        EXPECT_NE(g.message().find("#"), std::string::npos) << where << ": " << g.message();
+        std::printf("[ corpus   ] %s%s: %s\n", where.c_str(), strict ? " (strict)" : "",
+                    g.message().c_str());
+      }
+    }
+  }
+  EXPECT_GE(files, 2);
+  EXPECT_GE(schemas, 10);
+  std::printf("[ corpus   ] %d schemas in %d files: %d refused, %d refused in strict mode\n",
+              schemas, files, refused, refused_strict);
+}
+
 TEST(JsonSchemaRobustness, PathologicalInputsFinish) {
   std::string nullables = "^(?:";
   for (int i = 0; i < 5000; ++i) nullables += "a?";
