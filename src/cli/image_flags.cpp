@@ -5,7 +5,7 @@
 
 namespace offgraph::cli {
 
-void add_image_flags(CLI::App &cmd, ImageFlags &f) {
+void add_image_flags(CLI::App &cmd, ImageFlags &f, bool serving) {
   cmd.add_option("--mmproj", f.mmproj,
                  "the vision projector GGUF (clip.projector_type muse-glimmer): images in");
   cmd.add_option("--max-image-bytes", f.max_image_bytes, "largest image file accepted (bytes)")
@@ -13,6 +13,7 @@ void add_image_flags(CLI::App &cmd, ImageFlags &f) {
   cmd.add_option("--image-cache", f.image_cache_mib,
                  "MiB of encoded images kept for images sent again (0: none)")
       ->capture_default_str();
+  if (!serving) return; // a command's own images are not queued: no budget to set
   cmd.add_option("--image-mib", f.image_rows_mib,
                  "MiB of encoded image rows alive at once (cached, in queued and active requests, "
                  "being encoded): a request's images wait for room, cached ones giving way first; "

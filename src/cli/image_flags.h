@@ -24,7 +24,8 @@ struct ImageFlags {
   int64_t image_rows_mib = 1024; // engine::ImageOptions::rows_budget
 };
 
-void add_image_flags(CLI::App &cmd, ImageFlags &flags);
+// `serving`: also the flags of a server's image queue (--image-mib).
+void add_image_flags(CLI::App &cmd, ImageFlags &flags, bool serving = false);
 
 // The vision side of a text model: null members without --mmproj.
 struct ImageInput {

@@ -71,7 +71,7 @@ std::function<int()> add_serve(CLI::App &app) {
   cmd->add_option("--max-body-mib", o->max_body_mib,
                   "largest request body (default: 8, or 64 with --mmproj: images come base64 "
                   "in the body)");
-  add_image_flags(*cmd, o->images);
+  add_image_flags(*cmd, o->images, true);
   cmd->add_option("--max-images", o->max_images, "image parts one request may hold")
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "seconds to write a response")->capture_default_str();
@@ -149,13 +149,13 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!o->max_body_mib) o->max_body_mib = o->images.mmproj.empty() ? 8 : 64;
     if (!(*o->max_body_mib > 0 && *o->max_body_mib <= 65536) || o->max_images < 1 || o->queue < 0 ||
         o->timeout < 1 || o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 ||
-        (o->kv_budget_mib && !(*o->kv_budget_mib >= 0)) || o->cache_budget_mib < 0 ||
-        o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
+        (o->kv_budget_mib && !(*o->kv_budget_mib >= 0 && *o->kv_budget_mib <= 1e9)) ||
+        o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
       return fail("--max-body-mib (at most 65536), --max-images, --kv-page and the timeouts must "
                   "be positive; "
                   "--queue, "
-                  "--max-tokens, --kv-mib, --cache-mib, --snapshot-every and --ring-reach not "
-                  "negative");
+                  "--max-tokens, --kv-mib (at most 1e9), --cache-mib, --snapshot-every and "
+                  "--ring-reach not negative");
     server::ServerOptions so;
     so.host = o->host;
     so.port = o->port;
@@ -236,12 +236,25 @@ std::function<int()> add_serve(CLI::App &app) {
     if (Status st = (*s)->attach(**m, eo, {images.encoder.get(), images.markers}); !st.ok())
       return (*s)->stop(), fail(st.message());
     const std::string url = "http://" + o->host + ":" + std::to_string((*s)->port());
-    const int64_t kv_budget = (*s)->engine_options().kv_budget;
-    std::fprintf(stderr, "offgraph serve: KV budget %s\n",
-                 kv_budget > 0 ? (std::to_string((kv_budget + (1 << 19)) >> 20) + " MiB" +
-                                  (o->kv_budget_mib ? "" : " (from the memory available)"))
-                                     .c_str()
-                               : "none (--kv-mib 0)");
+    // The KV budget, and how many requests at the full context it holds at once (more wait).
+    const engine::Engine &engine = (*s)->engine();
+    const int64_t kv_budget = engine.options().kv_budget;
+    if (kv_budget > 0) {
+      engine::Request full;
+      full.prompt.assign(size_t(o->ctx) - 1, 0);
+      full.max_tokens = 1;
+      const int64_t at_once = kv_budget / std::max<int64_t>(1, engine.peak_kv_bytes(full));
+      std::fprintf(stderr,
+                   "offgraph serve: KV budget %lld MiB%s: %lld request(s) at the full context "
+                   "(-c %d) at once%s\n",
+                   (long long)((kv_budget + (1 << 19)) >> 20),
+                   o->kv_budget_mib ? "" : " (3/4 of the memory available)", (long long)at_once,
+                   o->ctx,
+                   at_once < o->parallel ? "; fewer than --parallel: more wait in the queue" : "");
+    } else {
+      std::fprintf(stderr, "offgraph serve: KV budget none (%s)\n",
+                   o->kv_budget_mib ? "--kv-mib 0" : "the memory available is unknown");
+    }
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),
                  url.c_str());
     std::fprintf(stderr,

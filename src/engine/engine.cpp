@@ -102,7 +102,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
     e->options_.kv_budget = kv_budget_from_memory(
         int64_t(model::available_memory()),
-        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(), e->store_->page_bytes());
+        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(),
+        e->store_->peak_bytes_at_length(options.context) + e->store_->peak_bytes_at_length(0));
   e->store_->set_memory_budget(e->options_.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   if (const model::Model *d = options.draft_model) {
@@ -116,6 +117,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     auto draft_store = kv::KvStore::create(*draft_layout, options.types, d->cache_buffer_types());
     if (!draft_store.ok()) return draft_store.status();
     e->draft_store_ = std::move(draft_store).value();
+    // The draft's caches follow the target's sequences: its budget is the KV budget's share in
+    // proportion to one full-context sequence of each. Past it a draft is not started (or cached
+    // drafts go first): speculation slows, answers stay the same.
+    if (const int64_t target = e->store_->peak_bytes_at_length(options.context);
+        e->options_.kv_budget > 0 && target > 0)
+      e->draft_store_->set_memory_budget(std::max<int64_t>(
+          1, int64_t(double(e->options_.kv_budget) *
+                     double(e->draft_store_->peak_bytes_at_length(options.context)) /
+                     double(target))));
     e->draft_forward_ = std::make_unique<model::Forward>(*d, *e->draft_store_, options.threads);
   } else if (options.speculation.source == DraftSource::Draft) {
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
@@ -225,10 +235,9 @@ void Engine::take_inbox() {
 }
 
 int64_t Engine::max_step_logit_rows() const {
-  // A row of logits is a row of the step's tokens: at most step_tokens.
-  return std::min<int64_t>(options_.step_tokens,
-                           int64_t(kScoredChunk) +
-                               int64_t(options_.max_active) * (1 + kMaxDraftTokens));
+  // A row of logits is a row of the step's tokens: at most step_tokens, or one for each active
+  // generation where they are more (a request's n choices are generations of their own).
+  return std::max<int64_t>(options_.step_tokens, int64_t(options_.max_active) * 16);
 }
 
 void Engine::publish() {
@@ -243,6 +252,7 @@ void Engine::publish() {
   l.snapshot_bytes = snapshot_bytes();
   l.snapshot_budget = snapshot_budget();
   l.draft_kv = draft_store_ ? draft_store_->bytes_in_use() : 0;
+  l.draft_kv_budget = draft_store_ ? draft_store_->memory_budget() : 0;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;

@@ -99,9 +99,11 @@ struct EngineOptions {
 
 // The KV budget EngineOptions::kKvBudgetFromMemory stands for: three quarters of the memory the
 // process may still take (`available`: model::available_memory(), after the weights are in),
-// at most what the store's page pool can hold (`pool`) and at least one page (`page`). A
-// quarter stays for compute buffers, images, grammar tables and the rest of the process.
-int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t page);
+// at most what the store's page pool can hold (`pool`), and at least what one request at the
+// full context holds (`one`: a budget that cannot hold it would refuse what the context
+// allows). A quarter stays for compute buffers, images, grammar tables and the rest of the
+// process. 0 (no limit) where the memory available is unknown.
+int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one);
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
 
@@ -232,8 +234,9 @@ public:
     size_t tree_nodes = 0, snapshots = 0;
     // Against the memory budgets (docs/reliability.md, "Budgets"): what counts against kv_budget
     // (kv::KvStore::bytes_in_use), the snapshots inside prompts and their budget (-1: none), and
-    // the draft model's store (no budget of its own yet).
-    int64_t kv_in_use = 0, snapshot_bytes = 0, snapshot_budget = 0, draft_kv = 0;
+    // the draft model's store and its budget (0: none; the KV budget's share).
+    int64_t kv_in_use = 0, snapshot_bytes = 0, snapshot_budget = 0, draft_kv = 0,
+            draft_kv_budget = 0;
   };
   Load load() const;
   EngineStats published_stats() const;
@@ -244,8 +247,7 @@ public:
   // The most KV memory `request` can hold (every choice at its full length and the snapshots
   // its prompt keeps): what admission reserves for it under EngineOptions::kv_budget.
   int64_t peak_kv_bytes(const Request &request) const;
-  // The most rows of logits a step can compute: the scored prompts' 64, and a verify span's (or
-  // a token's) for every active generation, at most the step's tokens.
+  // The most rows of logits a step can compute (one per token of the step, at most).
   int64_t max_step_logit_rows() const;
   const PrefixTree &tree() const { return tree_; }
   const EngineOptions &options() const { return options_; }

@@ -9,11 +9,11 @@
 
 namespace offgraph::engine {
 
-int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t page) {
+int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
   if (available <= 0) return 0; // unknown: no limit, as before there was a default
   int64_t budget = available / 4 * 3;
   if (pool > 0) budget = std::min(budget, pool);
-  return std::max(budget, std::max<int64_t>(page, 1));
+  return std::max(budget, std::max<int64_t>(one, 1));
 }
 
 int64_t Engine::cached_bytes() const {

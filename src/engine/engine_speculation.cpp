@@ -27,7 +27,13 @@ Engine::draft_with_model(const std::vector<std::pair<Generation *, int32_t>> &wa
     if (a->draft_seq >= 0 && a->draft_len >= a->tokens.size()) drop_draft(*a);
     if (a->draft_seq >= 0) continue;
     auto seq = draft_store_->create_sequence();
-    if (!seq.ok()) return out;
+    // Past the draft store's budget the cached conversations' drafts give way first.
+    while (!seq.ok() && !cached_drafts_.empty()) {
+      (void)draft_store_->remove_sequence(cached_drafts_.begin()->second.first);
+      cached_drafts_.erase(cached_drafts_.begin());
+      seq = draft_store_->create_sequence();
+    }
+    if (!seq.ok()) return out; // nothing drafted this step
     a->draft_seq = *seq, a->draft_len = 0;
   }
   // Timed, and run: a forward pass of the draft model over `b`; false on failure (nothing kept).

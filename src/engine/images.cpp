@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -95,14 +96,30 @@ int64_t ImageEncoder::rows_bytes(int32_t n_rows) const {
 bool ImageEncoder::drop_cached_image() {
   std::shared_ptr<const model::EncodedImage> dropped; // its deleter runs outside the lock
   std::lock_guard lock(mutex_);
-  if (lru_.empty()) return false;
-  const Entry &last = lru_.back();
-  stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
-  dropped = last.second.rows;
-  by_digest_.erase(last.first);
-  lru_.pop_back();
-  return true;
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+    if (it->second.rows.use_count() != 1) continue; // a request holds it: dropping frees nothing
+    stats_.cached_bytes -= int64_t(it->second.rows->rows.size() * sizeof(float));
+    dropped = std::move(it->second.rows);
+    by_digest_.erase(it->first);
+    lru_.erase(std::next(it).base());
+    return true;
+  }
+  return false;
 }
+
+std::optional<PreparedImage> ImageEncoder::cached(std::span<const uint8_t> bytes) {
+  if (!check_size(bytes).ok()) return std::nullopt;
+  const ImageDigest digest = image_digest(bytes);
+  return lookup(std::string(digest.begin(), digest.end()));
+}
+
+namespace {
+std::string mib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / 1048576);
+  return b;
+}
+} // namespace
 
 Result<ImageEncoder::Reservation>
 ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled) {
@@ -114,9 +131,8 @@ ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled
     return s;
   };
   if (budget > 0 && bytes > budget)
-    return refuse(Status::error("the images' rows take " + std::to_string(bytes) +
-                                " bytes; the image memory budget (--image-mib) is " +
-                                std::to_string(budget)));
+    return refuse(Status::error("the images' rows take " + mib(bytes) +
+                                "; the image memory budget (--image-mib) is " + mib(budget)));
   const auto deadline = std::chrono::steady_clock::now() + options_.max_wait;
   std::unique_lock lock(t.mutex);
   auto fits = [&] { return budget <= 0 || t.live + t.reserved + bytes <= budget; };
@@ -125,7 +141,7 @@ ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled
       lock.unlock();
       return refuse(Status::error(std::to_string(options_.max_waiting) +
                                       " requests already wait for image memory (--image-mib " +
-                                      std::to_string(budget) + " bytes)",
+                                      mib(budget) + ")",
                                   StatusCode::kResourceExhausted));
     }
     ++t.waiting;
@@ -135,10 +151,16 @@ ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled
       const bool dropped = drop_cached_image();
       lock.lock();
       if (dropped || fits()) continue;
-      if (cancelled && cancelled()) {
+      lock.unlock(); // the callback may look at this encoder
+      const bool gone = cancelled && cancelled();
+      lock.lock();
+      if (gone) {
         --t.waiting, ++t.refused;
-        return Status::error("cancelled while waiting for image memory", StatusCode::kUnavailable);
+        return Status::error("cancelled while waiting for image memory (the client left or the "
+                             "server stops)",
+                             StatusCode::kUnavailable);
       }
+      if (fits()) continue;
       // Woken by rows dropped or a reservation gone; a short period for `cancelled`.
       const auto wake =
           std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
@@ -147,7 +169,7 @@ ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled
         --t.waiting, ++t.refused;
         return Status::error("no image memory came free in " +
                                  std::to_string(options_.max_wait.count()) + " ms (--image-mib " +
-                                 std::to_string(budget) + " bytes)",
+                                 mib(budget) + ")",
                              StatusCode::kUnavailable);
       }
     }
@@ -201,6 +223,8 @@ Result<int32_t> ImageEncoder::count_rows(std::span<const uint8_t> bytes) {
 
 Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reservation *room) {
   if (Status s = check_size(bytes); !s.ok()) return s;
+  if (room && room->tally_ && room->tally_ != tally_)
+    return Status::error("image encoder: a reservation of another encoder", StatusCode::kInternal);
   const ImageDigest digest = image_digest(bytes);
   const std::string key(digest.begin(), digest.end());
   if (auto hit = lookup(key)) return *hit;
@@ -236,11 +260,11 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
       });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::shared_ptr<const model::EncodedImage>> dropped; // deleted outside the lock
   std::lock_guard lock(mutex_);
   ++stats_.encoded;
   stats_.rows += p.rows->n_rows;
   stats_.seconds += seconds;
-  std::vector<std::shared_ptr<const model::EncodedImage>> dropped; // deleted outside the lock
   if (size <= options_.cache_bytes) {
     lru_.emplace_front(key, p);
     by_digest_[key] = lru_.begin();

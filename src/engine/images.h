@@ -98,8 +98,13 @@ public:
   // says, encoded. Thread-safe; one image is encoded at a time (it takes every thread). The same
   // bytes again come from the cache. Errors name the problem (size, format, dimensions). The
   // rows it makes count as alive until the last holder drops them; taken out of `room` where
-  // given (a caller without one, a command's own images, is not held to rows_budget).
+  // given, which must come from this encoder's reserve_rows (a caller without one, a command's
+  // own images, is not held to rows_budget).
   Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr);
+
+  // The image of `bytes` if the cache holds it (counted as a hit, moved to the front); holding
+  // its rows keeps them alive whatever the cache drops later.
+  std::optional<PreparedImage> cached(std::span<const uint8_t> bytes);
 
   // The rows `bytes` encode to, without encoding: from the cache, or decoded and sized (a
   // fraction of a percent of the encode). What a caller checks against the context before
@@ -126,7 +131,8 @@ private:
   // The cached image of `key`, or none; a hit moves it to the front and is counted.
   std::optional<PreparedImage> lookup(const std::string &key);
 
-  // Drops the least recently used cached image; false when the cache is empty.
+  // Drops the least recently used cached image that no request holds (dropping it frees its
+  // rows); false when there is none.
   bool drop_cached_image();
 
   const model::VisionModel &vision_;

@@ -133,6 +133,7 @@ public:
   StorageTypes types() const { return types_; }
   // Bytes of storage all sequences may hold together (0 = no limit). Growth past it is refused.
   void set_memory_budget(int64_t bytes) { budget_ = bytes; }
+  int64_t memory_budget() const { return budget_; }
   // Logical order joins rows with ggml_concat, which takes f32, f16 and bf16 storage only.
   Status set_ring_order(RingOrder order);
   RingOrder ring_order() const { return ring_order_; }

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cctype>
+#include <set>
 
 namespace offgraph::server {
 namespace {
@@ -159,7 +160,8 @@ std::optional<ApiError> take_image_part(json &part, const std::string &where,
   return std::nullopt;
 }
 
-std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
+std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
+                                      const std::function<bool()> &client_gone) {
   if (job.images.empty()) return std::nullopt;
   auto image_error = [&](size_t i, const Status &s) {
     ApiError e = api_error(s);
@@ -170,25 +172,41 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job) {
   // The prompt's length once the images are in it, before any is encoded: a request that cannot
   // fit is refused for the price of decoding its images, not of encoding them (minutes each on
   // the real tower). Each image's marker becomes <|image_start|>, its rows, <|image_end|>.
-  int64_t placed_length = int64_t(job.request.prompt.size()), row_bytes = 0;
+  int64_t placed_length = int64_t(job.request.prompt.size());
+  std::vector<int32_t> rows(job.images.size());
   for (size_t i = 0; i < job.images.size(); ++i) {
-    auto rows = facts.images->count_rows(job.images[i]);
-    if (!rows.ok()) return image_error(i, rows.status());
-    placed_length += int64_t(*rows) + 1;
-    row_bytes += facts.images->rows_bytes(*rows);
+    auto counted = facts.images->count_rows(job.images[i]);
+    if (!counted.ok()) return image_error(i, counted.status());
+    rows[i] = *counted;
+    placed_length += int64_t(*counted) + 1;
   }
   if (auto e = check_prompt_budget(facts, job, placed_length)) return e;
-  // Room for all of them before any is encoded (engine/images.h): waits in the image queue.
-  auto room = facts.images->reserve_rows(
-      row_bytes, [stopping = facts.stopping] { return stopping && stopping->load(); });
+  // Cached images are taken now (holding their rows keeps them alive whatever the cache drops);
+  // room for the others, each distinct one once, before any is encoded: it waits in the image
+  // queue (engine/images.h).
+  std::vector<std::optional<engine::PreparedImage>> cached(job.images.size());
+  std::set<engine::ImageDigest> to_encode;
+  int64_t row_bytes = 0;
+  for (size_t i = 0; i < job.images.size(); ++i) {
+    cached[i] = facts.images->cached(job.images[i]);
+    if (cached[i]) continue;
+    if (to_encode.insert(engine::image_digest(job.images[i])).second)
+      row_bytes += facts.images->rows_bytes(rows[i]);
+  }
+  auto room = facts.images->reserve_rows(row_bytes, [&] {
+    return (facts.stopping && facts.stopping->load()) || (client_gone && client_gone());
+  });
   if (!room.ok()) {
+    if (client_gone && client_gone()) // nobody reads the answer: counted as a hang-up
+      return ApiError{kClientClosedRequest, room.message(), "messages", "client_closed_request"};
     ApiError e = api_error(room.status());
     e.param = "messages";
     return e;
   }
   std::vector<engine::PreparedImage> prepared;
   for (size_t i = 0; i < job.images.size(); ++i) {
-    auto p = facts.images->encode(job.images[i], &*room);
+    auto p = cached[i] ? Result<engine::PreparedImage>(*cached[i])
+                       : facts.images->encode(job.images[i], &*room);
     if (!p.ok()) return image_error(i, p.status());
     job.image_tokens += p->rows->n_rows;
     prepared.push_back(std::move(p).value());

@@ -7,6 +7,7 @@
 #include "server/api.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,13 @@ std::optional<ApiError> take_image_part(json &part, const std::string &where,
 // Encodes a parsed job's images (Job::images) and puts their rows in its prompt
 // (engine::place_images); then checks the context, as parse_request does for prompts without
 // images. Called without the lock parse_request needs: the encoder is thread-safe, and slow.
-std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job);
+// Images the encoder's cache holds are taken (and so kept) first; room is reserved for the rest
+// (each distinct image once) before any is encoded, a wait that ends when `client_gone` says
+// the client hung up (or the server stops).
+// The status of a request whose client hung up before it was answered (nginx's 499): never
+// read, counted as a disconnect, not as an error.
+inline constexpr int kClientClosedRequest = 499;
+std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
+                                      const std::function<bool()> &client_gone = {});
 
 } // namespace offgraph::server

@@ -61,7 +61,8 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         double(http.completed));
   w.one("offgraph_requests_rejected_total", "counter", "requests refused with 429 (queue full)",
         double(http.rejected));
-  w.one("offgraph_requests_client_errors_total", "counter", "requests refused with a 4xx status",
+  w.one("offgraph_requests_client_errors_total", "counter",
+        "requests refused with a 4xx status (not 499: nobody read those)",
         double(http.client_errors));
   w.one("offgraph_requests_server_errors_total", "counter", "requests answered with a 5xx status",
         double(http.server_errors));
@@ -69,6 +70,9 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
         double(http.unauthorized));
   w.one("offgraph_client_disconnects_total", "counter",
         "requests cancelled because their client went away", double(http.disconnects));
+  w.one("offgraph_requests_abandoned_total", "counter",
+        "requests whose client went away before they were accepted (waiting for image memory)",
+        double(http.abandoned));
   w.one("offgraph_dropped_tools_total", "counter",
         "hosted tools left out of Responses requests (--drop-hosted-tools)",
         double(http.dropped_tools));

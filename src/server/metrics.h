@@ -13,7 +13,7 @@ namespace offgraph::server {
 // Counters kept by the HTTP side (the engine keeps its own).
 struct HttpCounters {
   std::atomic<int64_t> requests{0}, rejected{0}, client_errors{0}, server_errors{0},
-      unauthorized{0}, disconnects{0}, completed{0}, dropped_tools{0};
+      unauthorized{0}, disconnects{0}, completed{0}, dropped_tools{0}, abandoned{0};
 };
 
 // What the KV store holds, by kind and tensor, and how large its rings are.

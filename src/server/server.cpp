@@ -120,6 +120,15 @@ private:
 struct Routes {
   Server &s;
 
+  // Whether the client of `req` has hung up, its socket found on the first call (a request with
+  // images asks while it waits for image memory).
+  std::function<bool()> client_gone(const httplib::Request &req) {
+    return [this, &req, sock = std::optional<int>()]() mutable {
+      if (!sock) sock = connection_socket(s.port_, req.remote_addr, req.remote_port);
+      return peer_closed(*sock);
+    };
+  }
+
   bool loading(httplib::Response &res, bool anthropic = false) {
     auto shape = [anthropic](const ApiError &e) {
       return anthropic ? anthropic::error_body(e) : error_body(e);
@@ -143,8 +152,18 @@ struct Routes {
     return false;
   }
 
+  // attach_images' error: a client that left while its images waited is counted as abandoned.
+  void fail_images(httplib::Response &res, const ApiError &e, bool anthropic = false) {
+    if (e.status == kClientClosedRequest && !s.stopping_) ++s.counters_.abandoned;
+    fail(res, e, anthropic);
+  }
+
   void fail(httplib::Response &res, const ApiError &e, bool anthropic = false) {
-    (e.status >= 500 ? s.counters_.server_errors : s.counters_.client_errors)++;
+    // 499: nobody reads the answer; counted where the client was found gone (a disconnect of an
+    // accepted request, or a request abandoned before it was accepted).
+    if (e.status != kClientClosedRequest) {
+      (e.status >= 500 ? s.counters_.server_errors : s.counters_.client_errors)++;
+    }
     send(res, e.status, anthropic ? anthropic::error_body(e) : error_body(e));
   }
 
@@ -293,7 +312,7 @@ struct Routes {
       std::lock_guard lock(s.text_mutex_);
       if (auto e = parse_request(*body, chat, s.facts_, call->job)) return fail(res, *e);
     }
-    if (auto e = attach_images(s.facts_, call->job)) return fail(res, *e);
+    if (auto e = attach_images(s.facts_, call->job, client_gone(req))) return fail_images(res, *e);
     if (!submit(res, *call, chat ? s.facts_.format : text::ChatFormat::kPlain, false)) return;
     call->head = {(chat ? "chatcmpl-" : "cmpl-") + std::to_string(call->id), chat, now_seconds(),
                   s.options_.model_name};
@@ -338,7 +357,8 @@ struct Routes {
   void whole(const httplib::Request &req, httplib::Response &res, const std::shared_ptr<Call> &call,
              bool chat) {
     if (!wait_all(req, *call))
-      return fail(res, {499, "the client closed the connection", "", "client_closed"});
+      return fail(res,
+                  {kClientClosedRequest, "the client closed the connection", "", "client_closed"});
     bool all_failed = true;
     for (auto r : call->reasons) all_failed = all_failed && r == engine::FinishReason::Error;
     if (all_failed) return fail(res, {500, call->error, "", "engine_error", "server_error"});
@@ -422,11 +442,11 @@ struct Routes {
                           : anthropic::parse_messages(*body, s.facts_, job);
       if (e) return fail(res, *e, true);
     }
-    if (auto e = attach_images(s.facts_, job)) {
+    if (auto e = attach_images(s.facts_, job, client_gone(req))) {
       if (e->code == "context_length_exceeded")
         e = anthropic::context_error(int64_t(job.request.prompt.size()), job.max_tokens_asked,
                                      s.facts_.context);
-      return fail(res, *e, true);
+      return fail_images(res, *e, true);
     }
     if (count_only) return send(res, 200, {{"input_tokens", job.request.prompt.size()}});
     job.request.report_admission = job.stream; // message_start tells the cache before the answer
@@ -436,7 +456,9 @@ struct Routes {
                                       s.options_.model_name};
     if (job.stream) return message_stream(req, res, call, head);
     if (!wait_all(req, *call))
-      return fail(res, {499, "the client closed the connection", "", "client_closed"}, true);
+      return fail(res,
+                  {kClientClosedRequest, "the client closed the connection", "", "client_closed"},
+                  true);
     if (call->reasons[0] == engine::FinishReason::Error)
       return fail(res, {500, call->error, "", "engine_error", "api_error"}, true);
     const ChoiceOutput &out = *call->outs[0];
@@ -529,7 +551,10 @@ struct Routes {
       std::lock_guard lock(s.text_mutex_);
       e = responses::parse(*body, s.facts_, options, job, *meta);
     }
-    if (!e) e = attach_images(s.facts_, job);
+    if (!e) {
+      e = attach_images(s.facts_, job, client_gone(req));
+      if (e && e->status == kClientClosedRequest) return fail_images(res, *e);
+    }
     if (!meta->dropped_tools.empty()) {
       std::string names;
       for (const std::string &n : meta->dropped_tools) names += (names.empty() ? "" : ", ") + n;
@@ -552,7 +577,8 @@ struct Routes {
     const int64_t created = now_seconds();
     if (job.stream) return responses_stream(req, res, call, meta, id, created);
     if (!wait_all(req, *call))
-      return fail(res, {499, "the client closed the connection", "", "client_closed"});
+      return fail(res,
+                  {kClientClosedRequest, "the client closed the connection", "", "client_closed"});
     responses::OutputBuilder items(s.boot_id_ + std::to_string(call->id), meta->encrypted_reasoning,
                                    meta->summary, meta->tool_shapes);
     for (const ChoiceOutput::Delta &d : call->deltas) (void)items.add(d);
@@ -990,7 +1016,7 @@ std::string Server::metrics_text() {
         {"cached_conversations", "--cache-mib", load.cached_bytes, eo.cache_budget},
         {"snapshots", "--snapshot-mib", load.snapshot_bytes,
          std::max<int64_t>(0, load.snapshot_budget)},
-        {"draft_kv", "", load.draft_kv, 0},
+        {"draft_kv", "--kv-mib", load.draft_kv, load.draft_kv_budget},
         // Logits of one step, the most so far against what one step can compute.
         {"step_logits", "", in.engine.peak_step_logit_rows * row_bytes,
          engine_->max_step_logit_rows() * row_bytes},

@@ -76,8 +76,8 @@ public:
   // Binds and serves in background threads; returns once listening.
   Status start();
   int port() const { return port_; }
-  // The attached engine's options, budgets resolved (EngineOptions::kKvBudgetFromMemory).
-  const engine::EngineOptions &engine_options() const { return engine_->options(); }
+  // The attached engine (its options with budgets resolved: EngineOptions::kKvBudgetFromMemory).
+  const engine::Engine &engine() const { return *engine_; }
   void stop();
   // Blocks until stop() (for `offgraph serve`).
   void wait();

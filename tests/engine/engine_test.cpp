@@ -126,8 +126,8 @@ TEST(Engine, CachedConversationsStayUnderTheirByteBudget) {
 }
 
 // The default KV budget: three quarters of the memory available, at most the page pool, at least
-// a page; none where the memory is unknown. An engine asked for it holds a positive budget no
-// larger than its pool, and a budget below -1 is refused.
+// one request at the full context; none where the memory is unknown. An engine asked for it holds a
+// positive budget no larger than its pool, and a budget below -1 is refused.
 TEST(Engine, KvBudgetFromMemory) {
   const int64_t gib = int64_t(1) << 30;
   EXPECT_EQ(kv_budget_from_memory(4 * gib, 10 * gib, 4096), 3 * gib);

@@ -139,7 +139,10 @@ TEST(Images, RowsStayWithinTheirBudget) {
     }
     b_done = true;
   });
-  while (enc.stats().waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (enc.stats().waiting == 0 && !b_done && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(enc.stats().waiting, 1);
   EXPECT_FALSE(b_done);
   EXPECT_LE(enc.stats().live_bytes + enc.stats().reserved_bytes, o.rows_budget);
   held.reset();

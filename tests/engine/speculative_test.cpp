@@ -449,6 +449,44 @@ TEST(SpeculativeDraftModel, TheDraftCacheIsReusedWithTheConversation) {
   EXPECT_GT((*e)->stats().draft.verifications, 0);
 }
 
+// Under a KV budget the draft model's store has the budget's share (in proportion to a
+// full-context sequence of each): it never holds more, cached conversations' drafts give way when
+// a new draft needs room, and the answers are plain decoding's.
+TEST(SpeculativeDraftModel, TheDraftStoreStaysInsideItsShareOfTheKvBudget) {
+  std::mt19937_64 rng(70);
+  EngineOptions o = options(3);
+  o.speculation = draft_model(3);
+  o.draft_model = draft_fixture().model.get();
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy(random_tokens(rng, 30 + 5 * i), 16));
+  {
+    auto probe = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(probe.ok());
+    o.kv_budget = 2 * (*probe)->peak_kv_bytes(reqs.back()); // two at a time
+  }
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  const kv::KvStore &drafts = *(*e)->draft_store();
+  ASSERT_GT(drafts.memory_budget(), 0);
+  EXPECT_LT(drafts.memory_budget(), o.kv_budget);
+  std::vector<std::vector<int32_t>> got(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_TRUE((*e)->submit(reqs[i],
+                             [&got, i](const Event &ev) {
+                               if (ev.token >= 0) got[i].push_back(ev.token);
+                               EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                             })
+                    .ok());
+  int64_t peak = 0;
+  while ((*e)->step()) {
+    EXPECT_LE(drafts.bytes_in_use(), drafts.memory_budget());
+    peak = std::max(peak, drafts.bytes_in_use());
+  }
+  EXPECT_GT(peak, 0);
+  EXPECT_EQ(got, run_with(reqs, std::nullopt));
+  EXPECT_GT((*e)->stats().draft.verifications, 0);
+}
+
 TEST(SpeculativeDraftModel, ADraftModelIsRefusedWhereItCannotServe) {
   EngineOptions o = options(0);
   o.speculation = draft_model(4);

@@ -11,8 +11,23 @@
 #include <filesystem>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace offgraph::server::testing {
+
+// Standard base64 (RFC 4648, padded): what a data: URL carries.
+inline std::string base64(const std::vector<uint8_t> &b) {
+  static const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < b.size(); i += 3) {
+    const uint32_t n = uint32_t(b[i]) << 16 | (i + 1 < b.size() ? uint32_t(b[i + 1]) << 8 : 0) |
+                       (i + 2 < b.size() ? b[i + 2] : 0);
+    out += a[n >> 18 & 63], out += a[n >> 12 & 63];
+    out += i + 1 < b.size() ? a[n >> 6 & 63] : '=';
+    out += i + 2 < b.size() ? a[n & 63] : '=';
+  }
+  return out;
+}
 
 struct ImageModelFiles {
   std::string text, mmproj;

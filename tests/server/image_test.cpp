@@ -35,19 +35,6 @@ Files &files() {
 
 Bytes png(int w, int h, uint64_t seed) { return offgraph::testing::random_png(w, h, seed); }
 
-std::string base64(const Bytes &b) {
-  static const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < b.size(); i += 3) {
-    const uint32_t n = uint32_t(b[i]) << 16 | (i + 1 < b.size() ? uint32_t(b[i + 1]) << 8 : 0) |
-                       (i + 2 < b.size() ? b[i + 2] : 0);
-    out += a[n >> 18 & 63], out += a[n >> 12 & 63];
-    out += i + 1 < b.size() ? a[n >> 6 & 63] : '=';
-    out += i + 2 < b.size() ? a[n & 63] : '=';
-  }
-  return out;
-}
-
 json image_part(const std::string &url) {
   return {{"type", "image_url"}, {"image_url", {{"url", url}}}};
 }
@@ -258,6 +245,16 @@ TEST(ImageServer, ImagesPastTheImageMemoryBudgetAreRefusedByName) {
   ASSERT_EQ(st2, 200) << fits.dump();
   EXPECT_EQ(s.encoder->stats().live_bytes, one); // in the cache
   EXPECT_EQ(s.encoder->stats().reserved_bytes, 0);
+  // The same image again is taken from the cache, not reserved and encoded anew (reserving it
+  // would drop it from the cache to make the room).
+  auto [st3, again] = s.post(ask({image_part(data_url(a)), text_part("Again.")}, 2));
+  ASSERT_EQ(st3, 200) << again.dump();
+  EXPECT_EQ(s.encoder->stats().encoded, 1);
+  // Twice in one request: room for it once, and encoded once.
+  auto [st4, twice] =
+      s.post(ask({image_part(data_url(b)), image_part(data_url(b)), text_part("Twice.")}, 2));
+  ASSERT_EQ(st4, 200) << twice.dump();
+  EXPECT_EQ(s.encoder->stats().encoded, 2);
   auto m = s.client->Get("/metrics");
   ASSERT_TRUE(m);
   const std::string row = "offgraph_memory_used_bytes{budget=\"image_rows\",flag=\"--image-mib\"} ";
