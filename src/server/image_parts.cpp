@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cctype>
+#include <map>
 #include <set>
 
 namespace offgraph::server {
@@ -204,9 +205,12 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
     return e;
   }
   std::vector<engine::PreparedImage> prepared;
+  std::map<engine::ImageDigest, size_t> first; // the same bytes again take the same rows
   for (size_t i = 0; i < job.images.size(); ++i) {
-    auto p = cached[i] ? Result<engine::PreparedImage>(*cached[i])
-                       : facts.images->encode(job.images[i], &*room);
+    const auto [at, fresh] = first.emplace(engine::image_digest(job.images[i]), i);
+    auto p = !fresh      ? Result<engine::PreparedImage>(prepared[at->second])
+             : cached[i] ? Result<engine::PreparedImage>(*cached[i])
+                         : facts.images->encode(job.images[i], &*room);
     if (!p.ok()) return image_error(i, p.status());
     job.image_tokens += p->rows->n_rows;
     prepared.push_back(std::move(p).value());
