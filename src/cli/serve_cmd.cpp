@@ -38,6 +38,7 @@ std::function<int()> add_serve(CLI::App &app) {
     std::optional<double> kv_budget_mib; // unset: from the memory available (engine.h)
     std::optional<double> max_body_mib;  // unset: 8, or 64 with --mmproj
     int max_images = 8;
+    double grammar_mib = 256;
     int responses_store = 64;
     bool drop_hosted_tools = false;
     ImageFlags images;
@@ -72,6 +73,10 @@ std::function<int()> add_serve(CLI::App &app) {
                   "largest request body (default: 8, or 64 with --mmproj: images come base64 "
                   "in the body)");
   add_image_flags(*cmd, o->images, true);
+  cmd->add_option("--grammar-mib", o->grammar_mib,
+                  "MiB of grammar mask tables shared by structured-output requests, the least "
+                  "recently used dropped past it (a grammar in use keeps its own)")
+      ->capture_default_str();
   cmd->add_option("--max-images", o->max_images, "image parts one request may hold")
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "seconds to write a response")->capture_default_str();
@@ -173,6 +178,9 @@ std::function<int()> add_serve(CLI::App &app) {
     so.max_tokens_cap = o->max_tokens;
     so.max_body_bytes = size_t(*o->max_body_mib * 1024 * 1024);
     so.max_images = o->max_images;
+    if (!(o->grammar_mib > 0 && o->grammar_mib <= 1e6))
+      return fail("--grammar-mib must be positive (at most 1e6)");
+    so.grammar_table_bytes = std::max<size_t>(1, size_t(o->grammar_mib * 1048576));
     if (o->responses_store < 0) return fail("--responses-store must not be negative");
     so.responses_store = size_t(o->responses_store);
     so.drop_hosted_tools = o->drop_hosted_tools;

@@ -57,8 +57,10 @@ public:
   // The shared tables held now, and their size.
   size_t shared_tables() const;
   size_t shared_table_bytes() const;
-  // Bytes past which the least recently used tables go (those a grammar holds stay with it).
+  // Bytes past which the least recently used tables go (those a grammar holds stay with it, and
+  // the most recent one always): 256 MiB unless set.
   size_t shared_table_budget() const;
+  void set_shared_table_budget(size_t bytes);
 
 private:
   std::shared_ptr<const TokenTexts> texts_;

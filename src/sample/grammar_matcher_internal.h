@@ -74,9 +74,10 @@ struct ContextTable {
 // one is paid once per process. Keyed by that code, written out canonically (closure_key); each
 // key holds a table per FOLLOW set met. A table made for a wider FOLLOW is a sound start for a
 // narrower one: the accepted tokens are the same, and only its uncertain ones need a second look
-// (refine). Least recently used keys go past kMaxBytes (the grammars that hold a table keep it).
+// (refine). Least recently used keys go past max_bytes (the grammars that hold a table keep it).
 struct GrammarTableCache {
-  static constexpr size_t kMaxBytes = size_t(256) << 20;
+  static constexpr size_t kDefaultMaxBytes = size_t(256) << 20;
+  size_t max_bytes = kDefaultMaxBytes; // under `mutex`
   struct Variant {
     ByteSet follow;
     std::shared_ptr<const matcher_detail::ContextTable> table;
@@ -130,7 +131,7 @@ struct GrammarTableCache {
       if (v.follow == follow) return; // another grammar made it meanwhile
     bytes += table->bytes();
     it->second.variants.push_back({follow, std::move(table)});
-    while (bytes > kMaxBytes && order.size() > 1) {
+    while (bytes > max_bytes && order.size() > 1) {
       auto last = entries.find(order.back());
       bytes -= 2 * last->first.size();
       for (const Variant &v : last->second.variants) bytes -= v.table->bytes();

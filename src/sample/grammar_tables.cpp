@@ -307,7 +307,15 @@ size_t GrammarVocabulary::shared_tables() const {
   for (const auto &[key, entry] : tables_->entries) n += entry.variants.size();
   return n;
 }
-size_t GrammarVocabulary::shared_table_budget() const { return GrammarTableCache::kMaxBytes; }
+size_t GrammarVocabulary::shared_table_budget() const {
+  std::lock_guard lock(tables_->mutex);
+  return tables_->max_bytes;
+}
+
+void GrammarVocabulary::set_shared_table_budget(size_t bytes) {
+  std::lock_guard lock(tables_->mutex);
+  tables_->max_bytes = std::max<size_t>(1, bytes);
+}
 
 size_t GrammarVocabulary::shared_table_bytes() const {
   std::lock_guard lock(tables_->mutex);

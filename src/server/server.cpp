@@ -871,8 +871,12 @@ Status Server::attach(const model::Model &model, engine::EngineOptions engine_op
   for (const std::string &n : {file.filename().string(), file.stem().string(), model.config().name})
     if (!n.empty()) facts_.model_names.push_back(n);
   for (const std::string &n : options_.model_aliases) facts_.model_names.push_back(n);
-  facts_.vocabulary =
-      std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*tokenizer_));
+  {
+    auto vocabulary =
+        std::make_shared<sample::GrammarVocabulary>(text::grammar_token_texts(*tokenizer_));
+    vocabulary->set_shared_table_budget(options_.grammar_table_bytes);
+    facts_.vocabulary = std::move(vocabulary);
+  }
   facts_.grammars = std::make_shared<GrammarCache>();
   warm_thread_ = start_grammar_warm_up(facts_, stopping_);
   published_kv_ = kv_metrics(engine_->store());
@@ -1020,7 +1024,7 @@ std::string Server::metrics_text() {
         // Logits of one step, the most so far against what one step can compute.
         {"step_logits", "", in.engine.peak_step_logit_rows * row_bytes,
          engine_->max_step_logit_rows() * row_bytes},
-        {"grammar_tables", "", int64_t(in.grammar_table_bytes),
+        {"grammar_tables", "--grammar-mib", int64_t(in.grammar_table_bytes),
          int64_t(facts_.vocabulary->shared_table_budget())},
     };
     if (facts_.images) {

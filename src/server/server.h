@@ -40,6 +40,9 @@ struct ServerOptions {
   // 0 or less: never give up.
   int device_stop_grace_seconds = 10;
   int32_t max_images = 8; // image parts one request may hold
+  // Grammar mask tables shared by every compiled grammar (sample::GrammarVocabulary), the least
+  // recently used dropped past it.
+  size_t grammar_table_bytes = size_t(256) << 20;
   // Responses kept for previous_response_id and GET /v1/responses/{id} (the least recently used
   // dropped first); 0: none, and `store: true` is refused.
   size_t responses_store = 64;

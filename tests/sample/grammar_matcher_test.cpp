@@ -216,6 +216,43 @@ TEST(GrammarMatcher, TablesSharedThroughTheVocabularyGiveTheMasksOfFreshOnes) {
   EXPECT_GT(refined, 0u); // a narrower FOLLOW: tables sorted again from a wider one
 }
 
+// The shared tables' budget (GrammarVocabulary::set_shared_table_budget, serve's --grammar-mib):
+// under a budget of one byte only the most recent table key stays, far fewer bytes than without
+// one, and the masks are still those of a fresh vocabulary.
+TEST(GrammarMatcher, ASmallSharedTableBudgetKeepsLessAndTheSameMasks) {
+  std::mt19937 rng(24);
+  auto texts = random_vocabulary(rng, 400);
+  size_t held[2] = {0, 0};
+  for (const size_t budget : {size_t(1), size_t(1) << 30}) {
+    auto vocab = std::make_shared<GrammarVocabulary>(texts);
+    vocab->set_shared_table_budget(budget);
+    EXPECT_EQ(vocab->shared_table_budget(), budget);
+    for (Grammar &grammar : grammars_sharing_a_string_rule(sep_token(*texts))) {
+      auto warm = compile_grammar(grammar, vocab, {end_token(*texts)});
+      auto fresh =
+          compile_grammar(grammar, std::make_shared<GrammarVocabulary>(texts), {end_token(*texts)});
+      ASSERT_TRUE(warm.ok() && fresh.ok());
+      GrammarMatcher a(*warm), b(*fresh);
+      std::vector<uint64_t> bits_a, bits_b;
+      for (int step = 0; step < 30 && !a.finished(); ++step) {
+        ASSERT_TRUE(a.fill_mask(bits_a).ok());
+        ASSERT_TRUE(b.fill_mask(bits_b).ok());
+        ASSERT_EQ(bits_a, bits_b) << "budget " << budget << " step " << step;
+        std::vector<int32_t> allowed;
+        for (size_t t = 0; t < texts->bytes.size(); ++t)
+          if ((bits_a[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
+        ASSERT_FALSE(allowed.empty());
+        const int32_t pick = allowed[rng() % allowed.size()];
+        ASSERT_TRUE(a.accept_token(pick));
+        ASSERT_TRUE(b.accept_token(pick));
+      }
+    }
+    held[budget == 1 ? 0 : 1] = vocab->shared_table_bytes();
+  }
+  EXPECT_GT(held[1], 0u);
+  EXPECT_LT(held[0], held[1]);
+}
+
 // A walk of ordinary tokens stops at a special token, so what follows one is no part of a table's
 // key: free text that ends at a separator token has one table whatever comes after it.
 TEST(GrammarMatcher, TextEndingAtASpecialTokenSharesItsTableAcrossGrammars) {
