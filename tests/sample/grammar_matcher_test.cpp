@@ -178,6 +178,28 @@ std::vector<Grammar> grammars_sharing_a_string_rule(int32_t sep) {
   return out;
 }
 
+// Walks two compiled forms of one grammar side by side for up to `steps` tokens, each a random
+// pick of the allowed ones: their masks must be equal at every step. Counts the steps compared.
+void walk_together(const std::shared_ptr<const CompiledGrammar> &x,
+                   const std::shared_ptr<const CompiledGrammar> &y, size_t n_vocab,
+                   std::mt19937 &rng, int steps, size_t &compared) {
+  GrammarMatcher a(x), b(y);
+  std::vector<uint64_t> bits_a, bits_b;
+  for (int step = 0; step < steps && !a.finished(); ++step) {
+    ASSERT_TRUE(a.fill_mask(bits_a).ok());
+    ASSERT_TRUE(b.fill_mask(bits_b).ok());
+    ASSERT_EQ(bits_a, bits_b) << "step " << step;
+    ++compared;
+    std::vector<int32_t> allowed;
+    for (size_t t = 0; t < n_vocab; ++t)
+      if ((bits_a[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
+    ASSERT_FALSE(allowed.empty());
+    const int32_t pick = allowed[rng() % allowed.size()];
+    ASSERT_TRUE(a.accept_token(pick));
+    ASSERT_TRUE(b.accept_token(pick));
+  }
+}
+
 TEST(GrammarMatcher, TablesSharedThroughTheVocabularyGiveTheMasksOfFreshOnes) {
   std::mt19937 rng(23);
   size_t shared = 0, refined = 0, compared = 0;
@@ -190,21 +212,9 @@ TEST(GrammarMatcher, TablesSharedThroughTheVocabularyGiveTheMasksOfFreshOnes) {
           compile_grammar(grammar, std::make_shared<GrammarVocabulary>(texts), {end_token(*texts)});
       ASSERT_TRUE(warm.ok() && fresh.ok());
       for (int walk = 0; walk < 3; ++walk) {
-        GrammarMatcher a(*warm), b(*fresh);
-        std::vector<uint64_t> bits_a, bits_b;
-        for (int step = 0; step < 40 && !a.finished(); ++step) {
-          ASSERT_TRUE(a.fill_mask(bits_a).ok());
-          ASSERT_TRUE(b.fill_mask(bits_b).ok());
-          ASSERT_EQ(bits_a, bits_b) << "trial " << trial << " step " << step;
-          ++compared;
-          std::vector<int32_t> allowed;
-          for (size_t t = 0; t < texts->bytes.size(); ++t)
-            if ((bits_a[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
-          ASSERT_FALSE(allowed.empty());
-          const int32_t pick = allowed[rng() % allowed.size()];
-          ASSERT_TRUE(a.accept_token(pick));
-          ASSERT_TRUE(b.accept_token(pick));
-        }
+        SCOPED_TRACE("trial " + std::to_string(trial));
+        walk_together(*warm, *fresh, texts->bytes.size(), rng, 40, compared);
+        if (HasFatalFailure()) return;
       }
       const GrammarCompileStats stats = compile_stats(**warm);
       shared += stats.shared_tables;
@@ -232,20 +242,10 @@ TEST(GrammarMatcher, ASmallSharedTableBudgetKeepsLessAndTheSameMasks) {
       auto fresh =
           compile_grammar(grammar, std::make_shared<GrammarVocabulary>(texts), {end_token(*texts)});
       ASSERT_TRUE(warm.ok() && fresh.ok());
-      GrammarMatcher a(*warm), b(*fresh);
-      std::vector<uint64_t> bits_a, bits_b;
-      for (int step = 0; step < 30 && !a.finished(); ++step) {
-        ASSERT_TRUE(a.fill_mask(bits_a).ok());
-        ASSERT_TRUE(b.fill_mask(bits_b).ok());
-        ASSERT_EQ(bits_a, bits_b) << "budget " << budget << " step " << step;
-        std::vector<int32_t> allowed;
-        for (size_t t = 0; t < texts->bytes.size(); ++t)
-          if ((bits_a[t >> 6] >> (t & 63)) & 1) allowed.push_back(int32_t(t));
-        ASSERT_FALSE(allowed.empty());
-        const int32_t pick = allowed[rng() % allowed.size()];
-        ASSERT_TRUE(a.accept_token(pick));
-        ASSERT_TRUE(b.accept_token(pick));
-      }
+      SCOPED_TRACE("budget " + std::to_string(budget));
+      size_t compared = 0;
+      walk_together(*warm, *fresh, texts->bytes.size(), rng, 30, compared);
+      if (HasFatalFailure()) return;
     }
     held[budget == 1 ? 0 : 1] = vocab->shared_table_bytes();
   }

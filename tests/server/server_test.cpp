@@ -238,8 +238,7 @@ TEST(Server, MetricsCountWhatHappened) {
   EXPECT_GT(budget_row("offgraph_memory_budget_bytes", "snapshots", "--snapshot-mib"), 0);
   EXPECT_EQ(budget_row("offgraph_memory_budget_bytes", "grammar_tables", "--grammar-mib"),
             256 << 20);
-  EXPECT_LE(budget_row("offgraph_memory_used_bytes", "grammar_tables", "--grammar-mib"),
-            256 << 20);
+  EXPECT_LE(budget_row("offgraph_memory_used_bytes", "grammar_tables", "--grammar-mib"), 256 << 20);
   EXPECT_EQ(budget_row("offgraph_memory_used_bytes", "draft_kv", "--kv-mib"), 0);
   const double logits = budget_row("offgraph_memory_used_bytes", "step_logits", "");
   EXPECT_GT(logits, 0);
