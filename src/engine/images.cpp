@@ -107,9 +107,7 @@ bool ImageEncoder::drop_cached_image() {
   return false;
 }
 
-std::optional<PreparedImage> ImageEncoder::cached(std::span<const uint8_t> bytes) {
-  if (!check_size(bytes).ok()) return std::nullopt;
-  const ImageDigest digest = image_digest(bytes);
+std::optional<PreparedImage> ImageEncoder::cached(const ImageDigest &digest) {
   return lookup(std::string(digest.begin(), digest.end()));
 }
 

@@ -102,9 +102,9 @@ public:
   // own images, is not held to rows_budget).
   Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr);
 
-  // The image of `bytes` if the cache holds it (counted as a hit, moved to the front); holding
-  // its rows keeps them alive whatever the cache drops later.
-  std::optional<PreparedImage> cached(std::span<const uint8_t> bytes);
+  // The image of `digest` (image_digest of its bytes) if the cache holds it (counted as a hit,
+  // moved to the front); holding its rows keeps them alive whatever the cache drops later.
+  std::optional<PreparedImage> cached(const ImageDigest &digest);
 
   // The rows `bytes` encode to, without encoding: from the cache, or decoded and sized (a
   // fraction of a percent of the encode). What a caller checks against the context before

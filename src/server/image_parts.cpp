@@ -186,13 +186,14 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
   // room for the others, each distinct one once, before any is encoded: it waits in the image
   // queue (engine/images.h).
   std::vector<std::optional<engine::PreparedImage>> cached(job.images.size());
+  std::vector<engine::ImageDigest> digests(job.images.size());
   std::set<engine::ImageDigest> to_encode;
   int64_t row_bytes = 0;
   for (size_t i = 0; i < job.images.size(); ++i) {
-    cached[i] = facts.images->cached(job.images[i]);
+    digests[i] = engine::image_digest(job.images[i]);
+    cached[i] = facts.images->cached(digests[i]);
     if (cached[i]) continue;
-    if (to_encode.insert(engine::image_digest(job.images[i])).second)
-      row_bytes += facts.images->rows_bytes(rows[i]);
+    if (to_encode.insert(digests[i]).second) row_bytes += facts.images->rows_bytes(rows[i]);
   }
   auto room = facts.images->reserve_rows(row_bytes, [&] {
     return (facts.stopping && facts.stopping->load()) || (client_gone && client_gone());
@@ -207,7 +208,7 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
   std::vector<engine::PreparedImage> prepared;
   std::map<engine::ImageDigest, size_t> first; // the same bytes again take the same rows
   for (size_t i = 0; i < job.images.size(); ++i) {
-    const auto [at, fresh] = first.emplace(engine::image_digest(job.images[i]), i);
+    const auto [at, fresh] = first.emplace(digests[i], i);
     auto p = !fresh      ? Result<engine::PreparedImage>(prepared[at->second])
              : cached[i] ? Result<engine::PreparedImage>(*cached[i])
                          : facts.images->encode(job.images[i], &*room);
