@@ -111,9 +111,19 @@ compile_grammar(Grammar grammar, std::shared_ptr<const GrammarVocabulary> vocabu
   g->grammar = std::move(grammar);
   g->vocabulary = std::move(vocabulary);
   g->end_tokens = std::move(end_tokens);
+  const size_t own_rules = g->grammar.rules.size();
+  const std::vector<RepetitionSpot> spots = add_counting_rules(g->grammar);
   lay_out(*g);
+  g->own_code_size =
+      own_rules < g->grammar.rules.size() ? g->alternatives[own_rules][0] : g->code.size();
+  g->counting_rule.assign(g->grammar.rules.size(), false);
+  for (size_t r = own_rules; r < g->grammar.rules.size(); ++r) g->counting_rule[r] = true;
+  for (const RepetitionSpot &s : spots)
+    g->counted_spots[g->alternatives[s.rule][s.alternative] + s.element] = {
+        g->alternatives[s.counting_rule][0] + (s.at_item ? 0 : 1), s.lo, s.hi};
   g->follow = follow_sets(g->grammar);
-  for (const Code &c : g->code) g->terminal_positions += c.op == Op::kBytes;
+  for (uint32_t p = 0; p < g->own_code_size; ++p)
+    g->terminal_positions += g->code[p].op == Op::kBytes;
   g->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }

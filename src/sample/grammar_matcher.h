@@ -85,6 +85,9 @@ struct GrammarCompileStats {
   // Of those, the ones another grammar had made (shared through the vocabulary), and the ones
   // sorted again from another grammar's table for a wider FOLLOW set: neither walked the trie.
   size_t shared_tables = 0, refined_tables = 0;
+  // Of those, the ones in a bounded repetition derived from a walk that counts its iterations
+  // (one walk for every count; itself shared like a table), and the counting walks made.
+  size_t counted_tables = 0, counting_walks = 0;
   size_t trie_nodes_walked = 0;       // by the tables this grammar walked the trie for: their cost
   size_t accepted = 0, uncertain = 0; // summed over computed positions (accepted: when listed)
   double seconds = 0;                 // compile_grammar itself

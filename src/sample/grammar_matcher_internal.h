@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -65,6 +66,77 @@ struct ContextTable {
   }
 };
 
+// A place inside a bounded repetition (X{m,n}, laid out as m copies of X then a tail
+// X (X (...)?)?; a star X* likewise), where the stack context would otherwise be a context per
+// count left, each its own walk of the vocabulary. Its table is derived instead from one walk of
+// the repetition's counting rule (C ::= X C | "", added to the code, reached only by table walks),
+// which counts iterations: the same place in C stands for this one, and [lo, hi] is how many
+// iterations, the current one included, the repetition may end after (grammar_counted.cpp).
+struct CountedSpot {
+  uint32_t abstract_pos; // the position in the counting rule standing for this one
+  uint32_t lo, hi;       // hi kNoCountLimit: a star
+};
+constexpr uint32_t kNoCountLimit = 0xFFFFFFFFu;
+
+// A repetition place found in a Grammar (rule, alternative, element), before the code is laid out.
+struct RepetitionSpot {
+  uint32_t rule, alternative, element;
+  uint32_t counting_rule; // C for this repetition's item
+  bool at_item;           // the item is a byte set and this is it; else the return after the item
+  uint32_t lo, hi;
+};
+// Finds the bounded repetitions (and stars) whose item cannot match the empty string, adds a
+// counting rule per distinct item to `grammar` (after every rule it had), and returns the places.
+std::vector<RepetitionSpot> add_counting_rules(Grammar &grammar);
+
+struct CountedTable;
+// The counting walk of a context whose frames stand at a counting rule (frames as
+// CompiledGrammar::table's, `follow` what may come after the deepest one's rule), and the table
+// it gives where the repetition may end after lo to hi iterations (`grown`: bytes it added to
+// `counted`, which keeps the tables it derived).
+std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
+                                           std::span<const uint32_t> frames, bool rooted,
+                                           const ByteSet &follow, size_t &visited);
+std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32_t lo, uint32_t hi,
+                                                   size_t &grown);
+// A counting walk's result for a narrower FOLLOW set from one made for a wider one: the counts
+// are the same (they never read FOLLOW); the tokens that left the frames are sorted again.
+std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const CountedTable &wider,
+                                             std::span<const uint32_t> frames, bool rooted,
+                                             const ByteSet &follow);
+
+// One walk of the vocabulary from a counting context: for every token, how many iterations its
+// paths need. Tokens whose every path stays inside the repetition ("plain") are sorted by the
+// least iterations they need, so a table for `hi` is a prefix of them; the others (a path leaves
+// the repetition, or the frames) are kept with their counts and sorted per table.
+struct CountedTable {
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;
+  std::vector<int32_t> plain;     // by need, ascending
+  std::vector<uint32_t> plain_to; // plain_to[h]: the plain tokens that need at most h iterations
+  struct Other {
+    int32_t id;
+    uint32_t inside;           // least iterations of a path still inside at its end (kNone)
+    uint32_t exit_lo, exit_hi; // least and most of a path that left the repetition (kNone)
+    bool gap;                  // some count between exit_lo and exit_hi is no path's
+    bool escape;               // a path left the known frames with bytes to read
+  };
+  std::vector<Other> others;
+  uint32_t max_need = 1; // every count past it allows the same
+  size_t vocabulary_size = 0;
+  bool overflowed = false;
+
+  std::mutex mutex; // guards `derived`
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const ContextTable>> derived;
+  // Under GrammarTableCache::mutex: held by the shared cache, and the bytes charged to it.
+  bool in_cache = false;
+  size_t charged = 0;
+
+  size_t base_bytes() const {
+    return plain.size() * sizeof(int32_t) + plain_to.size() * sizeof(uint32_t) +
+           others.size() * sizeof(Other);
+  }
+};
+
 } // namespace matcher_detail
 
 // Context tables, shared by every grammar compiled against the vocabulary. A table depends only
@@ -80,7 +152,9 @@ struct GrammarTableCache {
   size_t max_bytes = kDefaultMaxBytes; // under `mutex`
   struct Variant {
     ByteSet follow;
-    std::shared_ptr<const matcher_detail::ContextTable> table;
+    std::shared_ptr<const matcher_detail::ContextTable> table; // or
+    std::shared_ptr<matcher_detail::CountedTable> counted;     // under a counted key ('c' first)
+    size_t bytes() const { return table ? table->bytes() : counted->charged; }
   };
   struct Entry {
     std::vector<Variant> variants;
@@ -109,6 +183,7 @@ struct GrammarTableCache {
     if (it == entries.end()) return found;
     order.splice(order.begin(), order, it->second.at);
     for (const Variant &v : it->second.variants) {
+      if (!v.table) continue;
       if (v.follow == follow) return {v.table, nullptr};
       if (holds(v.follow, follow) &&
           (!found.wider || v.table->uncertain.size() < found.wider->uncertain.size()))
@@ -116,8 +191,43 @@ struct GrammarTableCache {
     }
     return found;
   }
+  struct FoundCounted {
+    std::shared_ptr<matcher_detail::CountedTable> exact, wider; // as Found
+  };
+  FoundCounted find_counted(const std::string &key, const ByteSet &follow) {
+    std::lock_guard lock(mutex);
+    FoundCounted found;
+    auto it = entries.find(key);
+    if (it == entries.end()) return found;
+    order.splice(order.begin(), order, it->second.at);
+    for (const Variant &v : it->second.variants) {
+      if (!v.counted) continue;
+      if (v.follow == follow) return {v.counted, nullptr};
+      if (holds(v.follow, follow) &&
+          (!found.wider || v.counted->others.size() < found.wider->others.size()))
+        found.wider = v.counted;
+    }
+    return found;
+  }
   void insert(const std::string &key, const ByteSet &follow,
               std::shared_ptr<const matcher_detail::ContextTable> table) {
+    insert_variant(key, {follow, std::move(table), nullptr});
+  }
+  void insert_counted(const std::string &key, const ByteSet &follow,
+                      std::shared_ptr<matcher_detail::CountedTable> counted) {
+    insert_variant(key, {follow, nullptr, std::move(counted)});
+  }
+  // A table derived from a counted one: its bytes count while the cache holds that one.
+  void charge(matcher_detail::CountedTable &counted, size_t n) {
+    std::lock_guard lock(mutex);
+    if (!counted.in_cache) return;
+    counted.charged += n;
+    bytes += n;
+    evict();
+  }
+
+private:
+  void insert_variant(const std::string &key, Variant variant) {
     std::lock_guard lock(mutex);
     auto [it, fresh] = entries.try_emplace(key);
     if (fresh) {
@@ -128,13 +238,24 @@ struct GrammarTableCache {
       order.splice(order.begin(), order, it->second.at);
     }
     for (const Variant &v : it->second.variants)
-      if (v.follow == follow) return; // another grammar made it meanwhile
-    bytes += table->bytes();
-    it->second.variants.push_back({follow, std::move(table)});
+      if (v.follow == variant.follow && !v.table == !variant.table)
+        return; // another grammar made it meanwhile
+    if (variant.counted) {
+      variant.counted->in_cache = true;
+      variant.counted->charged = variant.counted->base_bytes();
+    }
+    bytes += variant.bytes();
+    it->second.variants.push_back(std::move(variant));
+    evict();
+  }
+  void evict() {
     while (bytes > max_bytes && order.size() > 1) {
       auto last = entries.find(order.back());
       bytes -= 2 * last->first.size();
-      for (const Variant &v : last->second.variants) bytes -= v.table->bytes();
+      for (const Variant &v : last->second.variants) {
+        bytes -= v.bytes();
+        if (v.counted) v.counted->in_cache = false;
+      }
       entries.erase(last);
       order.pop_back();
     }
@@ -154,6 +275,12 @@ public:
   std::vector<int32_t> end_tokens;
   size_t terminal_positions = 0;
   double seconds = 0;
+  // Bounded repetitions (grammar_counted.cpp): the places whose tables come from a counting walk,
+  // by position; which rules are counting rules; where their code starts (every position before
+  // it is the grammar's own).
+  std::unordered_map<uint32_t, matcher_detail::CountedSpot> counted_spots;
+  std::vector<bool> counting_rule;
+  size_t own_code_size = 0;
 
   // The table of a stack's top frames: its top position and the return positions of up to
   // kContextFrames - 1 frames below, with `rooted` when those are all the frames there are (then
@@ -168,8 +295,13 @@ public:
   GrammarCompileStats stats() const;
 
 private:
+  std::shared_ptr<const Table> counted_table(std::span<const uint32_t> frames, bool rooted,
+                                             const ByteSet &follow) const;
+
   mutable std::mutex mutex_;
   mutable std::unordered_map<std::string, std::shared_ptr<const Table>> tables_;
+  // Counting walks whose code is too long a key to share (kept for this grammar's other counts).
+  mutable std::unordered_map<std::string, std::shared_ptr<matcher_detail::CountedTable>> counted_;
   mutable GrammarCompileStats computed_;
 };
 
@@ -271,6 +403,42 @@ private:
   std::vector<uint64_t> seen_;
   std::unordered_set<uint64_t> seen_set_;
 };
+
+// The vocabulary's trie walked from one stack context, skipping a subtree as soon as its bytes
+// decide it. `walk.descend(level, byte)` gives the level after a byte (Level: `escape`, a path left
+// the known frames with bytes still to read; `sentinel`, a path left them on this byte) and
+// `walk.alive(level)` whether some stack reads on; `at(level, from, to)` is told the tokens
+// (trie order) that end at each node, `uncertain(from, to)` those under a node where the walk
+// stops with paths that went on below the frames (walked on the real stack at mask time).
+template <class Walk, class At, class Uncertain>
+void walk_trie(const GrammarVocabulary &v, Walk &walk, size_t &visited, At &&at,
+               Uncertain &&uncertain) {
+  const auto &nodes = v.nodes();
+  auto end_of_subtree = [&](uint32_t i) { // the first token after node i's subtree
+    return nodes[i].skip < nodes.size() ? nodes[nodes[i].skip].first
+                                        : uint32_t(v.token_ids().size());
+  };
+  std::vector<typename Walk::Level> levels{walk.root()};
+  for (uint32_t i = 1; i < nodes.size();) {
+    const auto &node = nodes[i];
+    const size_t d = node.depth;
+    ++visited;
+    const typename Walk::Level level = walk.descend(levels[d - 1], node.byte);
+    at(level, node.first, node.last);
+    if (!walk.alive(level)) {
+      if (level.escape)
+        uncertain(node.last, end_of_subtree(i));
+      else if (level.sentinel)
+        for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
+          if (walk.follows(nodes[c].byte)) uncertain(nodes[c].first, end_of_subtree(c));
+      i = node.skip;
+      continue;
+    }
+    if (levels.size() <= d) levels.resize(d + 1);
+    levels[d] = level;
+    ++i;
+  }
+}
 
 inline void set_bit(std::vector<uint64_t> &bits, size_t i) {
   bits[i >> 6] |= uint64_t(1) << (i & 63);

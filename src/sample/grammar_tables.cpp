@@ -94,13 +94,15 @@ public:
     uint32_t state = 0;    // WalkAutomaton state; 0: no stack is alive
     bool escape = false;   // a path left the known frames before here and may go on below them
     bool sentinel = false; // a path left them exactly here
+    bool here = false;     // a token ending on this byte is accepted
   };
 
   ContextWalk(const ContextWalk &) = delete; // members refer to each other
   ContextWalk &operator=(const ContextWalk &) = delete;
-  ContextWalk(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted)
-      : follow_(rooted ? none_ : g.follow[g.rule_of[frames.back()]]), ex_(g, arena_),
-        automaton_(g, arena_, ex_) {
+  // `follow`: what may come after the deepest frame's rule (deepest_follow).
+  ContextWalk(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted,
+              const ByteSet &follow)
+      : follow_(follow), ex_(g, arena_), automaton_(g, arena_, ex_) {
     uint32_t below = rooted ? kRoot : kSentinel;
     for (size_t f = frames.size(); f-- > 1;) below = arena_.intern(frames[f], below);
     const uint32_t top = arena_.intern(frames[0], below);
@@ -109,14 +111,14 @@ public:
 
   const Level &root() const { return root_; }
   bool overflowed() const { return automaton_.overflowed(); }
-  // The level after `byte`; `here`: a token ending on this byte is accepted.
-  Level descend(const Level &up, uint8_t byte, bool &here) {
+  Level descend(const Level &up, uint8_t byte) {
     const uint32_t next = automaton_.step(up.state, byte);
-    here = next != 0; // a stack is alive, or a path left the frames or finished
     // Leaving the deepest known frame's rule: what may be read next is what may follow it.
     return {next >> 2, up.escape || (up.sentinel && follow_.test(byte)),
-            bool(next & WalkAutomaton::kSentinelFlag)};
+            bool(next & WalkAutomaton::kSentinelFlag),
+            next != 0}; // here: a stack is alive, or a path left the frames or finished
   }
+  bool alive(const Level &level) const { return level.state != 0; }
   // `byte` may come after the deepest known frame's rule.
   bool follows(uint8_t byte) const { return follow_.test(byte); }
 
@@ -125,10 +127,11 @@ public:
   Verdict classify(std::string_view bytes) {
     Level level = root_;
     for (size_t k = 0; k < bytes.size(); ++k) {
-      bool here = false;
-      level = descend(level, uint8_t(bytes[k]), here);
+      level = descend(level, uint8_t(bytes[k]));
       if (k + 1 == bytes.size())
-        return here ? Verdict::kAccepted : level.escape ? Verdict::kUncertain : Verdict::kRejected;
+        return level.here     ? Verdict::kAccepted
+               : level.escape ? Verdict::kUncertain
+                              : Verdict::kRejected;
       if (level.state == 0)
         return level.escape || (level.sentinel && follows(uint8_t(bytes[k + 1])))
                    ? Verdict::kUncertain
@@ -138,7 +141,6 @@ public:
   }
 
 private:
-  ByteSet none_;
   const ByteSet &follow_;
   StackArena arena_;
   Expander ex_;
@@ -176,48 +178,27 @@ private:
   size_t count_ = 0;
 };
 
-// Sorts every token of the vocabulary for a context: a walk of the trie, which skips a subtree as
-// soon as its bytes decide it.
+// Sorts every token of the vocabulary for a context.
 std::shared_ptr<const ContextTable> walk_vocabulary(const CompiledGrammar &g,
                                                     std::span<const uint32_t> frames, bool rooted,
-                                                    size_t &visited) {
-  const GrammarVocabulary &v = *g.vocabulary;
-  const auto &nodes = v.nodes();
-  const auto &ids = v.token_ids();
+                                                    const ByteSet &follow, size_t &visited) {
+  const auto &ids = g.vocabulary->token_ids();
   auto table = std::make_shared<ContextTable>();
-  ContextWalk walk(g, frames, rooted);
-  std::vector<ContextWalk::Level> levels{walk.root()};
+  ContextWalk walk(g, frames, rooted, follow);
   TokenRuns accepted;
   auto uncertain = [&](uint32_t from, uint32_t to) {
     table->uncertain.insert(table->uncertain.end(), ids.begin() + from, ids.begin() + to);
   };
-  auto end_of_subtree = [&](uint32_t i) { // the first token after node i's subtree
-    return nodes[i].skip < nodes.size() ? nodes[nodes[i].skip].first : uint32_t(ids.size());
-  };
-  for (uint32_t i = 1; i < nodes.size();) {
-    const auto &node = nodes[i];
-    const size_t d = node.depth;
-    bool here = false;
-    ++visited;
-    const ContextWalk::Level level = walk.descend(levels[d - 1], node.byte, here);
-    if (here)
-      accepted.add(node.first, node.last);
-    else if (level.escape)
-      uncertain(node.first, node.last);
-    if (level.state == 0) {
-      if (level.escape)
-        uncertain(node.last, end_of_subtree(i));
-      else if (level.sentinel)
-        for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
-          if (walk.follows(nodes[c].byte)) uncertain(nodes[c].first, end_of_subtree(c));
-      i = node.skip;
-      continue;
-    }
-    if (levels.size() <= d) levels.resize(d + 1);
-    levels[d] = level;
-    ++i;
-  }
-  accepted.store(v, *table);
+  walk_trie(
+      *g.vocabulary, walk, visited,
+      [&](const ContextWalk::Level &level, uint32_t from, uint32_t to) {
+        if (level.here)
+          accepted.add(from, to);
+        else if (level.escape)
+          uncertain(from, to);
+      },
+      uncertain);
+  accepted.store(*g.vocabulary, *table);
   table->overflowed = walk.overflowed();
   return table;
 }
@@ -226,11 +207,12 @@ std::shared_ptr<const ContextTable> walk_vocabulary(const CompiledGrammar &g,
 // tokens (accepting a token never reads FOLLOW), and its uncertain ones sorted again, since some
 // left the frames on a byte this FOLLOW set lacks.
 std::shared_ptr<const ContextTable> refine(const CompiledGrammar &g, const ContextTable &wider,
-                                           std::span<const uint32_t> frames, bool rooted) {
+                                           std::span<const uint32_t> frames, bool rooted,
+                                           const ByteSet &follow) {
   auto table = std::make_shared<ContextTable>();
   table->accepted_ids = wider.accepted_ids;
   table->accepted_bits = wider.accepted_bits;
-  ContextWalk walk(g, frames, rooted);
+  ContextWalk walk(g, frames, rooted, follow);
   for (int32_t u : wider.uncertain)
     if (walk.classify(g.vocabulary->texts().bytes[size_t(u)]) == ContextWalk::Verdict::kUncertain)
       table->uncertain.push_back(u);
@@ -253,7 +235,7 @@ struct ClosureKey {
 // is one such context per count of the repetition.
 constexpr size_t kMaxKeyBytes = 8192;
 std::optional<ClosureKey> closure_key(const CompiledGrammar &g, std::span<const uint32_t> frames,
-                                      bool rooted) {
+                                      bool rooted, const ByteSet &follow) {
   std::string code;
   auto put = [&code](const void *p, size_t n) { code.append(static_cast<const char *>(p), n); };
   std::vector<uint32_t> number(g.grammar.rules.size(), kRoot), queue;
@@ -295,7 +277,7 @@ std::optional<ClosureKey> closure_key(const CompiledGrammar &g, std::span<const 
   out.key.assign(reinterpret_cast<const char *>(&reached), sizeof(reached));
   out.key += !below ? 's' : rooted ? 'r' : 'u';
   out.key += code;
-  if (below && !rooted) out.follow = g.follow[g.rule_of[frames.back()]];
+  if (below && !rooted) out.follow = follow;
   return out;
 }
 
@@ -322,6 +304,67 @@ size_t GrammarVocabulary::shared_table_bytes() const {
   return tables_->bytes;
 }
 
+// What may be read after the deepest of a context's frames (nothing when rooted).
+const ByteSet &deepest_follow(const CompiledGrammar &g, std::span<const uint32_t> frames,
+                              bool rooted) {
+  static const ByteSet none;
+  return rooted ? none : g.follow[g.rule_of[frames.back()]];
+}
+
+// A context inside a bounded repetition: its table derived from the counting walk of the same
+// context with the repetition's place replaced by its counting rule's (the topmost such frame;
+// any below it stay as they are), walked once for every count and shared like a table. Null where
+// no frame is such a place, or the counting walk met too many parses (the context is then walked
+// as it is).
+std::shared_ptr<const CompiledGrammar::Table>
+CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
+                               const ByteSet &deepest) const {
+  const CountedSpot *spot = nullptr;
+  uint32_t abstract[kContextFrames];
+  for (size_t f = 0; f < frames.size(); ++f) {
+    abstract[f] = frames[f];
+    if (spot) continue;
+    if (auto it = counted_spots.find(frames[f]); it != counted_spots.end()) {
+      spot = &it->second;
+      abstract[f] = spot->abstract_pos;
+    }
+  }
+  if (!spot) return nullptr;
+  const std::span<const uint32_t> context(abstract, frames.size());
+  GrammarTableCache &shared = vocabulary->table_cache();
+  std::optional<ClosureKey> closure = closure_key(*this, context, rooted, deepest);
+  if (closure) closure->key.insert(0, 1, 'c');
+  std::string local(reinterpret_cast<const char *>(abstract), frames.size() * sizeof(uint32_t));
+  local += rooted ? 'r' : 'u';
+  std::shared_ptr<CountedTable> counted;
+  GrammarTableCache::FoundCounted found;
+  if (closure) {
+    found = shared.find_counted(closure->key, closure->follow);
+    counted = found.exact;
+  } else if (auto it = counted_.find(local); it != counted_.end()) {
+    counted = it->second;
+  }
+  if (!counted) {
+    if (found.wider) {
+      counted = refine_counted(*this, *found.wider, context, rooted, deepest);
+      ++computed_.refined_tables;
+    } else {
+      counted = walk_counted(*this, context, rooted, deepest, computed_.trie_nodes_walked);
+      ++computed_.counting_walks;
+    }
+    if (closure && !counted->overflowed)
+      shared.insert_counted(closure->key, closure->follow, counted);
+    else
+      counted_.emplace(local, counted);
+  }
+  if (counted->overflowed) return nullptr;
+  size_t grown = 0;
+  auto table = derive_counted(*counted, spot->lo, spot->hi, grown);
+  if (grown) shared.charge(*counted, grown);
+  ++computed_.counted_tables;
+  return table;
+}
+
 const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> frames,
                                                      bool rooted) const {
   std::string key(reinterpret_cast<const char *>(frames.data()), frames.size() * sizeof(uint32_t));
@@ -329,23 +372,27 @@ const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> f
   std::lock_guard lock(mutex_);
   if (auto it = tables_.find(key); it != tables_.end()) return *it->second;
   const auto t0 = std::chrono::steady_clock::now();
-  GrammarTableCache &shared = vocabulary->table_cache();
-  const std::optional<ClosureKey> closure = closure_key(*this, frames, rooted);
-  const GrammarTableCache::Found found =
-      closure ? shared.find(closure->key, closure->follow) : GrammarTableCache::Found{};
-  std::shared_ptr<const Table> made = found.exact;
-  if (made) {
-    ++computed_.shared_tables;
-  } else {
-    if (found.wider) {
-      made = refine(*this, *found.wider, frames, rooted);
-      ++computed_.refined_tables;
+  const ByteSet &deepest = deepest_follow(*this, frames, rooted);
+  std::shared_ptr<const Table> made = counted_table(frames, rooted, deepest);
+  if (!made) {
+    GrammarTableCache &shared = vocabulary->table_cache();
+    const std::optional<ClosureKey> closure = closure_key(*this, frames, rooted, deepest);
+    const GrammarTableCache::Found found =
+        closure ? shared.find(closure->key, closure->follow) : GrammarTableCache::Found{};
+    made = found.exact;
+    if (made) {
+      ++computed_.shared_tables;
     } else {
-      made = walk_vocabulary(*this, frames, rooted, computed_.trie_nodes_walked);
+      if (found.wider) {
+        made = refine(*this, *found.wider, frames, rooted, deepest);
+        ++computed_.refined_tables;
+      } else {
+        made = walk_vocabulary(*this, frames, rooted, deepest, computed_.trie_nodes_walked);
+      }
+      // An overflowed walk depends on how this grammar's positions happen to coincide, which the
+      // key does not say: such a table stays this grammar's.
+      if (closure && !made->overflowed) shared.insert(closure->key, closure->follow, made);
     }
-    // An overflowed walk depends on how this grammar's positions happen to coincide, which the
-    // key does not say: such a table stays this grammar's.
-    if (closure && !made->overflowed) shared.insert(closure->key, closure->follow, made);
   }
   const Table &t = *tables_.emplace(std::move(key), std::move(made)).first->second;
   ++computed_.computed_tables;
@@ -357,7 +404,7 @@ const CompiledGrammar::Table &CompiledGrammar::table(std::span<const uint32_t> f
 }
 
 void precompute_all(const CompiledGrammar &grammar) {
-  for (uint32_t p = 0; p < grammar.code.size(); ++p)
+  for (uint32_t p = 0; p < grammar.own_code_size; ++p)
     if (grammar.code[p].op == Op::kBytes) {
       const uint32_t frame[1] = {p};
       (void)grammar.table(frame, false);
