@@ -387,49 +387,65 @@ uint32_t shifted(uint32_t v, uint32_t base) { return v == CountedTable::kNone ? 
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
                                            const ByteSet &follow, size_t &visited) {
+  using Counts = CountedTable::Counts;
+  constexpr uint32_t kNone = CountedTable::kNone;
   const auto &ids = g.vocabulary->token_ids();
   auto table = std::make_shared<CountedTable>();
   table->vocabulary_size = g.vocabulary->size();
   CountingWalk walk(g, frames, rooted, follow);
-  std::vector<std::pair<uint32_t, int32_t>> plain; // (need, id)
+  std::vector<Counts> plain;
   auto other = [&](uint32_t from, uint32_t to, const CountedTable::Other &o) {
     for (uint32_t k = from; k < to; ++k) {
       table->others.push_back(o);
-      table->others.back().id = ids[k];
+      table->others.back().counts.id = ids[k];
     }
   };
-  const CountedTable::Other uncertain_only{
-      0, CountedTable::kNone, CountedTable::kNone, CountedTable::kNone, false, true};
   walk_trie(
       *g.vocabulary, walk, visited,
       [&](const CountingWalk::Level &level, uint32_t from, uint32_t to) {
         if (from == to) return;
         const CountingAutomaton::Info &info = walk.info(level);
-        const uint32_t inside = shifted(info.inside, level.base);
-        const uint32_t exit_lo = shifted(info.exit_lo, level.base);
-        if (inside != CountedTable::kNone && exit_lo == CountedTable::kNone && !level.escape) {
-          for (uint32_t k = from; k < to; ++k) plain.push_back({inside, ids[k]});
-          table->max_need = std::max(table->max_need, inside);
+        Counts c{0, shifted(info.inside, level.base), shifted(info.exit_lo, level.base),
+                 shifted(info.exit_lo == kNone ? kNone : info.exit_hi, level.base)};
+        if (c.inside == kNone && c.exit_lo == kNone && !level.escape) return; // never
+        if (c.inside != kNone) table->max_need = std::max(table->max_need, c.inside);
+        if (c.exit_lo != kNone) table->max_need = std::max(table->max_need, c.exit_hi);
+        if (level.escape || info.gap) {
+          other(from, to, {c, info.gap, level.escape});
           return;
         }
-        if (inside == CountedTable::kNone && exit_lo == CountedTable::kNone && !level.escape)
-          return; // rejected at every count
-        const uint32_t exit_hi =
-            exit_lo == CountedTable::kNone ? CountedTable::kNone : info.exit_hi + level.base;
-        if (inside != CountedTable::kNone) table->max_need = std::max(table->max_need, inside);
-        if (exit_lo != CountedTable::kNone) table->max_need = std::max(table->max_need, exit_hi);
-        other(from, to, {0, inside, exit_lo, exit_hi, info.gap, level.escape});
+        for (uint32_t k = from; k < to; ++k) {
+          c.id = ids[k];
+          plain.push_back(c);
+        }
       },
-      [&](uint32_t from, uint32_t to) { other(from, to, uncertain_only); });
+      [&](uint32_t from, uint32_t to) {
+        other(from, to, {{0, kNone, kNone, kNone}, false, true});
+      });
   table->overflowed = walk.overflowed();
-  std::sort(plain.begin(), plain.end());
-  table->plain.reserve(plain.size());
-  table->plain_to.assign(size_t(table->max_need) + 1, 0);
-  for (const auto &[need, id] : plain) {
-    table->plain.push_back(id);
-    ++table->plain_to[need];
+  // Counting sorts (keys are counts, at most max_need): by key, then by where exits start.
+  auto p = std::make_shared<CountedTable::Plain>();
+  auto key = [](const Counts &c) { return std::min(c.inside, c.exit_lo); };
+  p->to.assign(size_t(table->max_need) + 1, 0);
+  p->exit_to.assign(size_t(table->max_need) + 1, 0);
+  size_t with_exits = 0;
+  for (const Counts &c : plain) {
+    ++p->to[key(c)];
+    if (c.exit_lo != kNone) ++p->exit_to[c.exit_lo], ++with_exits;
   }
-  for (size_t h = 1; h < table->plain_to.size(); ++h) table->plain_to[h] += table->plain_to[h - 1];
+  for (size_t h = 1; h < p->to.size(); ++h) {
+    p->to[h] += p->to[h - 1];
+    p->exit_to[h] += p->exit_to[h - 1];
+  }
+  p->ids.resize(plain.size());
+  p->by_exit.resize(with_exits);
+  std::vector<uint32_t> at(p->to.size(), 0), exit_at(p->exit_to.size(), 0);
+  for (size_t h = 1; h < at.size(); ++h) at[h] = p->to[h - 1], exit_at[h] = p->exit_to[h - 1];
+  for (const Counts &c : plain) {
+    p->ids[at[key(c)]++] = c.id;
+    if (c.exit_lo != kNone) p->by_exit[exit_at[c.exit_lo]++] = c;
+  }
+  table->plain = std::move(p);
   return table;
 }
 
@@ -438,18 +454,54 @@ std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const Cou
                                              const ByteSet &follow) {
   auto table = std::make_shared<CountedTable>();
   table->plain = wider.plain;
-  table->plain_to = wider.plain_to;
   table->max_need = wider.max_need;
   table->vocabulary_size = wider.vocabulary_size;
   CountingWalk walk(g, frames, rooted, follow);
   for (CountedTable::Other o : wider.others) {
-    if (o.escape) o.escape = walk.escapes(g.vocabulary->texts().bytes[size_t(o.id)]);
-    if (o.escape || o.inside != CountedTable::kNone || o.exit_lo != CountedTable::kNone)
+    if (o.escape) o.escape = walk.escapes(g.vocabulary->texts().bytes[size_t(o.counts.id)]);
+    if (o.escape || o.counts.inside != CountedTable::kNone ||
+        o.counts.exit_lo != CountedTable::kNone)
       table->others.push_back(o);
   }
   table->overflowed = wider.overflowed || walk.overflowed();
   return table;
 }
+
+namespace {
+
+// The plain tokens with key <= hi as a bitset: from the nearest prefix made before, by the
+// difference, else from nothing.
+std::shared_ptr<const std::vector<uint64_t>> prefix_bits(CountedTable::Plain &plain, uint32_t hi,
+                                                         size_t vocabulary_size) {
+  std::lock_guard lock(plain.mutex);
+  if (auto it = plain.prefix_bits.find(hi); it != plain.prefix_bits.end()) return it->second;
+  const size_t n = plain.to[hi];
+  const std::vector<uint64_t> *near = nullptr;
+  size_t near_n = 0, near_cost = n;
+  for (const auto &[h, bits] : plain.prefix_bits) {
+    const size_t m = plain.to[h];
+    const size_t cost = m > n ? m - n : n - m;
+    if (cost < near_cost) near = bits.get(), near_n = m, near_cost = cost;
+  }
+  auto bits = std::make_shared<std::vector<uint64_t>>();
+  if (near) {
+    *bits = *near;
+    for (size_t k = std::min(near_n, n); k < std::max(near_n, n); ++k) {
+      const size_t id = size_t(plain.ids[k]);
+      if (near_n > n)
+        (*bits)[id >> 6] &= ~(uint64_t(1) << (id & 63));
+      else
+        set_bit(*bits, id);
+    }
+  } else {
+    bits->assign((vocabulary_size + 63) / 64, 0);
+    for (size_t k = 0; k < n; ++k) set_bit(*bits, size_t(plain.ids[k]));
+  }
+  plain.prefix_bits.emplace(hi, bits);
+  return bits;
+}
+
+} // namespace
 
 std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32_t lo, uint32_t hi,
                                                    size_t &grown) {
@@ -460,42 +512,42 @@ std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32
   std::lock_guard lock(counted.mutex);
   if (auto it = counted.derived.find({lo, hi}); it != counted.derived.end()) return it->second;
   auto table = std::make_shared<ContextTable>();
-  const size_t n_plain = counted.plain_to[hi];
-  const auto &plain = counted.plain;
+  CountedTable::Plain &plain = *counted.plain;
+  const size_t n_plain = plain.to[hi];
+  // The prefix, less the tokens it holds whose exits start below lo and that no count in [lo, hi]
+  // accepts (a token outside the prefix is accepted at no such count).
+  const auto below_lo = std::span(plain.by_exit).first(lo > 1 ? plain.exit_to[lo - 1] : 0);
+  auto refused = [&](const CountedTable::Counts &c) {
+    return std::min(c.inside, c.exit_lo) <= hi && !CountedTable::accepted(c, lo, hi);
+  };
   if (n_plain * 32 > counted.vocabulary_size) {
-    // A bitset: from the derived table with the nearest plain prefix, if any, by the difference.
-    const ContextTable *near = nullptr;
-    size_t near_n = 0, near_cost = n_plain;
-    for (const auto &[bounds, t] : counted.derived) {
-      if (t->accepted_bits.empty()) continue;
-      const size_t n = counted.plain_to[bounds.second];
-      const size_t cost = n > n_plain ? n - n_plain : n_plain - n;
-      if (cost < near_cost) near = t.get(), near_n = n, near_cost = cost;
-    }
-    if (near) {
-      table->accepted_bits = near->accepted_bits;
-      for (size_t k = std::min(near_n, n_plain); k < std::max(near_n, n_plain); ++k) {
-        const size_t id = size_t(plain[k]);
-        if (near_n > n_plain)
-          table->accepted_bits[id >> 6] &= ~(uint64_t(1) << (id & 63));
-        else
-          set_bit(table->accepted_bits, id);
-      }
-    } else {
-      table->accepted_bits.assign((counted.vocabulary_size + 63) / 64, 0);
-      for (size_t k = 0; k < n_plain; ++k) set_bit(table->accepted_bits, size_t(plain[k]));
-    }
+    table->accepted_bits = *prefix_bits(plain, hi, counted.vocabulary_size);
+    for (const CountedTable::Counts &c : below_lo)
+      if (refused(c))
+        table->accepted_bits[size_t(c.id) >> 6] &= ~(uint64_t(1) << (size_t(c.id) & 63));
   } else {
-    table->accepted_ids.assign(plain.begin(), plain.begin() + std::ptrdiff_t(n_plain));
+    table->accepted_ids.assign(plain.ids.begin(), plain.ids.begin() + std::ptrdiff_t(n_plain));
+    if (!below_lo.empty()) {
+      std::vector<int32_t> out;
+      for (const CountedTable::Counts &c : below_lo)
+        if (refused(c)) out.push_back(c.id);
+      std::sort(out.begin(), out.end());
+      std::erase_if(table->accepted_ids,
+                    [&](int32_t id) { return std::binary_search(out.begin(), out.end(), id); });
+    }
   }
   // The others: accepted where some path's count fits; uncertain where a path left the frames, or
   // where the counts their exits take have a gap around this range.
-  auto fits = [&](uint32_t v) { return v != CountedTable::kNone && lo <= v && v <= hi; };
   for (const CountedTable::Other &o : counted.others) {
-    if ((o.inside != CountedTable::kNone && o.inside <= hi) || fits(o.exit_lo) || fits(o.exit_hi))
-      table->accepted_ids.push_back(o.id);
-    else if (o.escape || (o.gap && o.exit_lo < lo && hi < o.exit_hi))
-      table->uncertain.push_back(o.id);
+    const CountedTable::Counts &c = o.counts;
+    const bool ends_fit =
+        (c.exit_lo != CountedTable::kNone && lo <= c.exit_lo && c.exit_lo <= hi) ||
+        (c.exit_lo != CountedTable::kNone && lo <= c.exit_hi && c.exit_hi <= hi);
+    if ((c.inside != CountedTable::kNone && c.inside <= hi) ||
+        (o.gap ? ends_fit : CountedTable::accepted(c, lo, hi)))
+      table->accepted_ids.push_back(c.id);
+    else if (o.escape || (o.gap && c.exit_lo < lo && hi < c.exit_hi))
+      table->uncertain.push_back(c.id);
   }
   grown = table->bytes();
   counted.derived.emplace(std::make_pair(lo, hi), table);

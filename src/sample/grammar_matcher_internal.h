@@ -106,20 +106,42 @@ std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const Cou
                                              const ByteSet &follow);
 
 // One walk of the vocabulary from a counting context: for every token, how many iterations its
-// paths need. Tokens whose every path stays inside the repetition ("plain") are sorted by the
-// least iterations they need, so a table for `hi` is a prefix of them; the others (a path leaves
-// the repetition, or the frames) are kept with their counts and sorted per table.
+// paths need. A token is accepted at [lo, hi] when a path still inside the repetition at its end
+// needs at most hi (`inside`), or a path that left it did so at a count in [lo, hi] (exits, from
+// `exit_lo` to `exit_hi`). Where lo is at most exit_lo (always so for lo = 1: every tail and star)
+// that is `key = min(inside, exit_lo) <= hi`: the plain tokens (no gap in their exits, no path out
+// of the frames) are sorted by key, so a table is a prefix of them, corrected for lo > 1 through
+// those whose exits start below lo. The others are compared one by one.
 struct CountedTable {
   static constexpr uint32_t kNone = 0xFFFFFFFFu;
-  std::vector<int32_t> plain;     // by need, ascending
-  std::vector<uint32_t> plain_to; // plain_to[h]: the plain tokens that need at most h iterations
-  struct Other {
+  struct Counts {
     int32_t id;
-    uint32_t inside;           // least iterations of a path still inside at its end (kNone)
-    uint32_t exit_lo, exit_hi; // least and most of a path that left the repetition (kNone)
-    bool gap;                  // some count between exit_lo and exit_hi is no path's
-    bool escape;               // a path left the known frames with bytes to read
+    uint32_t inside, exit_lo, exit_hi; // kNone: no such path
   };
+  static bool accepted(const Counts &c, uint32_t lo, uint32_t hi) {
+    return (c.inside != kNone && c.inside <= hi) ||
+           (c.exit_lo != kNone && std::max(lo, c.exit_lo) <= std::min(hi, c.exit_hi));
+  }
+  // The plain tokens, shared by the tables refined from this one (FOLLOW never changes them).
+  struct Plain {
+    std::vector<int32_t> ids;      // by key, ascending
+    std::vector<uint32_t> to;      // to[h]: how many have key <= h
+    std::vector<Counts> by_exit;   // those with exits, by exit_lo ascending
+    std::vector<uint32_t> exit_to; // exit_to[h]: how many of by_exit have exit_lo <= h
+    std::mutex mutex;              // guards prefix_bits
+    // The prefix of `ids` up to key h as a bitset over the vocabulary, for the h met.
+    std::map<uint32_t, std::shared_ptr<const std::vector<uint64_t>>> prefix_bits;
+    size_t bytes() const {
+      return ids.size() * sizeof(int32_t) + (to.size() + exit_to.size()) * sizeof(uint32_t) +
+             by_exit.size() * sizeof(Counts);
+    }
+  };
+  struct Other {
+    Counts counts;
+    bool gap;    // some count between exit_lo and exit_hi is no path's
+    bool escape; // a path left the known frames with bytes to read
+  };
+  std::shared_ptr<Plain> plain;
   std::vector<Other> others;
   uint32_t max_need = 1; // every count past it allows the same
   size_t vocabulary_size = 0;
@@ -131,10 +153,7 @@ struct CountedTable {
   bool in_cache = false;
   size_t charged = 0;
 
-  size_t base_bytes() const {
-    return plain.size() * sizeof(int32_t) + plain_to.size() * sizeof(uint32_t) +
-           others.size() * sizeof(Other);
-  }
+  size_t base_bytes() const { return plain->bytes() + others.size() * sizeof(Other); }
 };
 
 } // namespace matcher_detail
