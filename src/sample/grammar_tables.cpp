@@ -253,6 +253,8 @@ std::optional<ClosureKey> closure_key(const CompiledGrammar &g, std::span<const 
         put(&c.value, sizeof(c.value));
         return false;
       case Op::kRule:
+        // A counting rule counts where a real rule of the same code does not: keys must differ.
+        if (g.counting_rule[c.value]) code.push_back('C');
         if (number[c.value] == kRoot) {
           number[c.value] = uint32_t(queue.size());
           queue.push_back(c.value);
@@ -334,15 +336,18 @@ CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
   GrammarTableCache &shared = vocabulary->table_cache();
   std::optional<ClosureKey> closure = closure_key(*this, context, rooted, deepest);
   if (closure) closure->key.insert(0, 1, 'c');
+  // This grammar's own walks (no shared key, or overflowed): by the frames and FOLLOW, which the
+  // walk sorts leaving tokens by.
   std::string local(reinterpret_cast<const char *>(abstract), frames.size() * sizeof(uint32_t));
   local += rooted ? 'r' : 'u';
+  local.append(reinterpret_cast<const char *>(deepest.bits.data()), sizeof(deepest.bits));
   std::shared_ptr<CountedTable> counted;
   GrammarTableCache::FoundCounted found;
-  if (closure) {
+  if (auto it = counted_.find(local); it != counted_.end()) {
+    counted = it->second;
+  } else if (closure) {
     found = shared.find_counted(closure->key, closure->follow);
     counted = found.exact;
-  } else if (auto it = counted_.find(local); it != counted_.end()) {
-    counted = it->second;
   }
   if (!counted) {
     if (found.wider) {

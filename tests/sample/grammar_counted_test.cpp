@@ -32,8 +32,8 @@ std::shared_ptr<const TokenTexts> repetition_vocabulary(std::mt19937 &rng, size_
   return t;
 }
 
-// item{m,n}: the item a byte set, a choice of literals, an ambiguous choice ("a" | "ab" | "b":
-// "ab" is one iteration or two), or a nested repetition followed by a byte.
+// item{m,n}: the item a byte set, a choice of literals, an ambiguous choice, or a nested
+// repetition followed by a byte.
 Element random_repetition(GrammarBuilder &b, std::mt19937 &rng, int depth) {
   Sequence item;
   switch (rng() % 4) {
@@ -46,8 +46,11 @@ Element random_repetition(GrammarBuilder &b, std::mt19937 &rng, int depth) {
   case 1:
     item = {b.choice("lit", {b.literal("x"), b.literal("yz")})};
     break;
-  case 2:
-    item = {b.choice("ambiguous", {b.literal("a"), b.literal("ab"), b.literal("b")})};
+  case 2: // "ab" is one iteration or two; "xyz" one or three (a gap in the counts between)
+    item = rng() % 2
+               ? Sequence{b.choice("ambiguous", {b.literal("a"), b.literal("ab"), b.literal("b")})}
+               : Sequence{b.choice(
+                     "gapped", {b.literal("xyz"), b.literal("x"), b.literal("y"), b.literal("z")})};
     break;
   default:
     item = depth < 2 ? Sequence{random_repetition(b, rng, depth + 1), b.byte('c')}
