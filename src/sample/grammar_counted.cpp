@@ -110,29 +110,22 @@ std::vector<RepetitionSpot> add_counting_rules(Grammar &g) {
       const size_t m = end - first;
       // A lone copy with nothing after it is a repetition only as the last rule of a tail chain.
       if (tail == 0 && m < 2 && !(count[r] == 1 && continued[r] && a == 0)) continue;
+      // A rule item's places are where each copy returns to: none for a copy that ends the
+      // alternative (it returns to the rule's caller).
+      const bool at_item = x.kind == Element::Kind::kBytes;
+      const size_t places = at_item ? m : std::min(m, n - first - 1);
+      if (places == 0) continue;
       auto [it, fresh] = counting.try_emplace({uint8_t(x.kind), x.value}, 0);
       if (fresh) {
         it->second = n_rules + uint32_t(added.size());
         added.push_back({"counting-" + std::to_string(added.size()),
                          {{x, {Element::Kind::kRule, it->second}}, {}}});
       }
-      for (size_t i = 0; i < m; ++i) {
+      for (size_t i = 0; i < places; ++i) {
         const uint64_t lo = m - i;
         const uint64_t hi = tail == kNoCountLimit ? kNoCountLimit : lo + tail;
-        RepetitionSpot spot{r,
-                            a,
-                            uint32_t(first + i),
-                            it->second,
-                            true,
-                            uint32_t(lo),
-                            uint32_t(std::min<uint64_t>(hi, kNoCountLimit))};
-        if (x.kind == Element::Kind::kRule) {
-          // A rule item is on the stack below its own frames: the place is where it returns to.
-          if (first + i + 1 >= n) continue; // nothing: the item returns to the rule's caller
-          spot.element = uint32_t(first + i + 1);
-          spot.at_item = false;
-        }
-        spots.push_back(spot);
+        spots.push_back({r, a, uint32_t(first + i + (at_item ? 0 : 1)), it->second, at_item,
+                         uint32_t(lo), uint32_t(std::min<uint64_t>(hi, kNoCountLimit))});
       }
     }
   for (Rule &rule : added) g.rules.push_back(std::move(rule));
@@ -236,6 +229,7 @@ public:
     ByteSet live;       // bytes some top reads
     bool alive = false; // some top is a stack
     bool left = false;  // a path left the known frames on the last byte
+    uint32_t left_lo = CountedTable::kNone, left_hi = 0; // the counts of those paths
     uint32_t inside = CountedTable::kNone, exit_lo = CountedTable::kNone, exit_hi = 0;
     bool gap = false;
   };
@@ -261,7 +255,11 @@ public:
         exits.push_back(need);
       else
         info.inside = std::min(info.inside, need);
-      if (t.node == kLeftNode) info.left = true;
+      if (t.node == kLeftNode) {
+        info.left = true;
+        info.left_lo = std::min(info.left_lo, need);
+        info.left_hi = std::max(info.left_hi, need);
+      }
       if (pseudo(t.node)) continue;
       info.alive = true;
       const Code c = g_.code[arena_.nodes[t.node].pos];
@@ -335,6 +333,8 @@ public:
     uint32_t state = 0;
     uint32_t base = 0; // iterations entered before the state's relative counts
     bool escape = false, sentinel = false;
+    // The counts of the paths that left the frames and read on (escape), as the walk went.
+    uint32_t escape_lo = CountedTable::kNone, escape_hi = 0;
   };
 
   CountingWalk(const CountingWalk &) = delete;
@@ -351,8 +351,17 @@ public:
   const Level &root() const { return root_; }
   Level descend(const Level &up, uint8_t byte) {
     const auto [next, rise] = automaton_.step(up.state, byte);
-    return {next, up.base + rise, up.escape || (up.sentinel && follow_.test(byte)),
-            automaton_.info(next).left};
+    Level level{next,         up.base + rise, up.escape, automaton_.info(next).left,
+                up.escape_lo, up.escape_hi};
+    if (up.sentinel && follow_.test(byte)) widen_escape(level, up);
+    return level;
+  }
+  // `level`'s escape counts joined by the paths that left the frames on `up`'s byte.
+  void widen_escape(Level &level, const Level &up) const {
+    const CountingAutomaton::Info &left = automaton_.info(up.state);
+    level.escape = true;
+    level.escape_lo = std::min(level.escape_lo, left.left_lo + up.base);
+    level.escape_hi = std::max(level.escape_hi, left.left_hi + up.base);
   }
   bool alive(const Level &level) const { return automaton_.info(level.state).alive; }
   bool follows(uint8_t byte) const { return follow_.test(byte); }
@@ -395,6 +404,9 @@ std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
   CountingWalk walk(g, frames, rooted, follow);
   std::vector<Counts> plain;
   auto other = [&](uint32_t from, uint32_t to, const CountedTable::Other &o) {
+    // Counts past max_need are clamped to it: it must cover where paths leave the frames too.
+    if (o.escape && o.escape_lo != kNone)
+      table->max_need = std::max(table->max_need, o.escape_hi);
     for (uint32_t k = from; k < to; ++k) {
       table->others.push_back(o);
       table->others.back().counts.id = ids[k];
@@ -411,7 +423,7 @@ std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
         if (c.inside != kNone) table->max_need = std::max(table->max_need, c.inside);
         if (c.exit_lo != kNone) table->max_need = std::max(table->max_need, c.exit_hi);
         if (level.escape || info.gap) {
-          other(from, to, {c, info.gap, level.escape});
+          other(from, to, {c, info.gap, level.escape, level.escape_lo, level.escape_hi});
           return;
         }
         for (uint32_t k = from; k < to; ++k) {
@@ -419,8 +431,11 @@ std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
           plain.push_back(c);
         }
       },
-      [&](uint32_t from, uint32_t to) {
-        other(from, to, {{0, kNone, kNone, kNone}, false, true});
+      [&](const CountingWalk::Level &level, bool left_here, uint32_t from, uint32_t to) {
+        CountingWalk::Level escaped = level;
+        if (left_here) walk.widen_escape(escaped, level); // they leave on the next byte
+        other(from, to,
+              {{0, kNone, kNone, kNone}, false, true, escaped.escape_lo, escaped.escape_hi});
       });
   table->overflowed = walk.overflowed();
   // Counting sorts (keys are counts, at most max_need): by key, then by where exits start.
@@ -454,6 +469,7 @@ std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const Cou
                                              const ByteSet &follow) {
   auto table = std::make_shared<CountedTable>();
   table->plain = wider.plain;
+  table->owns_plain = false; // charged with the table it came from
   table->max_need = wider.max_need;
   table->vocabulary_size = wider.vocabulary_size;
   CountingWalk walk(g, frames, rooted, follow);
@@ -472,7 +488,7 @@ namespace {
 // The plain tokens with key <= hi as a bitset: from the nearest prefix made before, by the
 // difference, else from nothing.
 std::shared_ptr<const std::vector<uint64_t>> prefix_bits(CountedTable::Plain &plain, uint32_t hi,
-                                                         size_t vocabulary_size) {
+                                                         size_t vocabulary_size, size_t &grown) {
   std::lock_guard lock(plain.mutex);
   if (auto it = plain.prefix_bits.find(hi); it != plain.prefix_bits.end()) return it->second;
   const size_t n = plain.to[hi];
@@ -498,6 +514,7 @@ std::shared_ptr<const std::vector<uint64_t>> prefix_bits(CountedTable::Plain &pl
     for (size_t k = 0; k < n; ++k) set_bit(*bits, size_t(plain.ids[k]));
   }
   plain.prefix_bits.emplace(hi, bits);
+  grown += bits->size() * sizeof(uint64_t);
   return bits;
 }
 
@@ -521,7 +538,7 @@ std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32
     return std::min(c.inside, c.exit_lo) <= hi && !CountedTable::accepted(c, lo, hi);
   };
   if (n_plain * 32 > counted.vocabulary_size) {
-    table->accepted_bits = *prefix_bits(plain, hi, counted.vocabulary_size);
+    table->accepted_bits = *prefix_bits(plain, hi, counted.vocabulary_size, grown);
     for (const CountedTable::Counts &c : below_lo)
       if (refused(c))
         table->accepted_bits[size_t(c.id) >> 6] &= ~(uint64_t(1) << (size_t(c.id) & 63));
@@ -546,10 +563,11 @@ std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32
     if ((c.inside != CountedTable::kNone && c.inside <= hi) ||
         (o.gap ? ends_fit : CountedTable::accepted(c, lo, hi)))
       table->accepted_ids.push_back(c.id);
-    else if (o.escape || (o.gap && c.exit_lo < lo && hi < c.exit_hi))
+    else if ((o.escape && o.escape_lo <= hi && lo <= o.escape_hi) ||
+             (o.gap && c.exit_lo < lo && hi < c.exit_hi))
       table->uncertain.push_back(c.id);
   }
-  grown = table->bytes();
+  grown += table->bytes();
   counted.derived.emplace(std::make_pair(lo, hi), table);
   return table;
 }

@@ -93,7 +93,7 @@ struct CountedTable;
 // The counting walk of a context whose frames stand at a counting rule (frames as
 // CompiledGrammar::table's, `follow` what may come after the deepest one's rule), and the table
 // it gives where the repetition may end after lo to hi iterations (`grown`: bytes it added to
-// `counted`, which keeps the tables it derived).
+// `counted`, which keeps the tables and prefix bitsets it derived; add to it).
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
                                            const ByteSet &follow, size_t &visited);
@@ -139,7 +139,8 @@ struct CountedTable {
   struct Other {
     Counts counts;
     bool gap;    // some count between exit_lo and exit_hi is no path's
-    bool escape; // a path left the known frames with bytes to read
+    bool escape; // a path left the known frames with bytes to read, at escape_lo to escape_hi
+    uint32_t escape_lo, escape_hi;
   };
   std::shared_ptr<Plain> plain;
   std::vector<Other> others;
@@ -153,7 +154,10 @@ struct CountedTable {
   bool in_cache = false;
   size_t charged = 0;
 
-  size_t base_bytes() const { return plain->bytes() + others.size() * sizeof(Other); }
+  bool owns_plain = true; // false where refined from another table, which is charged for it
+  size_t base_bytes() const {
+    return (owns_plain ? plain->bytes() : 0) + others.size() * sizeof(Other);
+  }
 };
 
 } // namespace matcher_detail
@@ -428,7 +432,9 @@ private:
 // the known frames with bytes still to read; `sentinel`, a path left them on this byte) and
 // `walk.alive(level)` whether some stack reads on; `at(level, from, to)` is told the tokens
 // (trie order) that end at each node, `uncertain(from, to)` those under a node where the walk
-// stops with paths that went on below the frames (walked on the real stack at mask time).
+// stops with paths that went on below the frames (walked on the real stack at mask time):
+// `uncertain(level, left_here, from, to)`, left_here when they leave the frames on the byte after
+// this node's (else they left before).
 template <class Walk, class At, class Uncertain>
 void walk_trie(const GrammarVocabulary &v, Walk &walk, size_t &visited, At &&at,
                Uncertain &&uncertain) {
@@ -446,10 +452,11 @@ void walk_trie(const GrammarVocabulary &v, Walk &walk, size_t &visited, At &&at,
     at(level, node.first, node.last);
     if (!walk.alive(level)) {
       if (level.escape)
-        uncertain(node.last, end_of_subtree(i));
+        uncertain(level, false, node.last, end_of_subtree(i));
       else if (level.sentinel)
         for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
-          if (walk.follows(nodes[c].byte)) uncertain(nodes[c].first, end_of_subtree(c));
+          if (walk.follows(nodes[c].byte))
+            uncertain(level, true, nodes[c].first, end_of_subtree(c));
       i = node.skip;
       continue;
     }

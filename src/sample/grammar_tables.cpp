@@ -197,7 +197,7 @@ std::shared_ptr<const ContextTable> walk_vocabulary(const CompiledGrammar &g,
         else if (level.escape)
           uncertain(from, to);
       },
-      uncertain);
+      [&](const ContextWalk::Level &, bool, uint32_t from, uint32_t to) { uncertain(from, to); });
   accepted.store(*g.vocabulary, *table);
   table->overflowed = walk.overflowed();
   return table;

@@ -90,22 +90,32 @@ Grammar random_repetition_grammar(std::mt19937 &rng) {
   return std::move(g).value();
 }
 
+// The tokens the matcher takes, each tried on a copy; its mask must say the same of each.
+std::vector<int32_t> allowed_checking_mask(const GrammarMatcher &m, const TokenTexts &texts,
+                                           const std::string &where) {
+  GrammarMatcher probe = m;
+  std::vector<uint64_t> bits;
+  EXPECT_TRUE(probe.fill_mask(bits).ok()) << where;
+  std::vector<int32_t> allowed;
+  for (size_t t = 0; t < texts.bytes.size(); ++t) {
+    GrammarMatcher copy = m;
+    const bool ok = copy.accept_token(int32_t(t));
+    EXPECT_EQ(bool((bits[t >> 6] >> (t & 63)) & 1), ok)
+        << "token " << t << " '" << texts.bytes[t] << "' " << where;
+    if (ok) allowed.push_back(int32_t(t));
+  }
+  return allowed;
+}
+
 // Walks `grammar` for up to `steps` random allowed tokens, checking every mask against trying
 // each token; counts the masks checked.
 void check_masks(const std::shared_ptr<const CompiledGrammar> &grammar, const TokenTexts &texts,
                  std::mt19937 &rng, int steps, size_t &checked) {
   GrammarMatcher m(grammar);
-  std::vector<uint64_t> bits;
   for (int step = 0; step < steps && !m.finished(); ++step) {
-    ASSERT_TRUE(m.fill_mask(bits).ok());
-    std::vector<int32_t> allowed;
-    for (size_t t = 0; t < texts.bytes.size(); ++t) {
-      GrammarMatcher copy = m;
-      const bool ok = copy.accept_token(int32_t(t));
-      ASSERT_EQ(bool((bits[t >> 6] >> (t & 63)) & 1), ok)
-          << "token " << t << " '" << texts.bytes[t] << "' at step " << step;
-      if (ok) allowed.push_back(int32_t(t));
-    }
+    const std::vector<int32_t> allowed =
+        allowed_checking_mask(m, texts, "at step " + std::to_string(step));
+    if (::testing::Test::HasFailure()) return;
     ++checked;
     ASSERT_FALSE(allowed.empty()) << "step " << step;
     // Prefer going on to ending, so that the counts run down.
@@ -177,6 +187,126 @@ TEST(CountedTables, OneWalkServesEveryCountAndEveryGrammar) {
   EXPECT_EQ(compile_stats(*second).counting_walks, 0u);
   EXPECT_EQ(compile_stats(*third).counting_walks, 0u);
   EXPECT_GE(compile_stats(*second).counted_tables, 12u);
+}
+
+std::shared_ptr<const TokenTexts> listed_vocabulary(std::vector<std::string> tokens) {
+  auto t = std::make_shared<TokenTexts>();
+  t->bytes = std::move(tokens);
+  t->bytes.push_back("<|end|>");
+  t->special.assign(t->bytes.size(), 0);
+  t->special.back() = 1;
+  return t;
+}
+
+std::shared_ptr<const CompiledGrammar> compiled(const Grammar &g,
+                                                std::shared_ptr<const GrammarVocabulary> v) {
+  auto c = compile_grammar(g, v, {int32_t(v->size() - 1)});
+  EXPECT_TRUE(c.ok()) << c.message();
+  return *c;
+}
+
+// A real star (K ::= Q K | "") has a counting rule's code; a context holding one in a frame that
+// is no repetition's place must not share the counting walk of a context that counts it.
+TEST(CountedTables, ARealStarDoesNotShareACountingWalk) {
+  auto a = [] { // U ::= RA "y" K2 ; RA ::= Q Q ; Q ::= "x" "z" ; K2 ::= "y" K2 | ""
+    GrammarBuilder b;
+    const Element q = b.rule("Q", {{b.byte('x'), b.byte('z')}});
+    const Element ra = b.rule("RA", {{q, q}});
+    const uint32_t k2 = b.declare("K2");
+    b.define(k2, {{b.byte('y'), GrammarBuilder::ref(k2)}, {}});
+    const Element u = b.rule("U", {{ra, b.byte('y'), GrammarBuilder::ref(k2)}});
+    return *std::move(b).finish(u.value);
+  }();
+  auto b_grammar =
+      [] { // RB ::= V "yyy" ; V ::= W K ; W ::= "w" "z" ; K ::= QB K | "" ; QB ::= "xz"
+        GrammarBuilder b;
+        const Element w = b.rule("W", {{b.byte('w'), b.byte('z')}});
+        const Element qb = b.rule("QB", {{b.byte('x'), b.byte('z')}});
+        const uint32_t k = b.declare("K");
+        b.define(k, {{qb, GrammarBuilder::ref(k)}, {}});
+        const Element v = b.rule("V", {{w, GrammarBuilder::ref(k)}});
+        const Element rb = b.rule("RB", {{v, b.byte('y'), b.byte('y'), b.byte('y')}});
+        return *std::move(b).finish(rb.value);
+      }();
+  auto texts = listed_vocabulary({"w", "x", "y", "z", "zy", "zyy", "zxz", "zxzy", "yy"});
+  for (int order = 0; order < 2; ++order) {
+    auto vocab = std::make_shared<GrammarVocabulary>(texts);
+    for (int k = 0; k < 2; ++k) {
+      const bool first_a = (k == 0) == (order == 0);
+      GrammarMatcher m(compiled(first_a ? a : b_grammar, vocab));
+      ASSERT_TRUE(m.accept_bytes(first_a ? "x" : "w"));
+      allowed_checking_mask(
+          m, *texts, std::string(first_a ? "A" : "B") + " in order " + std::to_string(order));
+    }
+  }
+}
+
+// A walk whose code is too long to share is this grammar's own, keyed also by what may follow:
+// the same repetition place reached from two rules followed by different bytes.
+TEST(CountedTables, UnsharedWalksKeepTheirFollowSets) {
+  GrammarBuilder b;
+  const Element big = b.rule("Big", {Sequence(300, b.byte('q')), {}}); // a key past 8 KiB
+  const Element d = b.rule("D", {{b.byte('d'), b.byte('e')}});
+  const Element a = b.rule("A", {{d, b.byte('k'), big}});
+  const Element r1 = b.rule("R1", {{a, b.byte('x'), b.byte('x')}});
+  const Element r2 = b.rule("R2", {{a, b.byte('x'), b.byte('x')}});
+  const Element root = b.rule("root", {{b.byte('('), r1, b.byte('a'), b.byte(')')},
+                                       {b.byte('['), r2, b.byte('b'), b.byte(']')}});
+  const Grammar g = *std::move(b).finish(root.value);
+  auto texts = listed_vocabulary({"e", "ek", "ekx", "ekxx", "ekxxa", "ekxxb", "ekxxx", "a", "b"});
+  for (int order = 0; order < 2; ++order) {
+    auto c = compiled(g, std::make_shared<GrammarVocabulary>(texts));
+    for (const char *prefix : {order ? "[d" : "(d", order ? "(d" : "[d"}) {
+      GrammarMatcher m(c);
+      ASSERT_TRUE(m.accept_bytes(prefix));
+      allowed_checking_mask(m, *texts, std::string("after ") + prefix);
+    }
+  }
+}
+
+// An item of one or three bytes ("xyz" | "x" | "y" | "z"): a token's exits can skip counts (one
+// "xyz" or three letters), so it is sorted on the real stack where the counts fall in the gap.
+TEST(CountedTables, CountsWithGapsAreExact) {
+  std::mt19937 rng(5);
+  std::vector<std::string> tokens{"x",    "y",      "z",       "w",     "xxyzw",
+                                  "xyzw", "xxyzxw", "xyzxyzw", "xxxyzw"};
+  const std::string letters = "xyzw";
+  while (tokens.size() < 400) {
+    std::string s;
+    for (size_t i = 0, n = 1 + rng() % 8; i < n; ++i) s += letters[rng() % 4];
+    tokens.push_back(s);
+  }
+  auto texts = listed_vocabulary(tokens);
+  size_t checked = 0, counted = 0;
+  for (uint32_t m = 0; m <= 4; ++m)
+    for (uint32_t n : {m, m + 1, m + 2, m + 5, kUnbounded}) {
+      if (n == 0) continue;
+      GrammarBuilder b;
+      const Element x =
+          b.choice("X", {b.literal("xyz"), b.literal("x"), b.literal("y"), b.literal("z")});
+      const Element root = b.rule("root", {{*b.repeat("rep", {x}, m, n), b.byte('w')}});
+      auto c =
+          compiled(*std::move(b).finish(root.value), std::make_shared<GrammarVocabulary>(texts));
+      for (int walk = 0; walk < 20; ++walk) {
+        GrammarMatcher g(c);
+        for (int step = 0; step < 12 && !g.finished(); ++step) {
+          const std::vector<int32_t> allowed = allowed_checking_mask(
+              g, *texts,
+              "{" + std::to_string(m) + "," + std::to_string(n) + "} step " + std::to_string(step));
+          if (HasFailure()) return;
+          ++checked;
+          if (allowed.empty()) break;
+          // Mostly short tokens, so that the counts run down slowly.
+          int32_t pick = allowed[rng() % allowed.size()];
+          for (int tries = 0; tries < 3 && texts->bytes[size_t(pick)].size() > 2; ++tries)
+            pick = allowed[rng() % allowed.size()];
+          ASSERT_TRUE(g.accept_token(pick));
+        }
+      }
+      counted += compile_stats(*c).counted_tables;
+    }
+  EXPECT_GT(checked, 1000u);
+  EXPECT_GT(counted, 50u);
 }
 
 } // namespace
