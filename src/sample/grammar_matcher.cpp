@@ -257,7 +257,7 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
   if (finished_) return ok_status();
   Expander ex(g, *arena_);
   Expansion e;
-  std::vector<uint32_t> walk;
+  std::vector<std::vector<uint32_t>> path;
   for (uint32_t t : state_) {
     if (t == kComplete) {
       for (int32_t end : g.end_tokens) set_bit(bits, size_t(end));
@@ -279,26 +279,35 @@ Status GrammarMatcher::fill_mask(std::vector<uint64_t> &bits) {
     if (!table.accepted_bits.empty())
       for (size_t w = 0; w < bits.size(); ++w) bits[w] |= table.accepted_bits[w];
     for (int32_t a : table.accepted_ids) set_bit(bits, size_t(a));
-    const uint32_t top[1] = {t};
+    // The uncertain tokens, walked on the real stack. They come in trie order, so a token walks
+    // on from the state its common prefix with the one before reached (`path[d]`: after d
+    // bytes; `walked` of them valid), and the stacks made go back once at the end.
+    const size_t mark = arena_->mark();
+    path.resize(1);
+    path[0].assign(1, t);
+    std::string_view prev;
+    size_t walked = 0;
     for (int32_t u : table.uncertain) {
       if (test_bit(bits, size_t(u))) continue;
-      const std::string &b = g.vocabulary->texts().bytes[size_t(u)];
-      const size_t mark = arena_->mark();
-      walk.assign(top, top + 1);
-      bool alive = true;
-      for (char ch : b) {
-        ex.step(walk, uint8_t(ch), e);
-        if (e.overflow) return too_ambiguous_error();
-        if (e.tops.empty() && !e.complete) {
-          alive = false;
-          break;
+      const std::string_view b = g.vocabulary->texts().bytes[size_t(u)];
+      size_t d = 0;
+      const size_t limit = std::min({walked, prev.size(), b.size()});
+      while (d < limit && b[d] == prev[d]) ++d;
+      for (; d < b.size() && !path[d].empty(); ++d) {
+        ex.step(path[d], uint8_t(b[d]), e);
+        if (e.overflow) {
+          arena_->rollback(mark);
+          return too_ambiguous_error();
         }
-        walk = e.tops;
-        if (e.complete) walk.push_back(kComplete);
+        if (path.size() <= d + 1) path.resize(d + 2);
+        path[d + 1] = e.tops;
+        if (e.complete) path[d + 1].push_back(kComplete);
       }
-      arena_->rollback(mark);
-      if (alive) set_bit(bits, size_t(u));
+      walked = d; // path[d] is the state after b[0, d); empty if the token died before its end
+      prev = b;
+      if (d == b.size() && !path[d].empty()) set_bit(bits, size_t(u));
     }
+    arena_->rollback(mark);
   }
   constexpr size_t kCacheSize = 16;
   if (cache_.size() < kCacheSize) {
