@@ -226,9 +226,10 @@ public:
   // least is 1), relative to the state's base: go on inside the repetition (`inside`), or have
   // left it at one of `exits` counts.
   struct Info {
-    ByteSet live;       // bytes some top reads
-    bool alive = false; // some top is a stack
-    bool left = false;  // a path left the known frames on the last byte
+    ByteSet live;                              // bytes some top reads
+    bool alive = false;                        // some top is a stack
+    uint32_t least_live = CountedTable::kNone; // the least iterations of those
+    bool left = false;                         // a path left the known frames on the last byte
     uint32_t left_lo = CountedTable::kNone, left_hi = 0; // the counts of those paths
     uint32_t inside = CountedTable::kNone, exit_lo = CountedTable::kNone, exit_hi = 0;
     bool gap = false;
@@ -262,6 +263,7 @@ public:
       }
       if (pseudo(t.node)) continue;
       info.alive = true;
+      info.least_live = std::min(info.least_live, need);
       const Code c = g_.code[arena_.nodes[t.node].pos];
       if (c.op == Op::kBytes)
         for (size_t w = 0; w < info.live.bits.size(); ++w)
@@ -340,8 +342,8 @@ public:
   CountingWalk(const CountingWalk &) = delete;
   CountingWalk &operator=(const CountingWalk &) = delete;
   CountingWalk(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted,
-               const ByteSet &follow)
-      : follow_(follow), automaton_(g, arena_) {
+               const ByteSet &follow, uint32_t cap)
+      : follow_(follow), cap_(cap), automaton_(g, arena_) {
     uint32_t below = rooted ? kRoot : kSentinel;
     for (size_t f = frames.size(); f-- > 1;) below = arena_.intern(frames[f], below);
     const std::vector<Tagged> top{{arena_.intern(frames[0], below), 0}};
@@ -363,7 +365,12 @@ public:
     level.escape_lo = std::min(level.escape_lo, left.left_lo + up.base);
     level.escape_hi = std::max(level.escape_hi, left.left_hi + up.base);
   }
-  bool alive(const Level &level) const { return automaton_.info(level.state).alive; }
+  // Some stack reads on at a count within the cap (the counts are relative to the state, so the
+  // cap is checked here, against the level's base, not in the automaton).
+  bool alive(const Level &level) const {
+    const CountingAutomaton::Info &info = automaton_.info(level.state);
+    return info.alive && uint64_t(level.base) + info.least_live <= cap_;
+  }
   bool follows(uint8_t byte) const { return follow_.test(byte); }
   const CountingAutomaton::Info &info(const Level &level) const {
     return automaton_.info(level.state);
@@ -384,6 +391,7 @@ public:
 
 private:
   const ByteSet &follow_;
+  uint32_t cap_;
   StackArena arena_;
   CountingAutomaton automaton_;
   Level root_;
@@ -395,18 +403,18 @@ uint32_t shifted(uint32_t v, uint32_t base) { return v == CountedTable::kNone ? 
 
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
-                                           const ByteSet &follow, size_t &visited) {
+                                           const ByteSet &follow, uint32_t cap, size_t &visited) {
   using Counts = CountedTable::Counts;
   constexpr uint32_t kNone = CountedTable::kNone;
   const auto &ids = g.vocabulary->token_ids();
   auto table = std::make_shared<CountedTable>();
   table->vocabulary_size = g.vocabulary->size();
-  CountingWalk walk(g, frames, rooted, follow);
+  table->cap = cap;
+  CountingWalk walk(g, frames, rooted, follow, cap);
   std::vector<Counts> plain;
   auto other = [&](uint32_t from, uint32_t to, const CountedTable::Other &o) {
     // Counts past max_need are clamped to it: it must cover where paths leave the frames too.
-    if (o.escape && o.escape_lo != kNone)
-      table->max_need = std::max(table->max_need, o.escape_hi);
+    if (o.escape && o.escape_lo != kNone) table->max_need = std::max(table->max_need, o.escape_hi);
     for (uint32_t k = from; k < to; ++k) {
       table->others.push_back(o);
       table->others.back().counts.id = ids[k];
@@ -472,7 +480,8 @@ std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const Cou
   table->owns_plain = false; // charged with the table it came from
   table->max_need = wider.max_need;
   table->vocabulary_size = wider.vocabulary_size;
-  CountingWalk walk(g, frames, rooted, follow);
+  table->cap = wider.cap;
+  CountingWalk walk(g, frames, rooted, follow, wider.cap);
   for (CountedTable::Other o : wider.others) {
     if (o.escape) o.escape = walk.escapes(g.vocabulary->texts().bytes[size_t(o.counts.id)]);
     if (o.escape || o.counts.inside != CountedTable::kNone ||

@@ -94,9 +94,18 @@ struct CountedTable;
 // CompiledGrammar::table's, `follow` what may come after the deepest one's rule), and the table
 // it gives where the repetition may end after lo to hi iterations (`grown`: bytes it added to
 // `counted`, which keeps the tables and prefix bitsets it derived; add to it).
+// Paths past `cap` iterations are not followed (the table serves places with hi <= cap).
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
-                                           const ByteSet &follow, size_t &visited);
+                                           const ByteSet &follow, uint32_t cap, size_t &visited);
+// The cap a counting walk for a place allowing `hi` iterations is made with: a power of two from 8,
+// none (kNoCountLimit) past 4096.
+inline uint32_t counting_cap(uint32_t hi) {
+  if (hi > 4096) return kNoCountLimit;
+  uint32_t cap = 8;
+  while (cap < hi) cap *= 2;
+  return cap;
+}
 std::shared_ptr<const ContextTable> derive_counted(CountedTable &counted, uint32_t lo, uint32_t hi,
                                                    size_t &grown);
 // A counting walk's result for a narrower FOLLOW set from one made for a wider one: the counts
@@ -144,7 +153,8 @@ struct CountedTable {
   };
   std::shared_ptr<Plain> plain;
   std::vector<Other> others;
-  uint32_t max_need = 1; // every count past it allows the same
+  uint32_t max_need = 1;        // every count past it allows the same
+  uint32_t cap = kNoCountLimit; // paths past it were not followed: serves places with hi <= cap
   size_t vocabulary_size = 0;
   bool overflowed = false;
 

@@ -341,24 +341,40 @@ CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
   std::string local(reinterpret_cast<const char *>(abstract), frames.size() * sizeof(uint32_t));
   local += rooted ? 'r' : 'u';
   local.append(reinterpret_cast<const char *>(deepest.bits.data()), sizeof(deepest.bits));
+  // A walk need not follow paths past the iterations the place allows: walks are capped at a
+  // power of two (a pattern's [a-z]{2,8} stops after 8 letters, not at the vocabulary's longest
+  // word), and a walk with a higher cap, or none, serves a lower one.
+  const uint32_t cap = counting_cap(spot->hi);
+  auto with_cap = [](std::string key, uint32_t c) {
+    return key.append(reinterpret_cast<const char *>(&c), sizeof(c));
+  };
+  local = with_cap(std::move(local), cap);
   std::shared_ptr<CountedTable> counted;
   GrammarTableCache::FoundCounted found;
   if (auto it = counted_.find(local); it != counted_.end()) {
     counted = it->second;
   } else if (closure) {
-    found = shared.find_counted(closure->key, closure->follow);
-    counted = found.exact;
+    for (uint32_t c = cap;; c = counting_cap(c + 1)) {
+      const GrammarTableCache::FoundCounted here =
+          shared.find_counted(with_cap(closure->key, c), closure->follow);
+      if (here.exact) {
+        counted = here.exact;
+        break;
+      }
+      if (!found.wider) found.wider = here.wider;
+      if (c == kNoCountLimit) break;
+    }
   }
   if (!counted) {
     if (found.wider) {
       counted = refine_counted(*this, *found.wider, context, rooted, deepest);
       ++computed_.refined_tables;
     } else {
-      counted = walk_counted(*this, context, rooted, deepest, computed_.trie_nodes_walked);
+      counted = walk_counted(*this, context, rooted, deepest, cap, computed_.trie_nodes_walked);
       ++computed_.counting_walks;
     }
     if (closure && !counted->overflowed)
-      shared.insert_counted(closure->key, closure->follow, counted);
+      shared.insert_counted(with_cap(closure->key, counted->cap), closure->follow, counted);
     else
       counted_.emplace(local, counted);
   }

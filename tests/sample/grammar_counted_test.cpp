@@ -20,7 +20,7 @@ std::shared_ptr<const TokenTexts> repetition_vocabulary(std::mt19937 &rng, size_
   for (char c : alphabet) t->bytes.push_back(std::string(1, c));
   while (t->bytes.size() < n) {
     std::string s;
-    const size_t len = 1 + rng() % 6;
+    const size_t len = 1 + rng() % (rng() % 4 ? 6 : 14); // some past a walk's cap of 8
     // Mostly letters, so that tokens span many iterations.
     for (size_t i = 0; i < len; ++i)
       s += rng() % 4 ? alphabet[rng() % 7] : alphabet[rng() % alphabet.size()];
@@ -146,8 +146,8 @@ TEST(CountedTables, MasksEqualTheUncachedWalkForRandomRepetitions) {
 }
 
 // A string with maxLength walks the vocabulary no more than a string without one (once per
-// context, whatever the count), and a second grammar with other bounds on the same item, or none,
-// walks it not at all.
+// context, whatever the count), and a grammar with a lower bound on the same item, or the same,
+// walks it not at all after one with a higher bound, or none.
 TEST(CountedTables, OneWalkServesEveryCountAndEveryGrammar) {
   std::mt19937 rng(7);
   auto texts = repetition_vocabulary(rng, 400);
@@ -170,23 +170,33 @@ TEST(CountedTables, OneWalkServesEveryCountAndEveryGrammar) {
     ASSERT_TRUE(m.accept_bytes("\""));
     EXPECT_TRUE(m.can_end());
   };
-  auto unbounded = compile(R"({"type": "string"})", std::make_shared<GrammarVocabulary>(texts));
-  walk_string(unbounded, 30);
-  const size_t walks = compile_stats(*unbounded).counting_walks;
+  auto bounded =
+      compile(R"({"type": "string", "maxLength": 30})", std::make_shared<GrammarVocabulary>(texts));
+  walk_string(bounded, 30);
+  const size_t walks = compile_stats(*bounded).counting_walks;
   EXPECT_GT(walks, 0u);
+  EXPECT_GE(compile_stats(*bounded).counted_tables, 30u); // a table per count, none walked
 
+  // As a server warms up: an unbounded string first, whose walks serve every bound after it.
   auto vocab = std::make_shared<GrammarVocabulary>(texts);
-  auto first = compile(R"({"type": "string", "maxLength": 30})", vocab);
-  walk_string(first, 30);
-  EXPECT_EQ(compile_stats(*first).counting_walks, walks);
-  EXPECT_GE(compile_stats(*first).counted_tables, 30u); // a table per count, none walked
-  auto second = compile(R"({"type": "string", "minLength": 3, "maxLength": 12})", vocab);
-  walk_string(second, 12);
-  auto third = compile(R"({"type": "string"})", vocab);
+  auto unbounded = compile(R"({"type": "string"})", vocab);
+  walk_string(unbounded, 30);
+  EXPECT_EQ(compile_stats(*unbounded).counting_walks, walks);
+  auto second = compile(R"({"type": "string", "maxLength": 30})", vocab);
+  walk_string(second, 30);
+  auto third = compile(R"({"type": "string", "minLength": 3, "maxLength": 12})", vocab);
   walk_string(third, 12);
   EXPECT_EQ(compile_stats(*second).counting_walks, 0u);
   EXPECT_EQ(compile_stats(*third).counting_walks, 0u);
-  EXPECT_GE(compile_stats(*second).counted_tables, 12u);
+  EXPECT_GE(compile_stats(*third).counted_tables, 12u);
+  // A bound walks capped (paths past 16 iterations are not followed) and serves lower bounds.
+  auto vocab2 = std::make_shared<GrammarVocabulary>(texts);
+  auto fourth = compile(R"({"type": "string", "maxLength": 16})", vocab2);
+  walk_string(fourth, 16);
+  auto fifth = compile(R"({"type": "string", "maxLength": 9})", vocab2);
+  walk_string(fifth, 9);
+  EXPECT_EQ(compile_stats(*fourth).counting_walks, walks);
+  EXPECT_EQ(compile_stats(*fifth).counting_walks, 0u);
 }
 
 std::shared_ptr<const TokenTexts> listed_vocabulary(std::vector<std::string> tokens) {
@@ -307,6 +317,40 @@ TEST(CountedTables, CountsWithGapsAreExact) {
     }
   EXPECT_GT(checked, 1000u);
   EXPECT_GT(counted, 50u);
+}
+
+// Walks are capped at a power of two from 8 (counting_cap): tokens of runs as long as the cap and
+// past it, at every count of bounds around it.
+TEST(CountedTables, CappedWalksAreExactAtTheCap) {
+  std::vector<std::string> tokens{"\"", "b"};
+  for (size_t k = 1; k <= 20; ++k) {
+    tokens.push_back(std::string(k, 'a'));
+    tokens.push_back(std::string(k, 'a') + "\""); // ends the repetition after k
+  }
+  auto texts = listed_vocabulary(tokens);
+  size_t checked = 0;
+  for (uint32_t n : {7u, 8u, 9u, 15u, 16u, 17u}) {
+    for (uint32_t m : {0u, n}) {
+      GrammarBuilder b;
+      const Element root =
+          b.rule("root", {{b.byte('"'), *b.repeat("as", {b.byte('a')}, m, n), b.byte('"')}});
+      auto c =
+          compiled(*std::move(b).finish(root.value), std::make_shared<GrammarVocabulary>(texts));
+      GrammarMatcher g(c);
+      ASSERT_TRUE(g.accept_bytes("\""));
+      for (uint32_t i = 0; i <= n; ++i) {
+        allowed_checking_mask(g, *texts,
+                              "{" + std::to_string(m) + "," + std::to_string(n) + "} after " +
+                                  std::to_string(i));
+        if (HasFailure()) return;
+        ++checked;
+        if (i < n) {
+          ASSERT_TRUE(g.accept_bytes("a"));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2u * (8 + 9 + 10 + 16 + 17 + 18));
 }
 
 } // namespace
