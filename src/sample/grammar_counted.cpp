@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_set>
 
 namespace offgraph::sample {
 
@@ -150,12 +151,14 @@ bool pseudo(uint32_t node) { return node >= kLeftNode; }
 // alternative starts an iteration, and its empty alternative's end leaves the repetition.
 class CountingExpander {
 public:
-  CountingExpander(const CompiledGrammar &g, StackArena &arena) : g_(g), arena_(arena) {}
+  CountingExpander(const CompiledGrammar &g, StackArena &arena, bool no_exit)
+      : g_(g), arena_(arena), no_exit_(no_exit) {}
 
   // The tops of `state` after `byte`; false when more than kMaxStacks (the walk is then given up).
   bool step(std::span<const Tagged> state, uint8_t byte, std::vector<Tagged> &out) {
     work_.clear();
     seen_.clear();
+    if (!seen_set_.empty()) seen_set_.clear();
     out.clear();
     for (const Tagged &t : state) {
       if (pseudo(t.node)) continue;
@@ -188,8 +191,10 @@ public:
             g_.code[w.pos + 1].op == Op::kEnd ? w.parent : arena_.intern(w.pos + 1, w.parent);
         const auto &starts = g_.alternatives[c.value];
         const bool counts = g_.counting_rule[c.value];
-        for (size_t k = 0; k < starts.size(); ++k)
+        for (size_t k = 0; k < starts.size(); ++k) {
+          if (counts && k == 1 && no_exit_) continue; // the repetition cannot end here
           push(starts[k], ret, counts && k == 0 ? w.tag + 2 : w.tag);
+        }
         break;
       }
       }
@@ -205,16 +210,30 @@ private:
     uint32_t pos, parent, tag;
     bool operator==(const Work &) const = default;
   };
+  struct WorkHash {
+    size_t operator()(const Work &w) const {
+      return std::hash<uint64_t>()(node_key(w.pos, w.parent) * 0x9E3779B97F4A7C15ull ^ w.tag);
+    }
+  };
+  // As Expander::push: a linear scan while few, a hash set past that (an ambiguous grammar's
+  // closure can hold thousands of paths).
   void push(uint32_t pos, uint32_t parent, uint32_t tag) {
     const Work w{pos, parent, tag};
-    if (std::find(seen_.begin(), seen_.end(), w) != seen_.end()) return;
-    seen_.push_back(w);
+    if (seen_set_.empty()) {
+      if (std::find(seen_.begin(), seen_.end(), w) != seen_.end()) return;
+      seen_.push_back(w);
+      if (seen_.size() > 32) seen_set_.insert(seen_.begin(), seen_.end());
+    } else if (!seen_set_.insert(w).second) {
+      return;
+    }
     work_.push_back(w);
   }
 
   const CompiledGrammar &g_;
   StackArena &arena_;
+  bool no_exit_;
   std::vector<Work> work_, seen_;
+  std::unordered_set<Work, WorkHash> seen_set_;
 };
 
 // The states a counting walk passes through, with counts relative to the state's least (a loop
@@ -235,8 +254,8 @@ public:
     bool gap = false;
   };
 
-  CountingAutomaton(const CompiledGrammar &g, StackArena &arena)
-      : g_(g), arena_(arena), ex_(g, arena) {
+  CountingAutomaton(const CompiledGrammar &g, StackArena &arena, bool no_exit)
+      : g_(g), arena_(arena), ex_(g, arena, no_exit) {
     intern({});
   }
 
@@ -342,8 +361,8 @@ public:
   CountingWalk(const CountingWalk &) = delete;
   CountingWalk &operator=(const CountingWalk &) = delete;
   CountingWalk(const CompiledGrammar &g, std::span<const uint32_t> frames, bool rooted,
-               const ByteSet &follow, uint32_t cap)
-      : follow_(follow), cap_(cap), automaton_(g, arena_) {
+               const ByteSet &follow, uint32_t cap, bool no_exit)
+      : follow_(follow), cap_(cap), automaton_(g, arena_, no_exit) {
     uint32_t below = rooted ? kRoot : kSentinel;
     for (size_t f = frames.size(); f-- > 1;) below = arena_.intern(frames[f], below);
     const std::vector<Tagged> top{{arena_.intern(frames[0], below), 0}};
@@ -403,14 +422,16 @@ uint32_t shifted(uint32_t v, uint32_t base) { return v == CountedTable::kNone ? 
 
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
-                                           const ByteSet &follow, uint32_t cap, size_t &visited) {
+                                           const ByteSet &follow, uint32_t cap, bool no_exit,
+                                           size_t &visited) {
   using Counts = CountedTable::Counts;
   constexpr uint32_t kNone = CountedTable::kNone;
   const auto &ids = g.vocabulary->token_ids();
   auto table = std::make_shared<CountedTable>();
   table->vocabulary_size = g.vocabulary->size();
   table->cap = cap;
-  CountingWalk walk(g, frames, rooted, follow, cap);
+  table->no_exit = no_exit;
+  CountingWalk walk(g, frames, rooted, follow, cap, no_exit);
   std::vector<Counts> plain;
   auto other = [&](uint32_t from, uint32_t to, const CountedTable::Other &o) {
     // Counts past max_need are clamped to it: it must cover where paths leave the frames too.
@@ -481,7 +502,8 @@ std::shared_ptr<CountedTable> refine_counted(const CompiledGrammar &g, const Cou
   table->max_need = wider.max_need;
   table->vocabulary_size = wider.vocabulary_size;
   table->cap = wider.cap;
-  CountingWalk walk(g, frames, rooted, follow, wider.cap);
+  table->no_exit = wider.no_exit;
+  CountingWalk walk(g, frames, rooted, follow, wider.cap, wider.no_exit);
   for (CountedTable::Other o : wider.others) {
     if (o.escape) o.escape = walk.escapes(g.vocabulary->texts().bytes[size_t(o.counts.id)]);
     if (o.escape || o.counts.inside != CountedTable::kNone ||

@@ -83,6 +83,7 @@ GrammarVocabulary::GrammarVocabulary(std::shared_ptr<const TokenTexts> texts)
       nodes_.push_back({uint8_t(s[k]), uint16_t(k + 1), 0, here, here});
     }
     token_ids_.push_back(t);
+    longest_token_ = std::max(longest_token_, s.size());
     nodes_[path.back()].last = uint32_t(token_ids_.size());
     prev = s;
   }

@@ -52,6 +52,8 @@ public:
   };
   const std::vector<Node> &nodes() const { return nodes_; }
   const std::vector<int32_t> &token_ids() const { return token_ids_; }
+  // The most bytes an ordinary token writes (cut at 65,535 as in the trie).
+  size_t longest_token() const { return longest_token_; }
 
   GrammarTableCache &table_cache() const { return *tables_; }
   // The shared tables held now, and their size.
@@ -67,6 +69,7 @@ private:
   std::shared_ptr<GrammarTableCache> tables_;
   std::vector<Node> nodes_;
   std::vector<int32_t> token_ids_;
+  size_t longest_token_ = 0;
 };
 
 class CompiledGrammar;

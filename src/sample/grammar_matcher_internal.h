@@ -94,10 +94,13 @@ struct CountedTable;
 // CompiledGrammar::table's, `follow` what may come after the deepest one's rule), and the table
 // it gives where the repetition may end after lo to hi iterations (`grown`: bytes it added to
 // `counted`, which keeps the tables and prefix bitsets it derived; add to it).
-// Paths past `cap` iterations are not followed (the table serves places with hi <= cap).
+// Paths past `cap` iterations are not followed (the table serves places with hi <= cap); with
+// `no_exit`, no path leaves the repetition (it serves places whose lo is past every token's
+// length, where no token can finish the repetition: a block of 10,000 characters).
 std::shared_ptr<CountedTable> walk_counted(const CompiledGrammar &g,
                                            std::span<const uint32_t> frames, bool rooted,
-                                           const ByteSet &follow, uint32_t cap, size_t &visited);
+                                           const ByteSet &follow, uint32_t cap, bool no_exit,
+                                           size_t &visited);
 // The cap a counting walk for a place allowing `hi` iterations is made with: a power of two from 8,
 // none (kNoCountLimit) past 4096.
 inline uint32_t counting_cap(uint32_t hi) {
@@ -155,6 +158,7 @@ struct CountedTable {
   std::vector<Other> others;
   uint32_t max_need = 1;        // every count past it allows the same
   uint32_t cap = kNoCountLimit; // paths past it were not followed: serves places with hi <= cap
+  bool no_exit = false;         // no path left the repetition: serves places with lo past tokens
   size_t vocabulary_size = 0;
   bool overflowed = false;
 

@@ -322,6 +322,7 @@ std::shared_ptr<const CompiledGrammar::Table>
 CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
                                const ByteSet &deepest) const {
   const CountedSpot *spot = nullptr;
+  size_t at = 0;
   uint32_t abstract[kContextFrames];
   for (size_t f = 0; f < frames.size(); ++f) {
     abstract[f] = frames[f];
@@ -329,52 +330,66 @@ CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
     if (auto it = counted_spots.find(frames[f]); it != counted_spots.end()) {
       spot = &it->second;
       abstract[f] = spot->abstract_pos;
+      at = f;
     }
   }
   if (!spot) return nullptr;
-  const std::span<const uint32_t> context(abstract, frames.size());
+  // Where no token can finish the repetition (lo past the longest token), paths that leave it are
+  // not followed either: after one copy of a 10,000-character block they would walk on through
+  // the next block's real chain of positions, a new automaton state at every byte. Nothing below
+  // the repetition's frame is then reached, so it is left out of the context (and its key, which
+  // the next block's chain would make too long to share). Such a walk serves only such places; an
+  // ordinary one serves them too.
+  const bool no_exit = spot->lo > vocabulary->longest_token();
+  static const ByteSet nothing;
+  const std::span<const uint32_t> context(abstract, no_exit ? at + 1 : frames.size());
+  const bool walk_rooted = no_exit ? false : rooted;
+  const ByteSet &follow_below = no_exit ? nothing : deepest;
   GrammarTableCache &shared = vocabulary->table_cache();
-  std::optional<ClosureKey> closure = closure_key(*this, context, rooted, deepest);
+  std::optional<ClosureKey> closure = closure_key(*this, context, walk_rooted, follow_below);
   if (closure) closure->key.insert(0, 1, 'c');
   // This grammar's own walks (no shared key, or overflowed): by the frames and FOLLOW, which the
   // walk sorts leaving tokens by.
-  std::string local(reinterpret_cast<const char *>(abstract), frames.size() * sizeof(uint32_t));
-  local += rooted ? 'r' : 'u';
-  local.append(reinterpret_cast<const char *>(deepest.bits.data()), sizeof(deepest.bits));
+  std::string local(reinterpret_cast<const char *>(abstract), context.size() * sizeof(uint32_t));
+  local += walk_rooted ? 'r' : 'u';
+  local.append(reinterpret_cast<const char *>(follow_below.bits.data()), sizeof(follow_below.bits));
   // A walk need not follow paths past the iterations the place allows: walks are capped at a
   // power of two (a pattern's [a-z]{2,8} stops after 8 letters, not at the vocabulary's longest
   // word), and a walk with a higher cap, or none, serves a lower one.
   const uint32_t cap = counting_cap(spot->hi);
-  auto with_cap = [](std::string key, uint32_t c) {
-    return key.append(reinterpret_cast<const char *>(&c), sizeof(c));
+  auto with_cap = [](std::string key, uint32_t c, bool n) {
+    key.append(reinterpret_cast<const char *>(&c), sizeof(c));
+    return key += n ? 'n' : 'e';
   };
-  local = with_cap(std::move(local), cap);
+  local = with_cap(std::move(local), cap, no_exit);
   std::shared_ptr<CountedTable> counted;
   GrammarTableCache::FoundCounted found;
   if (auto it = counted_.find(local); it != counted_.end()) {
     counted = it->second;
   } else if (closure) {
-    for (uint32_t c = cap;; c = counting_cap(c + 1)) {
-      const GrammarTableCache::FoundCounted here =
-          shared.find_counted(with_cap(closure->key, c), closure->follow);
-      if (here.exact) {
+    for (const bool n : {no_exit, false}) {
+      for (uint32_t c = cap; !counted; c = counting_cap(c + 1)) {
+        const GrammarTableCache::FoundCounted here =
+            shared.find_counted(with_cap(closure->key, c, n), closure->follow);
         counted = here.exact;
-        break;
+        if (!found.wider) found.wider = here.wider;
+        if (c == kNoCountLimit) break;
       }
-      if (!found.wider) found.wider = here.wider;
-      if (c == kNoCountLimit) break;
+      if (counted || !no_exit) break;
     }
   }
   if (!counted) {
     if (found.wider) {
-      counted = refine_counted(*this, *found.wider, context, rooted, deepest);
+      counted = refine_counted(*this, *found.wider, context, walk_rooted, follow_below);
       ++computed_.refined_tables;
     } else {
-      counted = walk_counted(*this, context, rooted, deepest, cap, computed_.trie_nodes_walked);
+      counted = walk_counted(*this, context, walk_rooted, follow_below, cap, no_exit,
+                             computed_.trie_nodes_walked);
       ++computed_.counting_walks;
     }
     if (closure && !counted->overflowed)
-      shared.insert_counted(with_cap(closure->key, counted->cap), closure->follow, counted);
+      shared.insert_counted(with_cap(closure->key, counted->cap, counted->no_exit), closure->follow,
+                            counted);
     else
       counted_.emplace(local, counted);
   }

@@ -43,6 +43,13 @@ const char *const kObjects[] = {
     "{\n  \"a b\": \"caf\xC3\xA9 \\\"q\\\"\",\n  \"list\": [\n    {\"x\": 1.5},\n    []\n  ]\n}",
 };
 
+// A string as the whole answer (its contexts are rooted: nothing below them), and one bounded past
+// kMaxRepeatBound, which the compiler splits into blocks of 10,000 characters whose ends no token
+// reaches (their counting walk follows no path out of the block, grammar_counted.cpp).
+const char *const kStringSchemas[] = {R"({"type": "string"})",
+                                      R"({"type": "string", "maxLength": 20000})"};
+const char *const kStrings[] = {R"("Ada Lovelace, caf\u00e9 \"q\" Ã©")"};
+
 Status walk(Result<Grammar> grammar, const std::shared_ptr<const GrammarVocabulary> &vocabulary,
             const char *const *texts, size_t count, const std::atomic<bool> *cancel) {
   if (!grammar.ok()) return grammar.status();
@@ -70,6 +77,11 @@ Status warm_json_tables(const std::shared_ptr<const GrammarVocabulary> &vocabula
           walk(json_object_grammar(options), vocabulary, kObjects, std::size(kObjects), cancel);
       !s.ok())
     return Status::error("JSON warm-up (any object): " + s.message(), StatusCode::kInternal);
+  for (const char *string_schema : kStringSchemas)
+    if (Status s = walk(json_schema_grammar(Json::parse(string_schema), options), vocabulary,
+                        kStrings, std::size(kStrings), cancel);
+        !s.ok())
+      return Status::error("JSON warm-up (a string): " + s.message(), StatusCode::kInternal);
   return ok_status();
 }
 

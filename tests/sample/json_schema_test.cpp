@@ -896,6 +896,51 @@ TEST(JsonSchemaCorpus, RealClientsSchemasCompileOrAreRefusedByName) {
               schemas, files, refused, refused_strict);
 }
 
+// The pinned llama.cpp tree's JSON-schema test cases (tests/test-json-schema-to-grammar.cpp, read
+// from the tree): test({ SUCCESS or FAILURE, "name", R"""(schema)""", ... }). Each compiles or is
+// refused by name; a case llama.cpp itself expects to fail (an unknown type, an unbalanced pattern)
+// is refused here too.
+TEST(JsonSchemaCorpus, LlamaCppTestCasesCompileOrAreRefusedByName) {
+#ifndef OFFGRAPH_LLAMA_TESTS_DIR
+  GTEST_SKIP() << "no pinned llama.cpp tree";
+#else
+  std::ifstream in(std::filesystem::path(OFFGRAPH_LLAMA_TESTS_DIR) /
+                   "test-json-schema-to-grammar.cpp");
+  if (!in) GTEST_SKIP() << "no test-json-schema-to-grammar.cpp in " << OFFGRAPH_LLAMA_TESTS_DIR;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int cases = 0, refused = 0, not_json = 0;
+  const std::string open = "R\"\"\"(", close = ")\"\"\"";
+  for (size_t at = text.find("test({"); at != std::string::npos; at = text.find("test({", at + 1)) {
+    const size_t status = text.find_first_not_of(" \n\t", at + 6);
+    const bool expects_success = text.compare(status, 7, "SUCCESS") == 0;
+    const size_t name_at = text.find('"', status) + 1;
+    const std::string name = text.substr(name_at, text.find('"', name_at) - name_at);
+    const size_t body = text.find(open, name_at);
+    ASSERT_NE(body, std::string::npos) << name;
+    const std::string schema_text =
+        text.substr(body + open.size(), text.find(close, body) - body - open.size());
+    const auto schema = ojson::parse(schema_text, nullptr, false);
+    if (schema.is_discarded()) { // a case about text that is not JSON at all
+      ++not_json;
+      continue;
+    }
+    ++cases;
+    auto g = json_schema_grammar(schema);
+    if (!expects_success) {
+      EXPECT_FALSE(g.ok()) << name << ": llama.cpp refuses it";
+    }
+    if (g.ok()) continue;
+    ++refused;
+    EXPECT_NE(g.message().find("#"), std::string::npos) << name << ": " << g.message();
+    std::printf("[ corpus   ] llama.cpp '%s'%s: %s\n", name.c_str(),
+                expects_success ? "" : " (llama.cpp refuses it too)", g.message().c_str());
+  }
+  EXPECT_GE(cases, 60);
+  std::printf("[ corpus   ] %d llama.cpp cases (%d not JSON): %d refused\n", cases, not_json,
+              refused);
+#endif
+}
+
 TEST(JsonSchemaRobustness, PathologicalInputsFinish) {
   std::string nullables = "^(?:";
   for (int i = 0; i < 5000; ++i) nullables += "a?";
