@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Captures the JSON schemas real agent clients send (issue 38's corpus): each pinned client
-(scripts/agent-clients.sh) is pointed at a loopback server that records its first request and
+(scripts/agent-clients.sh; the OpenAI Agents SDK of scripts/npm-client.sh, driven by
+capture_agents_sdk.cjs) is pointed at a loopback server that records its first request and
 answers 503, and the schemas in that request (tools' input_schema / parameters, a structured
 output format) are written to bench/grammar/corpus/<client>-<version>.json with their source.
 
@@ -91,6 +92,19 @@ stream_max_retries = 0
                     "Say hello"], env=env, cwd=home, capture_output=True, timeout=300)
 
 
+def agents_sdk_dir():
+    out = subprocess.run([str(ROOT / "scripts/npm-client.sh"), "agents-sdk"], check=True,
+                         capture_output=True, text=True).stdout
+    return pathlib.Path(out.strip().splitlines()[-1])
+
+
+def run_agents_sdk(packages, port, home):
+    env = dict(os.environ, HOME=home, OPENAI_AGENTS_DISABLE_TRACING="1")
+    subprocess.run(["node", str(ROOT / "bench/grammar/capture_agents_sdk.cjs"), str(packages),
+                    f"http://127.0.0.1:{port}/v1"], env=env, cwd=home, capture_output=True,
+                   timeout=300)
+
+
 def schemas_of(path, body):
     """(name, schema) pairs of one request: Anthropic Messages tools, Responses or Chat
     Completions function tools, and a structured output format."""
@@ -116,14 +130,17 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench/grammar/corpus"))
     args = ap.parse_args()
     clients = clients_dir()
+    sdk = agents_sdk_dir()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, package, run in (("claude-code", "@anthropic-ai/claude-code", run_claude),
-                               ("codex", "@openai/codex", run_codex)):
+    for name, package, run, where in (
+            ("claude-code", "@anthropic-ai/claude-code", run_claude, clients),
+            ("codex", "@openai/codex", run_codex, clients),
+            ("openai-agents", "@openai/agents", run_agents_sdk, sdk)):
         Capture.requests = []
         server = serve()
         with tempfile.TemporaryDirectory() as home:
-            run(clients, server.server_address[1], home)
+            run(where, server.server_address[1], home)
         server.shutdown()
         seen, schemas = set(), []
         for path, body in Capture.requests:
@@ -134,11 +151,11 @@ def main():
                     schemas.append({"name": tool, "route": path, "schema": schema})
         if not schemas:
             sys.exit(f"{name}: no schema captured ({len(Capture.requests)} requests)")
-        v = version(clients, package)
+        v = version(where, package)
         file = out / f"{name}-{v}.json"
         json.dump({"source": f"{package}@{v}, its first requests to a loopback server "
                              f"(bench/grammar/capture_schemas.py)",
-                   "schemas": schemas}, open(file, "w"), indent=1, sort_keys=True)
+                   "schemas": schemas}, open(file, "w"), indent=1)  # the client's own key order
         print(f"{file.relative_to(ROOT)}: {len(schemas)} schemas from "
               f"{len(Capture.requests)} requests")
 
