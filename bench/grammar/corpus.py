@@ -7,6 +7,9 @@ not copied), each compiled or refused by name, and walked token by token beside 
     python3 bench/grammar/corpus.py                 # writes the corpus table into
                                                     # docs/structured-output-bench.md
     python3 bench/grammar/corpus.py --list          # the cases and their instances only
+    python3 bench/grammar/corpus.py --sample 3      # answers drawn through the masks, each
+                                                    # validated with python3-jsonschema (exit 1
+                                                    # if one does not validate)
 
 For every schema an instance is generated (seeded; properties in schema order, compact) and
 checked with python3-jsonschema; a schema no generated instance validates is reported as such.
@@ -348,6 +351,39 @@ def table(cases, ours, llama):
     return rows, summary, ratios, firsts, worsts
 
 
+def check_samples(cases, bdir, vocab, work, k):
+    """Answers drawn through the masks (grammar_bench --sample: uniform over the allowed tokens,
+    then favouring ends) must validate against their schema; 0 when every finished one does."""
+    out = run([bdir / "bin" / "grammar_bench", "--vocab", vocab, "--schemas", work, "--requests", "1",
+               "--no-precompute", "--sample", k])
+    drawn = finished = bad = 0
+    for c in cases:
+        o = out.get(c["slug"])
+        if not o or "samples" not in o:
+            continue
+        validator = jsonschema.validators.validator_for(c["schema"])(c["schema"])
+        for smp in o["samples"]:
+            drawn += 1
+            if smp["error"]:
+                bad += 1
+                print(f"{c['slug']} seed {smp['seed']}: {smp['error']}")
+                continue
+            if not smp["finished"]:
+                continue
+            finished += 1
+            try:
+                value = json.loads(smp["text"])
+                errors = [e.message for e in validator.iter_errors(value)]
+            except json.JSONDecodeError as e:
+                errors = [f"not JSON: {e}"]
+            if errors:
+                bad += 1
+                print(f"{c['slug']} seed {smp['seed']}: {errors[0][:200]}\n  {smp['text'][:300]!r}")
+    print(f"{drawn} answers drawn from {sum(1 for c in cases if c['slug'] in out and 'samples' in out[c['slug']])} "
+          f"compiled schemas, {finished} finished within the walk's limit, {bad} failed")
+    return 1 if bad or finished == 0 else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build-bench")
@@ -355,6 +391,8 @@ def main():
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "offgraph" / "bench-results" / "corpus"))
     ap.add_argument("--requests", default="2")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--sample", type=int, default=0, metavar="K",
+                    help="draw K answers per schema through the masks and validate them, only")
     ap.add_argument("--out", default=str(DOC))
     args = ap.parse_args()
     bdir = Path(args.build_dir) if Path(args.build_dir).is_absolute() else ROOT / args.build_dir
@@ -384,6 +422,8 @@ def main():
                   "NO INSTANCE: " + c["why"])
         return
     vocab = Path(tree) / "models" / "ggml-vocab-llama-bpe.gguf"
+    if args.sample:
+        sys.exit(check_samples(cases, bdir, vocab, work, args.sample))
     ours_cmd = [bdir / "bin" / "grammar_bench", "--vocab", vocab, "--schemas", work, "--requests",
                 args.requests, "--no-precompute"]
     llama_cmd = [bdir / "bin" / "llama_grammar_bench", "--vocab", vocab, "--schemas", work,

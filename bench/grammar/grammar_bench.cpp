@@ -49,6 +49,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -155,6 +156,7 @@ struct Args {
   int requests = 2;
   bool steps = false;     // per-step detail in the JSON
   bool precompute = true; // also time precompute_all on a second compilation
+  int samples = 0;        // random walks through the masks, written out for validation
 };
 
 Args parse_args(int argc, char **argv) {
@@ -180,9 +182,11 @@ Args parse_args(int argc, char **argv) {
       a.steps = true;
     else if (k == "--no-precompute")
       a.precompute = false;
+    else if (k == "--sample")
+      a.samples = std::max(0, std::atoi(next().c_str()));
     else {
       std::fprintf(stderr, "usage: grammar_bench --vocab GGUF --schemas DIR [--only NAME[,NAME]] "
-                           "[--requests N] [--steps] [--no-precompute]\n");
+                           "[--requests N] [--steps] [--no-precompute] [--sample K]\n");
       std::exit(2);
     }
   }
@@ -209,6 +213,60 @@ std::vector<std::string> schema_names(const Args &a) {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// `count` answers drawn through the masks (seeds 1..count): uniformly from the allowed tokens for
+// the first 48 steps, then favouring the end token and short tokens (which close strings, arrays
+// and objects), up to 1,500 tokens. What corpus.py checks with python3-jsonschema: an answer the
+// masks let through must validate.
+nlohmann::json random_walks(const std::shared_ptr<const sample::CompiledGrammar> &grammar,
+                            const Vocab &vocab, int count) {
+  nlohmann::json out = nlohmann::json::array();
+  std::vector<uint64_t> bits;
+  for (int k = 1; k <= count; ++k) {
+    std::mt19937 rng{uint32_t(k)};
+    sample::GrammarMatcher m(grammar);
+    std::string text, error;
+    size_t steps = 0;
+    for (; steps < 1500 && !m.finished(); ++steps) {
+      if (Status s = m.fill_mask(bits); !s.ok()) {
+        error = s.message();
+        break;
+      }
+      std::vector<int32_t> allowed, end, shortest;
+      size_t shortest_len = SIZE_MAX;
+      for (size_t t = 0; t < vocab.texts->bytes.size(); ++t) {
+        if (!test_bit(bits, int32_t(t))) continue;
+        allowed.push_back(int32_t(t));
+        if (std::find(vocab.end_tokens.begin(), vocab.end_tokens.end(), int32_t(t)) !=
+            vocab.end_tokens.end())
+          end.push_back(int32_t(t));
+        const size_t len = vocab.texts->bytes[t].size();
+        if (len && len < shortest_len) shortest.clear(), shortest_len = len;
+        if (len && len == shortest_len) shortest.push_back(int32_t(t));
+      }
+      if (allowed.empty()) {
+        error = "no token allowed";
+        break;
+      }
+      const bool late = steps >= 48;
+      const std::vector<int32_t> &from = late && !end.empty()                     ? end
+                                         : late && !shortest.empty() && rng() % 4 ? shortest
+                                                                                  : allowed;
+      const int32_t pick = from[rng() % from.size()];
+      if (!m.accept_token(pick)) {
+        error = "accept_token refused an allowed token";
+        break;
+      }
+      if (!vocab.texts->special[size_t(pick)]) text += vocab.texts->bytes[size_t(pick)];
+    }
+    out.push_back({{"seed", k},
+                   {"text", text},
+                   {"finished", m.finished()},
+                   {"tokens", steps},
+                   {"error", error}});
+  }
+  return out;
 }
 
 } // namespace
@@ -252,7 +310,7 @@ int main(int argc, char **argv) {
     out["warm_up_tables"] = warm_gv->shared_tables();
     if (!warmed.ok()) {
       out["error"] = "warm_json_tables: " + warmed.message();
-      std::cout << out.dump() << std::endl;
+      std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
       ++failures;
       continue;
     }
@@ -267,7 +325,7 @@ int main(int argc, char **argv) {
     const double schema_us = us_since(t_schema);
     if (!grammar.ok()) {
       out["error"] = "json_schema_grammar: " + grammar.status().message();
-      std::cout << out.dump() << std::endl;
+      std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
       ++failures;
       continue;
     }
@@ -281,7 +339,7 @@ int main(int argc, char **argv) {
     const double compile_wall_us = us_since(t_compile);
     if (!compiled.ok() || !cold.ok()) {
       out["error"] = "compile_grammar: " + (compiled.ok() ? cold : compiled).status().message();
-      std::cout << out.dump() << std::endl;
+      std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
       ++failures;
       continue;
     }
@@ -365,6 +423,7 @@ int main(int argc, char **argv) {
       requests.push_back(req);
     }
     out["requests"] = requests;
+    if (args.samples > 0) out["samples"] = random_walks(compiled.value(), vocab, args.samples);
     // precompute_all on a second compilation: a table for every position with nothing known below
     // it (the matcher computes tables per stack context on first use, inside the first request's
     // masks; this is the context-free worst case the header describes). After the walks, so that
@@ -389,7 +448,7 @@ int main(int argc, char **argv) {
       auto accepts = sample::grammar_accepts(reference, instance);
       out["grammar_accepts_instance"] = accepts.ok() && accepts.value();
     }
-    std::cout << out.dump() << std::endl;
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   }
   return failures ? 1 : 0;
 }
