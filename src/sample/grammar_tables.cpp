@@ -306,11 +306,12 @@ size_t GrammarVocabulary::shared_table_bytes() const {
   return tables_->bytes;
 }
 
+const ByteSet kNoBytes;
+
 // What may be read after the deepest of a context's frames (nothing when rooted).
 const ByteSet &deepest_follow(const CompiledGrammar &g, std::span<const uint32_t> frames,
                               bool rooted) {
-  static const ByteSet none;
-  return rooted ? none : g.follow[g.rule_of[frames.back()]];
+  return rooted ? kNoBytes : g.follow[g.rule_of[frames.back()]];
 }
 
 // A context inside a bounded repetition: its table derived from the counting walk of the same
@@ -341,15 +342,15 @@ CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
   // the next block's chain would make too long to share). Such a walk serves only such places; an
   // ordinary one serves them too.
   const bool no_exit = spot->lo > vocabulary->longest_token();
-  static const ByteSet nothing;
   const std::span<const uint32_t> context(abstract, no_exit ? at + 1 : frames.size());
   const bool walk_rooted = no_exit ? false : rooted;
-  const ByteSet &follow_below = no_exit ? nothing : deepest;
+  const ByteSet &follow_below = no_exit ? kNoBytes : deepest;
   GrammarTableCache &shared = vocabulary->table_cache();
   std::optional<ClosureKey> closure = closure_key(*this, context, walk_rooted, follow_below);
   if (closure) closure->key.insert(0, 1, 'c');
-  // This grammar's own walks (no shared key, or overflowed): by the frames and FOLLOW, which the
-  // walk sorts leaving tokens by.
+  // This grammar's walks, by the frames and FOLLOW (which the walk sorts leaving tokens by): the
+  // ones no other grammar can share (no shared key, or overflowed), and the shared ones it found,
+  // so that its next count finds them without the search below.
   std::string local(reinterpret_cast<const char *>(abstract), context.size() * sizeof(uint32_t));
   local += walk_rooted ? 'r' : 'u';
   local.append(reinterpret_cast<const char *>(follow_below.bits.data()), sizeof(follow_below.bits));
@@ -390,9 +391,8 @@ CompiledGrammar::counted_table(std::span<const uint32_t> frames, bool rooted,
     if (closure && !counted->overflowed)
       shared.insert_counted(with_cap(closure->key, counted->cap, counted->no_exit), closure->follow,
                             counted);
-    else
-      counted_.emplace(local, counted);
   }
+  counted_.emplace(local, counted);
   if (counted->overflowed) return nullptr;
   size_t grown = 0;
   auto table = derive_counted(*counted, spot->lo, spot->hi, grown);
