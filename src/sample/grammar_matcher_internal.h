@@ -447,8 +447,8 @@ private:
 // `walk.alive(level)` whether some stack reads on; `at(level, from, to)` is told the tokens
 // (trie order) that end at each node, `uncertain(from, to)` those under a node where the walk
 // stops with paths that went on below the frames (walked on the real stack at mask time):
-// `uncertain(level, left_here, from, to)`, left_here when they leave the frames on the byte after
-// this node's (else they left before).
+// `uncertain(level, left_here, from, to)`, left_here when some of them leave the frames on the
+// byte after this node's (the others left before).
 template <class Walk, class At, class Uncertain>
 void walk_trie(const GrammarVocabulary &v, Walk &walk, size_t &visited, At &&at,
                Uncertain &&uncertain) {
@@ -465,8 +465,8 @@ void walk_trie(const GrammarVocabulary &v, Walk &walk, size_t &visited, At &&at,
     const typename Walk::Level level = walk.descend(levels[d - 1], node.byte);
     at(level, node.first, node.last);
     if (!walk.alive(level)) {
-      if (level.escape)
-        uncertain(level, false, node.last, end_of_subtree(i));
+      if (level.escape) // and if paths also left on this byte, their counts join the escape's
+        uncertain(level, level.sentinel, node.last, end_of_subtree(i));
       else if (level.sentinel)
         for (uint32_t c = i + 1; c < node.skip; c = nodes[c].skip)
           if (walk.follows(nodes[c].byte))

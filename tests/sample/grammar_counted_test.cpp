@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <random>
 
 namespace offgraph::sample {
@@ -373,6 +374,43 @@ TEST(CountedTables, BlocksNoTokenCanFinishAreExact) {
       ASSERT_TRUE(m.accept_bytes(step % 3 ? "ab" : "x"));
     }
     EXPECT_GT(compile_stats(*c).counted_tables, 0u);
+  }
+}
+
+// A token some of whose paths leave the frames early, at one count, while others leave where
+// the walk stops, at another (the second review's case): both counts must make it uncertain.
+TEST(CountedTables, PathsLeavingWhereTheWalkStopsKeepTheirCounts) {
+  GrammarBuilder b;
+  ByteSet abc, cd, ad;
+  abc.set_range('a', 'c');
+  cd.set_range('c', 'd');
+  ad.set_range('a', 'd');
+  const Element r = *b.repeat("R", {b.bytes(abc)}, 3, 3);
+  const Element q = b.rule("Q", {{b.byte('['), r, b.bytes(abc)}});
+  const Element p = b.rule("P", {{b.byte('('), q, b.bytes(cd)}});
+  const Element rest = *b.repeat("rest", {b.bytes(ad)}, 0, kUnbounded);
+  const Element root = b.rule("root", {{b.byte('<'), p, rest, b.byte('>')}});
+  auto texts = listed_vocabulary(
+      {"a", "b", "c", "d", ">", "aacada", "aacadd", "aacad>", "aaac", "aaacd", "aaacdab>", "abab"});
+  GrammarMatcher m(
+      compiled(*std::move(b).finish(root.value), std::make_shared<GrammarVocabulary>(texts)));
+  ASSERT_TRUE(m.accept_bytes("<(["));
+  const std::vector<int32_t> allowed = allowed_checking_mask(m, *texts, "after <([");
+  EXPECT_NE(std::find(allowed.begin(), allowed.end(), 5), allowed.end()); // "aacada"
+}
+
+// Paths out of a repetition are dropped only where its minimum is past the longest token: at the
+// longest token itself the exit after it is still a path.
+TEST(CountedTables, ExitsAreKeptUpToTheLongestToken) {
+  auto texts = listed_vocabulary({"\"", "a", "aa", "aaa", "aaaaaa"}); // the longest: 6 bytes
+  for (uint32_t n : {5u, 6u, 7u}) {
+    GrammarBuilder b;
+    const Element root =
+        b.rule("root", {{b.byte('"'), *b.repeat("as", {b.byte('a')}, n, n), b.byte('"')}});
+    GrammarMatcher m(
+        compiled(*std::move(b).finish(root.value), std::make_shared<GrammarVocabulary>(texts)));
+    ASSERT_TRUE(m.accept_bytes("\""));
+    allowed_checking_mask(m, *texts, "{" + std::to_string(n) + "}");
   }
 }
 
