@@ -65,19 +65,31 @@ Element random_repetition(GrammarBuilder &b, std::mt19937 &rng, int depth) {
 }
 
 // Repetitions in the places a table's frames can hold them: quoted (the quote below), side by side
-// (one's end overlaps the next one's start), at the end of the sentence (rooted), and inside a
-// list (deep, with unknown frames below).
+// (one's end overlaps the next one's start), at the end of the sentence (rooted), nested in rules
+// whose ends read letters the repetition's items also start with, and inside a list (deep, with
+// unknown frames below).
 Grammar random_repetition_grammar(std::mt19937 &rng) {
   GrammarBuilder b;
   Sequence body;
   const int pieces = 1 + int(rng() % 3);
+  ByteSet letters; // what may follow a repetition: overlapping its items' first bytes
+  letters.set_range('a', 'd');
   for (int i = 0; i < pieces; ++i) {
-    if (rng() % 2) {
+    switch (rng() % 3) {
+    case 0:
       body.push_back(b.byte('"'));
       body.push_back(random_repetition(b, rng, 0));
       body.push_back(b.byte('"'));
-    } else {
+      break;
+    case 1:
       body.push_back(random_repetition(b, rng, 0));
+      break;
+    default: // nested in rules that end on a letter: frames below the repetition read on
+      body.push_back(b.rule(
+          "deep",
+          {{b.byte('('), b.rule("deeper", {{random_repetition(b, rng, 0), b.bytes(letters)}}),
+            b.bytes(letters)}}));
+      body.push_back(*b.repeat("rest", {b.bytes(letters)}, 0, kUnbounded));
     }
   }
   if (rng() % 2) {
