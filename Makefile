@@ -63,7 +63,7 @@ fuzz-long: fuzz-build
 	  cat $(FUZZ_LONG_DIR)/*/stats.txt; python3 fuzz/record.py fuzz/record.tsv docs/reliability.md; exit $$rc
 
 # The server soak (docs/reliability.md, "Soak"): SOAK_REQUESTS requests from 32 clients on
-# loopback (ctest skips it without). SOAK_DIR=build-asan runs it under the sanitizers.
+# loopback (every ctest run sends 1,200). SOAK_DIR=build-asan runs it under the sanitizers.
 SOAK_REQUESTS ?= 20000
 SOAK_DIR ?= $(BUILD_DIR)
 soak: build

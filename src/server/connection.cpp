@@ -6,11 +6,22 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 namespace offgraph::server {
 
-int connection_socket(int local_port, const std::string &remote_addr, int remote_port) {
+namespace {
+
+uint16_t port_of(const sockaddr_storage &a) {
+  return a.ss_family == AF_INET    ? ntohs(reinterpret_cast<const sockaddr_in &>(a).sin_port)
+         : a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6 &>(a).sin6_port)
+                                   : 0;
+}
+
+// The first of the process's descriptors for which `match(fd, local address)` holds; -1 if none.
+template <typename Match> int find_socket(Match match) {
   DIR *dir = opendir("/proc/self/fd");
   if (!dir) return -1;
   int found = -1;
@@ -18,29 +29,52 @@ int connection_socket(int local_port, const std::string &remote_addr, int remote
     char *end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr *>(&peer), &pl) != 0 ||
-        getsockname(int(fd), reinterpret_cast<sockaddr *>(&local), &ll) != 0)
-      continue;
-    auto port_of = [](const sockaddr_storage &a) {
-      return a.ss_family == AF_INET    ? ntohs(reinterpret_cast<const sockaddr_in &>(a).sin_port)
-             : a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6 &>(a).sin6_port)
-                                       : 0;
-    };
-    char text[INET6_ADDRSTRLEN] = {};
-    if (peer.ss_family == AF_INET)
-      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in &>(peer).sin_addr, text, sizeof text);
-    else if (peer.ss_family == AF_INET6)
-      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 &>(peer).sin6_addr, text,
-                sizeof text);
-    if (port_of(local) == local_port && port_of(peer) == remote_port && remote_addr == text) {
+    sockaddr_storage local{};
+    socklen_t ll = sizeof local;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr *>(&local), &ll) != 0) continue;
+    if (match(int(fd), local)) {
       found = int(fd);
       break;
     }
   }
   closedir(dir);
   return found;
+}
+
+} // namespace
+
+int connection_socket(int local_port, const std::string &remote_addr, int remote_port) {
+  return find_socket([&](int fd, const sockaddr_storage &local) {
+    sockaddr_storage peer{};
+    socklen_t pl = sizeof peer;
+    if (port_of(local) != local_port ||
+        getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &pl) != 0 ||
+        port_of(peer) != remote_port)
+      return false;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (peer.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in &>(peer).sin_addr, text, sizeof text);
+    else if (peer.ss_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 &>(peer).sin6_addr, text,
+                sizeof text);
+    return remote_addr == text;
+  });
+}
+
+Status widen_listen_backlog(int local_port, int backlog) {
+  const int fd = find_socket([&](int sock, const sockaddr_storage &local) {
+    int accepting = 0;
+    socklen_t al = sizeof accepting;
+    return port_of(local) == local_port &&
+           getsockopt(sock, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &al) == 0 && accepting;
+  });
+  if (fd < 0) return Status::error("no listening socket on port " + std::to_string(local_port));
+  // Linux takes a second listen() on a listening socket as a new backlog (capped at
+  // net.core.somaxconn).
+  if (listen(fd, backlog) != 0)
+    return Status::error("cannot set the listen backlog of port " + std::to_string(local_port) +
+                         ": " + std::strerror(errno));
+  return ok_status();
 }
 
 bool peer_closed(int sock) {

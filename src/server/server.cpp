@@ -96,6 +96,9 @@ void send(httplib::Response &res, int status, const json &body) {
 }
 
 constexpr auto kPoll = std::chrono::milliseconds(200);
+// Connections the kernel holds for the accept thread (capped at net.core.somaxconn): cpp-httplib's
+// own 5 overflowed 50 times in one 1,200-request soak of 32 clients (docs/reliability.md).
+constexpr int kListenBacklog = 1024;
 
 // Anthropic's routes answer errors in Anthropic's shape (its clients read nothing else).
 bool is_anthropic_route(const std::string &path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -936,6 +939,8 @@ Status Server::start() {
     port_ = http_->bind_to_port(options_.host.c_str(), options_.port) ? options_.port : -1;
   if (port_ <= 0)
     return Status::error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+  // Room for a burst of clients while the accept thread is busy (connection.h).
+  if (Status s = widen_listen_backlog(port_, kListenBacklog); !s.ok()) return s;
   engine_thread_ = std::thread([this] { engine_loop(); });
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
   return ok_status();
