@@ -237,6 +237,14 @@ public:
     // the draft model's store and its budget (0: none; the KV budget's share).
     int64_t kv_in_use = 0, snapshot_bytes = 0, snapshot_budget = 0, draft_kv = 0,
             draft_kv_budget = 0;
+    // The ledger by device (a buffer type's name: "CPU", "RPC[host:port]", "CUDA0"): the KV
+    // store's bytes in use ("kv"), the draft model's ("draft_kv"), and the compute buffers of both
+    // models' forward passes ("compute").
+    struct DeviceBytes {
+      std::string device, use;
+      int64_t bytes = 0;
+    };
+    std::vector<DeviceBytes> by_device;
   };
   Load load() const;
   EngineStats published_stats() const;

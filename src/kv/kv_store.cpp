@@ -12,6 +12,25 @@
 
 namespace offgraph::kv {
 
+void add_bytes(BytesByBufferType &to, ggml_backend_buffer_type_t buft, int64_t bytes) {
+  for (auto &[b, n] : to)
+    if (b == buft) {
+      n += bytes;
+      return;
+    }
+  to.emplace_back(buft, bytes);
+}
+
+void SnapshotTally::add(const Pool &rows, int64_t sign) {
+  std::lock_guard lock(mutex);
+  for (const Pool::Part &p : rows.parts)
+    if (p.buffer) {
+      const int64_t bytes = sign * int64_t(ggml_backend_buffer_get_size(p.buffer.get()));
+      total += bytes;
+      add_bytes(by_buffer_type, p.buft, bytes);
+    }
+}
+
 namespace {
 std::atomic<int64_t> g_device_buffer_frees{0};
 } // namespace
@@ -98,7 +117,7 @@ bool alloc_parts(Pool &pool, bool clear) {
 int64_t Snapshot::bytes() const { return rows_.buffer_bytes(); }
 
 Snapshot::~Snapshot() {
-  if (live_bytes_) *live_bytes_ -= bytes();
+  if (live_bytes_) live_bytes_->add(rows_, -1);
 }
 
 void copy_rows(ggml_tensor *src, int32_t src_row, ggml_tensor *dst, int32_t dst_row, int32_t n) {
@@ -277,9 +296,25 @@ int64_t KvStore::ring_pool_bytes() const {
 }
 
 int64_t KvStore::bytes_in_use() const {
-  int64_t bytes = int64_t(allocator_.in_use()) * page_bytes_ + *snapshot_bytes_;
+  int64_t bytes = int64_t(allocator_.in_use()) * page_bytes_ + snapshot_bytes_->total;
   for (const auto &[id, e] : entries_) bytes += e->ring.buffer_bytes();
   return bytes;
+}
+
+BytesByBufferType KvStore::bytes_in_use_by_buffer_type() const {
+  BytesByBufferType by;
+  const int64_t pages = int64_t(allocator_.in_use()) * layout_->page_rows();
+  for (CacheId c = 0; c < layout_->n_caches(); ++c)
+    if (!layout_->cache(c).ring())
+      add_bytes(by, bufts_[size_t(c)],
+                pages *
+                    int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_)));
+  for (const auto &[id, e] : entries_)
+    for (const Pool::Part &p : e->ring.parts)
+      if (p.buffer) add_bytes(by, p.buft, int64_t(ggml_backend_buffer_get_size(p.buffer.get())));
+  std::lock_guard lock(snapshot_bytes_->mutex);
+  for (const auto &[buft, bytes] : snapshot_bytes_->by_buffer_type) add_bytes(by, buft, bytes);
+  return by;
 }
 
 Status KvStore::check_budget(int64_t more, const char *what) const {
@@ -566,7 +601,7 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
   if (!alloc_parts(snap->rows_, false)) // every row is copied in below
     return Status::error("kv store: could not allocate a ring snapshot", StatusCode::kInternal);
   snap->live_bytes_ = snapshot_bytes_;
-  *snapshot_bytes_ += snap->bytes();
+  snapshot_bytes_->add(snap->rows_, +1);
   for (size_t i = 0; i < n; ++i) {
     const cache::CacheRows &cr = snap->spec_.rows[i];
     int32_t at = 0;
@@ -650,7 +685,7 @@ MemoryUse KvStore::memory() const {
     }
   m.held = m.flat + m.ring;
   m.buffers += m.flat;
-  m.snapshots = *snapshot_bytes_;
+  m.snapshots = snapshot_bytes_->total;
   return m;
 }
 

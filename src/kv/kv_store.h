@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -93,6 +94,19 @@ struct Pool {
   int64_t buffer_bytes() const;
 };
 
+// Bytes by the buffer type they live in (one per device), in first-seen order.
+using BytesByBufferType = std::vector<std::pair<ggml_backend_buffer_type_t, int64_t>>;
+void add_bytes(BytesByBufferType &to, ggml_backend_buffer_type_t buft, int64_t bytes);
+
+// Bytes of a store's live snapshots, in all and by buffer type; shared with the snapshots so that
+// one that goes subtracts its own.
+struct SnapshotTally {
+  std::atomic<int64_t> total{0};
+  mutable std::mutex mutex;
+  BytesByBufferType by_buffer_type; // under mutex
+  void add(const Pool &rows, int64_t sign);
+};
+
 // Saved ring rows of one sequence at some length, in a buffer of their own.
 class Snapshot {
 public:
@@ -104,7 +118,7 @@ public:
 
 private:
   friend class KvStore;
-  std::shared_ptr<std::atomic<int64_t>> live_bytes_; // the store's tally of snapshot bytes
+  std::shared_ptr<SnapshotTally> live_bytes_; // the store's tally of snapshot bytes
   cache::RingSnapshot spec_;
   Pool rows_; // rows_.k[i], rows_.v[i]: the rows of spec_.rows[i], runs concatenated
 };
@@ -208,6 +222,9 @@ public:
   int64_t resident_pool_bytes() const;
   // What counts against set_memory_budget: pages in use, every sequence's rings, live snapshots.
   int64_t bytes_in_use() const;
+  // The same by the buffer type it lives in (one per device: the ledger's per-device KV rows);
+  // the figures add up to bytes_in_use().
+  BytesByBufferType bytes_in_use_by_buffer_type() const;
 
 private:
   struct Entry {
@@ -257,7 +274,7 @@ private:
   Mapping mapping_; // declared before the buffer, so destroyed after it
   Pool pages_;
   // Bytes held by live snapshots; shared with them so that dropping one updates the tally.
-  std::shared_ptr<std::atomic<int64_t>> snapshot_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<SnapshotTally> snapshot_bytes_ = std::make_shared<SnapshotTally>();
   int steps_in_flight_ = 0;
   friend class Step;
   RingOrder ring_order_ = RingOrder::Physical;

@@ -328,6 +328,12 @@ std::string Devices::name(int32_t d) const {
          (endpoint(d).empty() ? ggml_backend_dev_description(device(d)) : endpoint(d)) + ")";
 }
 
+std::string Devices::name_of(ggml_backend_buffer_type_t buft) const {
+  for (int32_t d = 0; d < size(); ++d)
+    if (!is_cpu(d) && buffer_type(d) == buft) return name(d);
+  return ggml_backend_buft_is_host(buft) ? "CPU" : ggml_backend_buft_name(buft);
+}
+
 std::string Devices::failure() const {
   for (int32_t i = 0; i < size(); ++i)
     if (failed(i)) return name(i) + ": " + relays_[size_t(i)]->failure();

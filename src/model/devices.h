@@ -56,6 +56,8 @@ public:
   ggml_backend_buffer_type_t buffer_type(int32_t d) const;
   // "CPU", "CUDA0 (NVIDIA H200)", or "RPC0 (127.0.0.1:50052)".
   std::string name(int32_t d) const;
+  // The name of the device whose memory `buft` is (host memory: "CPU").
+  std::string name_of(ggml_backend_buffer_type_t buft) const;
   const std::string &endpoint(int32_t d) const { return endpoints_[size_t(d)]; }
   // Empty while every server answers; else the first that stopped, and during what. A step
   // computed after that is not a result (RpcRelay answers for the server): Forward fails it.

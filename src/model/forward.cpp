@@ -126,6 +126,21 @@ Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
     if (!d.is_cpu(i)) device_backends_.emplace_back(ggml_backend_dev_init(d.device(i), nullptr));
 }
 
+kv::BytesByBufferType Forward::compute_buffer_bytes() const {
+  kv::BytesByBufferType by;
+  if (alloc_) {
+    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backend_.get()),
+                  int64_t(ggml_gallocr_get_buffer_size(alloc_.get(), 0)));
+  } else if (sched_) {
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_.get()); ++i) {
+      ggml_backend_t b = ggml_backend_sched_get_backend(sched_.get(), i);
+      kv::add_bytes(by, ggml_backend_get_default_buffer_type(b),
+                    int64_t(ggml_backend_sched_get_buffer_size(sched_.get(), b)));
+    }
+  }
+  return by;
+}
+
 int64_t Forward::buffer_frees() const {
   return kv::device_buffer_frees() + model_.devices().buffer_frees();
 }

@@ -34,6 +34,10 @@ public:
   // budget), that span's index in batch.spans: nothing was computed, the batch without it may
   // run; else (any other failure, or none) -1.
   int32_t failed_span() const { return failed_span_; }
+  // The compute buffers the graphs so far were allocated in, by buffer type (one per device):
+  // they grow to the largest step (the most tokens, the deepest history) and stay. The CPU
+  // backend's own work buffer (ggml's, private to it) is not counted.
+  kv::BytesByBufferType compute_buffer_bytes() const;
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one
   // node at a time and the observer gets each node with its wall time. Slower (one thread

@@ -134,6 +134,14 @@ std::vector<int64_t> Model::device_weight_bytes() const {
   return out;
 }
 
+int64_t Model::weight_bytes() const {
+  int64_t n = 0;
+  for (ggml_tensor *t = ggml_get_first_tensor(file_->tensors()); t;
+       t = ggml_get_next_tensor(file_->tensors(), t))
+    n += int64_t(ggml_nbytes(t));
+  return n;
+}
+
 int64_t Model::n_params() const {
   int64_t n = 0;
   for (ggml_tensor *t = ggml_get_first_tensor(file_->tensors()); t;

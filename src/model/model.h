@@ -49,6 +49,8 @@ public:
   const cache::Geometry &geometry() const { return geometry_; }
   const Architecture &architecture() const { return *arch_; }
   int64_t n_params() const;
+  // Bytes of every weight tensor the file holds, wherever they live.
+  int64_t weight_bytes() const;
 
   // Where the layers run: the devices, and per layer (then the output head, entry n_layer) the
   // index of its device. The CPU alone unless loaded with devices.

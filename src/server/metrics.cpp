@@ -211,6 +211,13 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   for (const MetricsInput::Budget &b : in.budgets)
     w.sample("offgraph_memory_budget_bytes", double(b.limit),
              "budget=\"" + b.name + "\",flag=\"" + b.flag + "\"");
+  if (!in.device_memory.empty()) {
+    w.family("offgraph_device_memory_bytes", "gauge",
+             "bytes each device holds, by use: weights, kv, draft_kv, compute");
+    for (const MetricsInput::DeviceMemory &d : in.device_memory)
+      w.sample("offgraph_device_memory_bytes", double(d.bytes),
+               "device=\"" + d.device + "\",use=\"" + d.use + "\"");
+  }
   return w.take();
 }
 

@@ -50,6 +50,13 @@ struct MetricsInput {
     bool up = true;
   };
   std::vector<Device> devices;
+  // The memory ledger by device (docs/reliability.md, "Memory budgets"): per device and use
+  // (weights, kv, draft_kv, compute), the bytes it holds now.
+  struct DeviceMemory {
+    std::string device, use;
+    int64_t bytes = 0;
+  };
+  std::vector<DeviceMemory> device_memory;
 };
 std::string render_metrics(const MetricsInput &in, const HttpCounters &http);
 

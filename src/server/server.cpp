@@ -1043,6 +1043,18 @@ std::string Server::metrics_text() {
     for (int32_t i = 0; i < d.size(); ++i)
       if (!d.is_cpu(i))
         in.devices.push_back({d.name(i), d.bytes_to(i), d.bytes_from(i), !d.failed(i)});
+    // The ledger by device: weights (those on the CPU: the rest of the file's tensors), then what
+    // the engine published.
+    const std::vector<int64_t> uploaded = model_->device_weight_bytes();
+    int64_t on_devices = 0;
+    for (int32_t i = 0; i < d.size(); ++i)
+      if (!d.is_cpu(i) && uploaded[size_t(i)] > 0) {
+        in.device_memory.push_back({d.name(i), "weights", uploaded[size_t(i)]});
+        on_devices += uploaded[size_t(i)];
+      }
+    in.device_memory.push_back({"CPU", "weights", model_->weight_bytes() - on_devices});
+    for (const engine::Engine::Load::DeviceBytes &b : load.by_device)
+      in.device_memory.push_back({b.device, b.use, b.bytes});
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;
   }

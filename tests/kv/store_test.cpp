@@ -271,6 +271,42 @@ TEST(KvStore, SnapshotsAreAccountedAndBudgeted) {
   EXPECT_NE(refused.message().find("memory budget"), std::string::npos) << refused.message();
 }
 
+// The ledger's per-device figures (bytes_in_use_by_buffer_type) against hand arithmetic: pages in
+// use, one ring per sequence and live snapshots, each counted once, through growth, a second
+// sequence, snapshots taken and dropped; they add up to bytes_in_use().
+TEST(KvStore, BytesByBufferTypeAreWhatIsInUse) {
+  const std::vector<cache::LayerSpec> layers = {layer(8), layer(0)};
+  auto store = make_store(make_layout(layers, 0, {256, 4, 16}), {GGML_TYPE_F16, GGML_TYPE_F16});
+  const int64_t row = 2 * 64 * 2 + 2 * 32 * 2; // f16 K (2 heads x 64) and V (2 heads x 32)
+  const int64_t ring = store->memory(*store->create_sequence()).ring;
+  ASSERT_GT(ring, 0);
+  ASSERT_TRUE(store->remove_sequence(0).ok());
+  auto by = [&] {
+    const BytesByBufferType b = store->bytes_in_use_by_buffer_type();
+    EXPECT_LE(b.size(), 1u);
+    if (b.empty()) return int64_t(0);
+    EXPECT_EQ(b[0].first, ggml_backend_cpu_buffer_type());
+    return b[0].second;
+  };
+  EXPECT_EQ(by(), 0);
+  const SeqId s = *store->create_sequence();
+  std::mt19937_64 rng(17);
+  for (int i = 0; i < 5; ++i) run_step(*store, s, 4, random_inputs(rng, store->layout(), 4, 2));
+  const int64_t pages = 2 * 16 * row; // 20 positions in pages of 16 rows
+  EXPECT_EQ(by(), ring + pages);
+  const SeqId t = *store->create_sequence();
+  run_step(*store, t, 3, random_inputs(rng, store->layout(), 3, 2));
+  EXPECT_EQ(by(), 2 * ring + pages + 16 * row);
+  {
+    auto a = store->snapshot(s);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(by(), 2 * ring + pages + 16 * row + (*a)->bytes());
+    EXPECT_EQ(by(), store->bytes_in_use());
+  }
+  EXPECT_EQ(by(), 2 * ring + pages + 16 * row); // the dropped snapshot's bytes went
+  EXPECT_EQ(by(), store->bytes_in_use());
+}
+
 TEST(KvStore, OneStepAtATime) {
   const std::vector<cache::LayerSpec> layers = {layer(0)};
   auto store = make_store(make_layout(layers, 0, {64, 4, 8}), {GGML_TYPE_F16, GGML_TYPE_F16});

@@ -90,6 +90,35 @@ TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
     EXPECT_EQ(labelled(split, "offgraph_rpc_up" + label), 1) << label;
   }
   EXPECT_TRUE(rpc.alive(0) && rpc.alive(1));
+  // The ledger by device: each server's uploaded weights, the rest on the CPU; every device holds
+  // KV of its layers and compute buffers; the KV rows add up to the KV budget's row.
+  auto m = split.client->Get("/metrics");
+  ASSERT_TRUE(m);
+  auto sample = [&](const std::string &s) {
+    const size_t at = m->body.find("\n" + s + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + s.size() + 2));
+  };
+  const std::vector<int64_t> uploaded = split_model->device_weight_bytes();
+  double kv = 0, weights = 0;
+  for (int32_t i = 0; i < devs.size(); ++i) {
+    auto row = [&](const char *use) {
+      return sample("offgraph_device_memory_bytes{device=\"" + devs.name(i) + "\",use=\"" + use +
+                    "\"}");
+    };
+    if (!devs.is_cpu(i)) {
+      EXPECT_GT(uploaded[size_t(i)], 0);
+      EXPECT_EQ(row("weights"), double(uploaded[size_t(i)])) << devs.name(i);
+      EXPECT_GT(row("kv"), 0) << devs.name(i);
+      kv += row("kv");
+    }
+    weights += row("weights");
+    EXPECT_GT(row("compute"), 0) << devs.name(i);
+  }
+  EXPECT_EQ(weights, double(split_model->weight_bytes()));
+  const double cpu_kv =
+      sample("offgraph_device_memory_bytes{device=\"CPU\",use=\"kv\"}"); // -1: none there
+  EXPECT_EQ(kv + std::max(0.0, cpu_kv),
+            sample("offgraph_memory_used_bytes{budget=\"kv\",flag=\"--kv-mib\"}"));
 }
 
 TEST(ServerRpc, AServerThatDiesMidRequestEndsItWithAnErrorThenNewWorkGets503) {

@@ -277,6 +277,15 @@ TEST(Server, MetricsCountWhatHappened) {
   const double logits = budget_row("offgraph_memory_used_bytes", "step_logits", "");
   EXPECT_GT(logits, 0);
   EXPECT_LE(logits, budget_row("offgraph_memory_budget_bytes", "step_logits", ""));
+  // The ledger by device, the CPU alone: every weight, the KV budget's bytes, compute buffers.
+  auto device_row = [&](const std::string &use) {
+    return value("offgraph_device_memory_bytes{device=\"CPU\",use=\"" + use + "\"}");
+  };
+  EXPECT_EQ(device_row("weights"), double(live().model->weight_bytes()));
+  EXPECT_GT(device_row("weights"), 1e5);
+  EXPECT_EQ(device_row("kv"), kv);
+  EXPECT_GT(device_row("compute"), 0);
+  EXPECT_EQ(device_row("draft_kv"), -1); // no draft model: no row
 }
 
 // A full queue answers 429 with Retry-After (a queue of 0 makes it certain), and under
