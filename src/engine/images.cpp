@@ -219,15 +219,32 @@ Result<int32_t> ImageEncoder::count_rows(std::span<const uint8_t> bytes) {
   return (g.width / cell) * (g.height / cell);
 }
 
-Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reservation *room) {
+Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reservation *room,
+                                           const std::function<bool()> &cancelled) {
   if (Status s = check_size(bytes); !s.ok()) return s;
   if (room && room->tally_ && room->tally_ != tally_)
     return Status::error("image encoder: a reservation of another encoder", StatusCode::kInternal);
   const ImageDigest digest = image_digest(bytes);
   const std::string key(digest.begin(), digest.end());
   if (auto hit = lookup(key)) return *hit;
-  std::lock_guard encoding(encode_mutex_);
+  const Status gone = Status::error("image encoder: cancelled before the image was encoded",
+                                    StatusCode::kUnavailable);
+  // Its turn: one encode at a time (it takes every thread), the others wait here; one whose
+  // caller is gone meanwhile leaves the line without encoding.
+  std::unique_lock encoding(encode_mutex_, std::defer_lock);
+  while (!encoding.try_lock_for(kCancelPoll))
+    if (cancelled && cancelled()) return gone;
   if (auto hit = lookup(key)) return *hit; // encoded by another caller meanwhile
+  if (cancelled && cancelled()) return gone;
+  // Asked between the encoder's layers, at most every kCancelPoll.
+  std::function<bool()> cancel_between;
+  if (cancelled)
+    cancel_between = [&cancelled, next = std::chrono::steady_clock::now() + kCancelPoll]() mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next) return false;
+      next = now + kCancelPoll;
+      return cancelled();
+    };
   const auto t0 = std::chrono::steady_clock::now();
   auto decoded = image::decode_image(bytes, options_.decode);
   if (!decoded.ok()) return decoded.status();
@@ -240,7 +257,7 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
   const image::Image resized = image::resize_lanczos(*decoded, g.width, g.height);
   decoded->rgb = {}; // the full-size pixels are not needed past here
   auto rows = model::encode_image(vision_, image::normalize_planar(resized, c.mean, c.std_dev),
-                                  g.width, g.height, options_.threads);
+                                  g.width, g.height, options_.threads, cancel_between);
   if (!rows.ok()) return rows.status();
   const int64_t size = int64_t(rows->rows.size() * sizeof(float));
   {

@@ -66,6 +66,8 @@ class ImageEncoder {
   struct RowTally; // the rows alive and reserved, shared with the rows' deleters
 
 public:
+  static constexpr std::chrono::milliseconds kCancelPoll{20};
+
   ImageEncoder(const model::VisionModel &vision, ImageOptions options);
 
   // Room for encoded rows, held until it goes (reserve_rows); what encode() makes under it moves
@@ -99,8 +101,11 @@ public:
   // bytes again come from the cache. Errors name the problem (size, format, dimensions). The
   // rows it makes count as alive until the last holder drops them; taken out of `room` where
   // given, which must come from this encoder's reserve_rows (a caller without one, a command's
-  // own images, is not held to rows_budget).
-  Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr);
+  // own images, is not held to rows_budget). `cancelled` (a client that hung up, a server
+  // stopping) is asked while it waits for its turn and between the encoder's layers, every
+  // kCancelPoll at most: true ends it with kUnavailable, nothing encoded or cached.
+  Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr,
+                               const std::function<bool()> &cancelled = {});
 
   // The image of `digest` (image_digest of its bytes) if the cache holds it (counted as a hit,
   // moved to the front); holding its rows keeps them alive whatever the cache drops later.
@@ -138,8 +143,8 @@ private:
   const model::VisionModel &vision_;
   ImageOptions options_;
   std::shared_ptr<RowTally> tally_;
-  mutable std::mutex mutex_; // the cache and the stats
-  std::mutex encode_mutex_;  // one encoding at a time
+  mutable std::mutex mutex_;      // the cache and the stats
+  std::timed_mutex encode_mutex_; // one encoding at a time
   using Entry = std::pair<std::string, PreparedImage>;
   std::list<Entry> lru_; // most recently used first
   std::unordered_map<std::string, std::list<Entry>::iterator> by_digest_;

@@ -82,7 +82,8 @@ ggml_tensor *attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tens
 } // namespace
 
 Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<float> &planar,
-                                  int32_t width, int32_t height, int n_threads) {
+                                  int32_t width, int32_t height, int n_threads,
+                                  const std::function<bool()> &cancelled) {
   const VisionConfig &c = model.config();
   const VisionWeights &w = model.weights();
   const int32_t cell = c.patch * c.merge;
@@ -187,7 +188,15 @@ Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<fl
                       {inverse, &l.inverse},
                       {shuffle, &l.shuffle}})
     ggml_backend_tensor_set(t, v->data(), 0, ggml_nbytes(t));
-  if (ggml_backend_graph_compute(backend.get(), gf) != GGML_STATUS_SUCCESS)
+  if (cancelled)
+    ggml_backend_cpu_set_abort_callback(
+        backend.get(),
+        [](void *data) { return (*static_cast<const std::function<bool()> *>(data))(); },
+        const_cast<std::function<bool()> *>(&cancelled));
+  const ggml_status status = ggml_backend_graph_compute(backend.get(), gf);
+  if (status == GGML_STATUS_ABORTED)
+    return Status::error("vision: the encode was cancelled", StatusCode::kUnavailable);
+  if (status != GGML_STATUS_SUCCESS)
     return Status::error("vision: the encoder's graph failed to compute", StatusCode::kInternal);
   EncodedImage out;
   out.n_rows = l.n_out;

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "model/vision.h"
 
+#include <functional>
 #include <vector>
 
 namespace offgraph::model {
@@ -24,8 +25,10 @@ struct EncodedImage {
 };
 
 // `planar`: the preprocessed image (image::normalize_planar), 3 x height x width floats, width
-// and height multiples of patch x merge.
+// and height multiples of patch x merge. `cancelled`, where given, is asked between the graph's
+// nodes (from one thread): true ends the encode early with a kUnavailable error.
 Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<float> &planar,
-                                  int32_t width, int32_t height, int n_threads);
+                                  int32_t width, int32_t height, int n_threads,
+                                  const std::function<bool()> &cancelled = {});
 
 } // namespace offgraph::model

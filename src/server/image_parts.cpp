@@ -195,9 +195,10 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
     if (cached[i]) continue;
     if (to_encode.insert(digests[i]).second) row_bytes += facts.images->rows_bytes(rows[i]);
   }
-  auto room = facts.images->reserve_rows(row_bytes, [&] {
+  const auto cancelled = [&] {
     return (facts.stopping && facts.stopping->load()) || (client_gone && client_gone());
-  });
+  };
+  auto room = facts.images->reserve_rows(row_bytes, cancelled);
   if (!room.ok()) {
     if (client_gone && client_gone()) // nobody reads the answer: counted as a hang-up
       return ApiError{kClientClosedRequest, room.message(), "messages", "client_closed_request"};
@@ -211,7 +212,9 @@ std::optional<ApiError> attach_images(const ModelFacts &facts, Job &job,
     const auto [at, fresh] = first.emplace(digests[i], i);
     auto p = !fresh      ? Result<engine::PreparedImage>(prepared[at->second])
              : cached[i] ? Result<engine::PreparedImage>(*cached[i])
-                         : facts.images->encode(job.images[i], &*room);
+                         : facts.images->encode(job.images[i], &*room, cancelled);
+    if (!p.ok() && client_gone && client_gone()) // its encode left the line or stopped
+      return ApiError{kClientClosedRequest, p.message(), "messages", "client_closed_request"};
     if (!p.ok()) return image_error(i, p.status());
     job.image_tokens += p->rows->n_rows;
     prepared.push_back(std::move(p).value());

@@ -85,6 +85,48 @@ TEST(Images, EncodeEqualsThePipelineByHandAndCaches) {
   EXPECT_NE(b->rows->rows, p->rows->rows);
 }
 
+// A client that hangs up while its image waits for its turn or is being encoded: the encode ends
+// early, nothing is encoded or cached, the reserved room stays with the caller; the same bytes
+// later encode in full. Between the layers the encoder asks `cancelled` (ggml's abort callback).
+TEST(Images, ACancelledEncodeEndsEarlyAndKeepsNothing) {
+  const model::VisionModel &vm = *vision().model;
+  ImageEncoder enc(vm, {});
+  const Bytes a = png(100, 70, 11);
+  const ImageEncoder::Stats before = enc.stats();
+  auto gone = enc.encode(a, nullptr, [] { return true; });
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.message().find("cancelled"), std::string::npos) << gone.message();
+  EXPECT_EQ(enc.stats().encoded, before.encoded);
+  EXPECT_EQ(enc.stats().live_bytes, before.live_bytes);
+  EXPECT_EQ(enc.stats().cached_bytes, before.cached_bytes);
+  auto p = enc.encode(a, nullptr, [] { return false; });
+  ASSERT_TRUE(p.ok()) << p.message();
+  EXPECT_FALSE(p->from_cache);
+  EXPECT_EQ(enc.stats().encoded, before.encoded + 1);
+
+  // Mid-graph: the encoder asked between its nodes, stopped on the third question.
+  auto img = image::decode_image(a);
+  ASSERT_TRUE(img.ok());
+  const model::VisionConfig &c = vm.config();
+  const image::GridSize g = image::choose_grid(100, 70, 28, c.max_tokens);
+  const std::vector<float> planar =
+      image::normalize_planar(image::resize_lanczos(*img, g.width, g.height), c.mean, c.std_dev);
+  int asked = 0;
+  auto stopped =
+      model::encode_image(vm, planar, g.width, g.height, 2, [&asked] { return ++asked >= 3; });
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(asked, 3);
+  EXPECT_NE(stopped.message().find("cancelled"), std::string::npos) << stopped.message();
+  asked = 0;
+  auto whole = model::encode_image(vm, planar, g.width, g.height, 2, [&asked] {
+    ++asked;
+    return false;
+  });
+  ASSERT_TRUE(whole.ok());
+  EXPECT_GT(asked, 3); // asked between many nodes
+  EXPECT_EQ(whole->rows, p->rows->rows);
+}
+
 TEST(Images, CacheDropsTheLeastRecentlyUsedPastItsBudget) {
   // Room for two images of 6 rows x 64 floats.
   ImageOptions two;
