@@ -106,6 +106,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
         e->store_->peak_bytes_at_length(options.context) + e->store_->peak_bytes_at_length(0));
   e->store_->set_memory_budget(e->options_.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
+  if (options.allocation_fault) e->forward_->set_allocation_fault(options.allocation_fault);
   if (const model::Model *d = options.draft_model) {
     if (d->config().n_vocab != model.config().n_vocab)
       return Status::error("the draft model has " + std::to_string(d->config().n_vocab) +
@@ -584,6 +585,15 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     std::vector<Part> rest = parts;
     rest.erase(rest.begin() + long(bad));
     if (!rest.empty()) run_batch(rest); // (the step is counted there)
+    return;
+  }
+  if (!logits.ok() && forward_->allocation_failed() && parts.size() > 1) {
+    // The step's graph could not be allocated (a device's memory, the compute buffer of this
+    // many tokens): nothing was computed. Its parts run as two smaller steps; a part that still
+    // cannot be allocated alone ends its own request (below).
+    const auto half = parts.begin() + long(parts.size() / 2);
+    run_batch(std::vector<Part>(parts.begin(), half));
+    run_batch(std::vector<Part>(half, parts.end()));
     return;
   }
   ++stats_.steps;

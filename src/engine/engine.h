@@ -88,6 +88,9 @@ struct EngineOptions {
   // the engine's store (a step's reserve, a fork, a fork at a snapshot, a new sequence, a
   // snapshot).
   kv::KvStore::Fault kv_fault;
+  // Fault injection for tests (model::Forward::set_allocation_fault): true fails the allocation
+  // of that batch's graph (the target model's), as if a device's memory could not be had.
+  model::Forward::AllocationFault allocation_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).

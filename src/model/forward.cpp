@@ -191,6 +191,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
                                         std::vector<std::vector<float>> *hidden) {
   const ModelConfig &c = model_.config();
   failed_span_ = -1;
+  allocation_failed_ = false;
   const int64_t n = int64_t(batch.tokens.size());
   if (n == 0) return Status::error("forward: empty batch");
   int64_t covered = 0;
@@ -300,8 +301,12 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_build_forward_expand(gf, h);
   }
   lap(phases_.build);
-  if (!allocate(gf, n_nodes, ctx))
-    return Status::error("forward: could not allocate the graph", StatusCode::kInternal);
+  if ((allocation_fault_ && allocation_fault_(batch)) || !allocate(gf, n_nodes, ctx)) {
+    allocation_failed_ = true;
+    return Status::error("forward: could not allocate the graph of " +
+                             std::to_string(batch.tokens.size()) + " tokens",
+                         StatusCode::kInternal);
+  }
   // The graph computed: the last one when reused (this step's tensors hold its memory).
   ggml_cgraph *computed = last_.graph ? last_.graph : gf;
   lap(phases_.allocate);

@@ -34,6 +34,13 @@ public:
   // budget), that span's index in batch.spans: nothing was computed, the batch without it may
   // run; else (any other failure, or none) -1.
   int32_t failed_span() const { return failed_span_; }
+  // After a run that failed because its graph could not be allocated (a device's memory, the
+  // compute buffer for this many tokens): nothing was computed, a smaller batch may run.
+  bool allocation_failed() const { return allocation_failed_; }
+  // Fault injection for tests: called with each batch before its graph is allocated; true fails
+  // the allocation as if the memory could not be had.
+  using AllocationFault = std::function<bool(const Batch &batch)>;
+  void set_allocation_fault(AllocationFault fault) { allocation_fault_ = std::move(fault); }
   // The compute buffers the graphs so far were allocated in, by buffer type (one per device):
   // they grow to the largest step (the most tokens, the deepest history) and stay. The CPU
   // backend's own work buffer (ggml's, private to it) is not counted.
@@ -96,7 +103,9 @@ public:
 
 private:
   NodeObserver observer_;
+  AllocationFault allocation_fault_;
   int32_t failed_span_ = -1;
+  bool allocation_failed_ = false;
   PhaseTimes phases_;
 };
 

@@ -542,6 +542,58 @@ TEST(Engine, FaultsAtEveryStoreSiteEndAtMostTheirRequest) {
   }
 }
 
+// A step whose graph cannot be allocated (a device's memory, the compute buffer of that many
+// tokens; injected through EngineOptions::allocation_fault): its parts run as smaller steps, and
+// a part that cannot be allocated alone ends only its own request. Against each request alone.
+TEST(Engine, AGraphThatCannotBeAllocatedRunsSmallerOrEndsOnlyItsRequest) {
+  std::mt19937_64 rng(41);
+  const std::vector<Request> requests = {greedy(random_tokens(rng, 12), 10),
+                                         greedy(random_tokens(rng, 60), 6),
+                                         greedy(random_tokens(rng, 14), 10)};
+  std::vector<std::vector<int32_t>> want;
+  for (const Request &r : requests) want.push_back(alone(r));
+  auto run_with = [&](model::Forward::AllocationFault fault, std::vector<std::string> &errors) {
+    EngineOptions o = options(0);
+    o.allocation_fault = std::move(fault);
+    auto e = Engine::create(*fixture().model, o);
+    std::vector<std::vector<int32_t>> out(requests.size());
+    errors.assign(requests.size(), "");
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE((*e)->submit(requests[i],
+                               [&, i](const Event &ev) {
+                                 if (ev.token >= 0) out[i].push_back(ev.token);
+                                 if (ev.finish == FinishReason::Error) errors[i] = ev.error;
+                               })
+                      .ok());
+    (*e)->run_until_idle();
+    EXPECT_EQ((*e)->store().sequence_ids().size(), 0u) << "a sequence was left held";
+    return out;
+  };
+  // No batch of two or more spans can be allocated: every step runs one request at a time.
+  int refused = 0;
+  std::vector<std::string> errors;
+  auto one_at_a_time =
+      run_with([&](const model::Batch &b) { return b.spans.size() > 1 && ++refused > 0; }, errors);
+  EXPECT_GT(refused, 3);
+  EXPECT_EQ(one_at_a_time, want);
+  EXPECT_EQ(errors, std::vector<std::string>(requests.size(), ""));
+  // No batch that reaches position 30 can be allocated: only the long prompt's request errors
+  // (before any token of its answer); the others answer as alone.
+  auto without_long = run_with(
+      [](const model::Batch &b) {
+        for (const model::Batch::Span &s : b.spans)
+          if (s.position + s.n_tokens > 30) return true;
+        return false;
+      },
+      errors);
+  EXPECT_NE(errors[1].find("could not allocate the graph"), std::string::npos) << errors[1];
+  EXPECT_TRUE(without_long[1].empty());
+  for (size_t i : {size_t(0), size_t(2)}) {
+    EXPECT_EQ(errors[i], "") << "request " << i;
+    EXPECT_EQ(without_long[i], want[i]) << "request " << i;
+  }
+}
+
 TEST(Engine, StopTokensEndTheRequest) {
   std::mt19937_64 rng(5);
   const auto prompt = random_tokens(rng, 12);
