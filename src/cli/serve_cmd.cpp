@@ -188,6 +188,9 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!s.ok()) return fail(s.message());
     // Listening first: /health says 503 while the model loads.
     if (Status st = (*s)->start(); !st.ok()) return fail(st.message());
+    if (!(*s)->backlog_status().ok())
+      std::fprintf(stderr, "offgraph: warning: %s; bursts of connections may wait\n",
+                   (*s)->backlog_status().message().c_str());
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     auto m = load_placed(o->model, o->devices, [](uint64_t d, uint64_t t) {

@@ -570,8 +570,6 @@ void Engine::run_batch(const std::vector<Part> &parts) {
       batch.logit_rows.push_back(first + p.n - 1);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  stats_.peak_step_logit_rows =
-      std::max(stats_.peak_step_logit_rows, int64_t(batch.logit_rows.size()));
   auto logits = forward_->run(batch);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -597,6 +595,8 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     return;
   }
   ++stats_.steps;
+  stats_.peak_step_logit_rows =
+      std::max(stats_.peak_step_logit_rows, int64_t(batch.logit_rows.size()));
   int32_t prefill_tokens = 0;
   for (const Part &p : parts)
     if (p.g->computed < p.g->request.prompt.size()) prefill_tokens += p.n;

@@ -236,7 +236,7 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
     if (cancelled && cancelled()) return gone;
   if (auto hit = lookup(key)) return *hit; // encoded by another caller meanwhile
   if (cancelled && cancelled()) return gone;
-  // Asked between the encoder's layers, at most every kCancelPoll.
+  // Asked between the encoder graph's nodes, at most every kCancelPoll.
   std::function<bool()> cancel_between;
   if (cancelled)
     cancel_between = [&cancelled, next = std::chrono::steady_clock::now() + kCancelPoll]() mutable {

@@ -102,7 +102,7 @@ public:
   // rows it makes count as alive until the last holder drops them; taken out of `room` where
   // given, which must come from this encoder's reserve_rows (a caller without one, a command's
   // own images, is not held to rows_budget). `cancelled` (a client that hung up, a server
-  // stopping) is asked while it waits for its turn and between the encoder's layers, every
+  // stopping) is asked while it waits for its turn and between the encoder graph's nodes, every
   // kCancelPoll at most: true ends it with kUnavailable, nothing encoded or cached.
   Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr,
                                const std::function<bool()> &cancelled = {});

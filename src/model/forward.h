@@ -41,9 +41,10 @@ public:
   // the allocation as if the memory could not be had.
   using AllocationFault = std::function<bool(const Batch &batch)>;
   void set_allocation_fault(AllocationFault fault) { allocation_fault_ = std::move(fault); }
-  // The compute buffers the graphs so far were allocated in, by buffer type (one per device):
-  // they grow to the largest step (the most tokens, the deepest history) and stay. The CPU
-  // backend's own work buffer (ggml's, private to it) is not counted.
+  // The compute buffers the graphs are allocated in now, by buffer type (one per device): ggml's
+  // allocator grows them to the largest step so far (the most tokens, the deepest history); the
+  // scheduler's are made again when a step needs a larger graph. The CPU backend's own work
+  // buffer (ggml's, private to it) is not counted.
   kv::BytesByBufferType compute_buffer_bytes() const;
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one

@@ -112,6 +112,10 @@ Status Model::place(const DeviceProgress &progress) {
       *slot = std::find_if(copies.begin(), copies.end(), [&](const auto &c) {
                 return c.first == *slot;
               })->second;
+    // The mapped tensors the CPU no longer reads: the token embedding stays read there (the
+    // input lookup) when a tied head was uploaded.
+    for (const auto &[mapped, placed] : copies)
+      if (mapped != weights_.tok_embd) host_released_bytes_ += int64_t(ggml_nbytes(mapped));
     device_ctx_.push_back(std::move(ctx));
     device_buffers_.emplace_back(dev, std::move(buffer));
   }
@@ -131,6 +135,7 @@ std::vector<int64_t> Model::device_weight_bytes() const {
   std::vector<int64_t> out(size_t(devices_->size()), 0);
   for (const auto &[dev, buffer] : device_buffers_)
     out[size_t(dev)] += int64_t(ggml_backend_buffer_get_size(buffer.get()));
+  out[size_t(devices_->cpu())] = weight_bytes() - host_released_bytes_;
   return out;
 }
 

@@ -60,7 +60,9 @@ public:
   int32_t output_device() const { return layer_device_.back(); }
   // Per cache id: the buffer type of its owning layer's device (kv::KvStore::create).
   std::vector<ggml_backend_buffer_type_t> cache_buffer_types() const;
-  // Bytes of weights uploaded to each device (0 for the CPU, whose weights stay mapped).
+  // Bytes of weights each device holds: those uploaded to it; for the CPU, the file's tensors it
+  // still reads (every one not uploaded, and the token embedding, which the input lookup reads
+  // there even where a tied head was uploaded).
   std::vector<int64_t> device_weight_bytes() const;
 
 private:
@@ -75,6 +77,7 @@ private:
   cache::Geometry geometry_;
   std::shared_ptr<const Devices> devices_ = Devices::cpu_only();
   std::vector<int32_t> layer_device_;
+  int64_t host_released_bytes_ = 0; // mapped tensors uploaded that the CPU no longer reads
   // The weights uploaded to other devices: one context and buffer per device.
   std::vector<ggml_context_ptr> device_ctx_;
   std::vector<std::pair<int32_t, ggml_backend_buffer_ptr>> device_buffers_; // (device, buffer)

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -62,11 +63,14 @@ int connection_socket(int local_port, const std::string &remote_addr, int remote
 }
 
 Status widen_listen_backlog(int local_port, int backlog) {
+  // A listener on the port whose queue is still shorter: with SO_REUSEPORT (cpp-httplib sets it)
+  // another server of this process may listen on the same port, already widened.
   const int fd = find_socket([&](int sock, const sockaddr_storage &local) {
-    int accepting = 0;
-    socklen_t al = sizeof accepting;
+    tcp_info info{};
+    socklen_t len = sizeof info;
     return port_of(local) == local_port &&
-           getsockopt(sock, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &al) == 0 && accepting;
+           getsockopt(sock, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+           info.tcpi_state == TCP_LISTEN && int64_t(info.tcpi_sacked) < backlog;
   });
   if (fd < 0) return Status::error("no listening socket on port " + std::to_string(local_port));
   // Linux takes a second listen() on a listening socket as a new backlog (capped at

@@ -939,8 +939,9 @@ Status Server::start() {
     port_ = http_->bind_to_port(options_.host.c_str(), options_.port) ? options_.port : -1;
   if (port_ <= 0)
     return Status::error("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
-  // Room for a burst of clients while the accept thread is busy (connection.h).
-  if (Status s = widen_listen_backlog(port_, kListenBacklog); !s.ok()) return s;
+  // Room for a burst of clients while the accept thread is busy (connection.h). Serving goes on
+  // without it (the caller says why: backlog_status).
+  backlog_status_ = widen_listen_backlog(port_, kListenBacklog);
   engine_thread_ = std::thread([this] { engine_loop(); });
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
   return ok_status();
@@ -1043,16 +1044,12 @@ std::string Server::metrics_text() {
     for (int32_t i = 0; i < d.size(); ++i)
       if (!d.is_cpu(i))
         in.devices.push_back({d.name(i), d.bytes_to(i), d.bytes_from(i), !d.failed(i)});
-    // The ledger by device: weights (those on the CPU: the rest of the file's tensors), then what
-    // the engine published.
-    const std::vector<int64_t> uploaded = model_->device_weight_bytes();
-    int64_t on_devices = 0;
+    // The ledger by device: weights (model::Model::device_weight_bytes), then what the engine
+    // published.
+    const std::vector<int64_t> weights = model_->device_weight_bytes();
     for (int32_t i = 0; i < d.size(); ++i)
-      if (!d.is_cpu(i) && uploaded[size_t(i)] > 0) {
-        in.device_memory.push_back({d.name(i), "weights", uploaded[size_t(i)]});
-        on_devices += uploaded[size_t(i)];
-      }
-    in.device_memory.push_back({"CPU", "weights", model_->weight_bytes() - on_devices});
+      if (d.is_cpu(i) || weights[size_t(i)] > 0)
+        in.device_memory.push_back({d.name(i), "weights", weights[size_t(i)]});
     for (const engine::Engine::Load::DeviceBytes &b : load.by_device)
       in.device_memory.push_back({b.device, b.use, b.bytes});
     std::lock_guard lock(published_mutex_);

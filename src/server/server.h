@@ -79,6 +79,9 @@ public:
   // Binds and serves in background threads; returns once listening.
   Status start();
   int port() const { return port_; }
+  // Whether start() widened the kernel's queue of connections not yet accepted (connection.h);
+  // the server serves either way.
+  const Status &backlog_status() const { return backlog_status_; }
   // The attached engine (its options with budgets resolved: EngineOptions::kKvBudgetFromMemory).
   const engine::Engine &engine() const { return *engine_; }
   void stop();
@@ -95,6 +98,7 @@ private:
   void routes();
 
   const model::Model *model_ = nullptr;
+  Status backlog_status_;
   ServerOptions options_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<text::Tokenizer> tokenizer_;

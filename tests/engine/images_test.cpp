@@ -93,12 +93,22 @@ TEST(Images, ACancelledEncodeEndsEarlyAndKeepsNothing) {
   ImageEncoder enc(vm, {});
   const Bytes a = png(100, 70, 11);
   const ImageEncoder::Stats before = enc.stats();
-  auto gone = enc.encode(a, nullptr, [] { return true; });
+  auto count = enc.count_rows(a);
+  ASSERT_TRUE(count.ok());
+  auto room = enc.reserve_rows(enc.rows_bytes(*count));
+  ASSERT_TRUE(room.ok()) << room.message();
+  const int64_t reserved = enc.stats().reserved_bytes;
+  EXPECT_GT(reserved, 0);
+  auto gone = enc.encode(a, &*room, [] { return true; });
   ASSERT_FALSE(gone.ok());
   EXPECT_NE(gone.message().find("cancelled"), std::string::npos) << gone.message();
   EXPECT_EQ(enc.stats().encoded, before.encoded);
   EXPECT_EQ(enc.stats().live_bytes, before.live_bytes);
   EXPECT_EQ(enc.stats().cached_bytes, before.cached_bytes);
+  EXPECT_EQ(enc.stats().reserved_bytes, reserved); // the room stays with its holder
+  EXPECT_EQ(room->bytes(), reserved);
+  *room = ImageEncoder::Reservation();
+  EXPECT_EQ(enc.stats().reserved_bytes, 0); // and goes with it
   auto p = enc.encode(a, nullptr, [] { return false; });
   ASSERT_TRUE(p.ok()) << p.message();
   EXPECT_FALSE(p->from_cache);
