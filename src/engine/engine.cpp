@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <new>
 
 namespace offgraph::engine {
 namespace {
@@ -687,6 +688,19 @@ void Engine::run_batch(const std::vector<Part> &parts) {
 
 bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn, int32_t drafted,
                      int32_t chosen) {
+  try {
+    return advance_unguarded(a, logits, drawn, drafted, chosen);
+  } catch (const std::bad_alloc &) {
+    finish(a, FinishReason::Error,
+           "out of memory while sampling this request's next token (its grammar's tables, its "
+           "logits, its log-probabilities)");
+    return false;
+  }
+}
+
+bool Engine::advance_unguarded(Generation &a, std::span<const float> logits, int32_t *drawn,
+                               int32_t drafted, int32_t chosen) {
+  if (options_.sampling_fault && options_.sampling_fault(a.id)) throw std::bad_alloc();
   if (a.request.max_tokens == 0) { // the prompt only
     finish(a, FinishReason::Length);
     return false;

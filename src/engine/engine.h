@@ -91,6 +91,10 @@ struct EngineOptions {
   // Fault injection for tests (model::Forward::set_allocation_fault): true fails the allocation
   // of that batch's graph (the target model's), as if a device's memory could not be had.
   model::Forward::AllocationFault allocation_fault;
+  // Fault injection for tests: true (for a request's id) fails the host allocation of that
+  // request's next sampling step (std::bad_alloc), as if its grammar tables or logits could not
+  // be had.
+  std::function<bool(uint64_t request)> sampling_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).
@@ -413,8 +417,12 @@ private:
   // when not -1, is the drafted token at this position, compared with it for the counts the last
   // event reports.
   // `chosen`, when not -1, is emitted instead of a token sampled (speculative sampling decided it).
+  // Memory that cannot be had for one request's sampling (its grammar's tables, its logits'
+  // copies, its log-probabilities: std::bad_alloc) ends that request alone.
   bool advance(Generation &a, std::span<const float> logits, int32_t *drawn = nullptr,
                int32_t drafted = -1, int32_t chosen = -1);
+  bool advance_unguarded(Generation &a, std::span<const float> logits, int32_t *drawn,
+                         int32_t drafted, int32_t chosen);
   // Whether a's drafts are sampled from the draft model's q and verified by speculative sampling
   // (p/q): a sampled request drafted by a draft model with SpeculationOptions::pq, no grammar.
   bool speculative_sampling(const Generation &a) const;

@@ -594,6 +594,43 @@ TEST(Engine, AGraphThatCannotBeAllocatedRunsSmallerOrEndsOnlyItsRequest) {
   }
 }
 
+// Memory that cannot be had while one request samples its next token (std::bad_alloc from its
+// grammar's tables, logits or log-probabilities; injected through EngineOptions::sampling_fault
+// on the second request's third token) ends that request alone, after the tokens it had; the
+// others answer as alone.
+TEST(Engine, MemoryThatCannotBeHadWhileSamplingEndsOnlyThatRequest) {
+  std::mt19937_64 rng(43);
+  const std::vector<Request> requests = {greedy(random_tokens(rng, 12), 8),
+                                         greedy(random_tokens(rng, 15), 8),
+                                         greedy(random_tokens(rng, 9), 8)};
+  std::vector<std::vector<int32_t>> want;
+  for (const Request &r : requests) want.push_back(alone(r));
+  EngineOptions o = options(0);
+  uint64_t victim = 0;
+  int victim_calls = 0;
+  o.sampling_fault = [&](uint64_t id) { return id == victim && ++victim_calls == 3; };
+  auto e = Engine::create(*fixture().model, o);
+  std::vector<std::vector<int32_t>> out(requests.size());
+  std::vector<std::string> errors(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto id = (*e)->submit(requests[i], [&, i](const Event &ev) {
+      if (ev.token >= 0) out[i].push_back(ev.token);
+      if (ev.finish == FinishReason::Error) errors[i] = ev.error;
+    });
+    ASSERT_TRUE(id.ok());
+    if (i == 1) victim = *id;
+  }
+  (*e)->run_until_idle();
+  EXPECT_EQ(victim_calls, 3);
+  EXPECT_NE(errors[1].find("out of memory while sampling"), std::string::npos) << errors[1];
+  EXPECT_EQ(out[1], std::vector<int32_t>(want[1].begin(), want[1].begin() + 2));
+  for (size_t i : {size_t(0), size_t(2)}) {
+    EXPECT_EQ(errors[i], "") << "request " << i;
+    EXPECT_EQ(out[i], want[i]) << "request " << i;
+  }
+  EXPECT_EQ((*e)->store().sequence_ids().size(), 0u) << "a sequence was left held";
+}
+
 TEST(Engine, StopTokensEndTheRequest) {
   std::mt19937_64 rng(5);
   const auto prompt = random_tokens(rng, 12);
