@@ -777,6 +777,7 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
     }
     child->sampler = std::move(sampler).value();
     child->seq = *seq;
+    store_->set_role(*seq, kv::SeqRole::Active);
     if (a.request.grammar) child->grammar.emplace(a.request.grammar);
     child->speculator = a.speculator; // its history: the prompt
     if (advance(*child, logits)) born.push_back(std::move(child));

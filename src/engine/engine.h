@@ -259,6 +259,9 @@ public:
   // Bytes held by the cached conversations and the snapshots: their rings, the pages no active
   // request holds (each once), snapshots and their logits.
   int64_t cached_bytes() const;
+  // The same computed by walking every active and cached page table (O(pages)): the reference
+  // tests hold cached_bytes to.
+  int64_t cached_bytes_walked() const;
   // The most KV memory `request` can hold (every choice at its full length and the snapshots
   // its prompt keeps): what admission reserves for it under EngineOptions::kv_budget.
   int64_t peak_kv_bytes(const Request &request) const;

@@ -17,8 +17,19 @@ int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
 }
 
 int64_t Engine::cached_bytes() const {
-  // Runs every step (publish): marks in a flat array by page id, not a set. 1: an active request
-  // holds the page (it counts there); 2: already counted here.
+  // Runs every step (publish) and in the eviction loops: the store counts the pages only kept
+  // sequences hold as pages join and leave tables (kv::SeqRole), so this is O(sequences).
+  int64_t bytes = int64_t(store_->kept_only_pages()) * store_->page_bytes();
+  for (const auto &[seq, c] : cached_) bytes += store_->ring_bytes(seq);
+  for (const auto &[id, saved] : saved_)
+    bytes += saved.snapshot->bytes() + int64_t(saved.logits.size() * sizeof(float));
+  return bytes;
+}
+
+int64_t Engine::cached_bytes_walked() const {
+  // The same by walking the tables (what cached_bytes computed before the store counted roles):
+  // marks in a flat array by page id. 1: an active request holds the page (it counts there); 2:
+  // already counted here.
   std::vector<uint8_t> mark(size_t(store_->pages().touched()), 0);
   for (const auto &g : active_)
     if (const cache::PageTable *t = store_->page_table(g->seq))
@@ -226,6 +237,7 @@ bool Engine::attach(Generation &a) {
     // computing the prompt.
     if (auto child = store_->fork(fork_from, fork_at); child.ok()) {
       a.seq = *child, reuse = fork_at, forked = true;
+      store_->set_role(a.seq, kv::SeqRole::Active);
       cached_[fork_from].last_used = ++clock_;
       reuse_draft(a, fork_from, fork_at);
     } else {
@@ -237,6 +249,7 @@ bool Engine::attach(Generation &a) {
     auto child = store_->fork_at_snapshot(m.snapshot_source, *saved.snapshot, m.restore_depth);
     if (!child.ok()) return false;
     a.seq = *child, reuse = m.restore_depth;
+    store_->set_role(a.seq, kv::SeqRole::Active);
     reuse_draft(a, m.snapshot_source, m.restore_depth);
     saved.last_used = ++clock_;
     cached_[m.snapshot_source].last_used = clock_;
@@ -304,6 +317,7 @@ bool Engine::publish_prefix(Generation &a) {
     return false;
   }
   cached_[*fork] = {++clock_, depth};
+  store_->set_role(*fork, kv::SeqRole::Kept);
   if (store_->layout().has_ring())
     if (auto snap = store_->snapshot(a.seq, options_.snapshot_reach); snap.ok())
       keep_snapshot(prefix, std::move(snap).value(), {});
@@ -344,6 +358,7 @@ Status Engine::admit(Generation &a) {
     auto seq = store_->create_sequence();
     if (seq.ok()) {
       a.seq = *seq;
+      store_->set_role(a.seq, kv::SeqRole::Active);
       return ok_status();
     }
     if (cached_.empty() && saved_.empty()) return seq.status();
@@ -373,6 +388,7 @@ bool Engine::cache_sequence(Generation &a) {
   }
   if (!tree_.insert_sequence(held, a.seq)) return false;
   cached_[a.seq] = {++clock_, int32_t(std::min(a.computed, a.request.prompt.size())), a.id};
+  store_->set_role(a.seq, kv::SeqRole::Kept);
   for (Generation::Taken &t : a.taken) {
     if (size_t(t.depth) <= a.computed)
       keep_snapshot(held.first(size_t(t.depth)), std::move(t.snapshot), std::move(t.logits));

@@ -418,11 +418,40 @@ int64_t KvStore::resident_pool_bytes() const {
   return n * int64_t(os_page);
 }
 
-void KvStore::release_pages(PageTable &table, size_t keep) {
-  while (table.pages.size() > keep) {
-    allocator_.release(table.pages.back());
-    table.pages.pop_back();
+void KvStore::release_pages(Entry &e, size_t keep) {
+  while (e.table.pages.size() > keep) {
+    count_page(e.table.pages.back(), e.role, -1);
+    allocator_.release(e.table.pages.back());
+    e.table.pages.pop_back();
   }
+}
+
+void KvStore::count_page(PageId page, SeqRole role, int delta) {
+  if (role == SeqRole::None) return;
+  const size_t p = size_t(page);
+  if (p >= active_refs_.size()) active_refs_.resize(p + 1, 0), kept_refs_.resize(p + 1, 0);
+  const bool was = kept_refs_[p] > 0 && active_refs_[p] == 0;
+  (role == SeqRole::Active ? active_refs_ : kept_refs_)[p] += delta;
+  const bool is = kept_refs_[p] > 0 && active_refs_[p] == 0;
+  kept_only_pages_ += int32_t(is) - int32_t(was);
+}
+
+int64_t KvStore::ring_bytes(SeqId id) const {
+  if (!find(id)) return 0;
+  int64_t bytes = 0; // as memory(id).ring counts them
+  for (CacheId c = 0; c < layout_->n_caches(); ++c)
+    if (layout_->cache(c).ring())
+      bytes += int64_t(storage_rows(id, c)) *
+               int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
+  return bytes;
+}
+
+void KvStore::set_role(SeqId id, SeqRole role) {
+  Entry *e = find(id);
+  if (!e || e->role == role) return;
+  for (PageId p : e->table.pages) count_page(p, e->role, -1);
+  e->role = role;
+  for (PageId p : e->table.pages) count_page(p, role, +1);
 }
 
 Result<SeqId> KvStore::insert(Entry entry) {
@@ -444,7 +473,7 @@ Result<SeqId> KvStore::create_sequence() {
 Status KvStore::remove_sequence(SeqId id) {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
-  release_pages(e->table, 0);
+  release_pages(*e, 0);
   entries_.erase(id);
   return ok_status();
 }
@@ -504,10 +533,15 @@ Status KvStore::reserve(SeqId id, int32_t end) {
     if (allocator_.refs(pages[i]) < 2) continue;
     const PageId copy = *allocator_.allocate();
     copy_page(pages[i], copy, std::clamp<int32_t>(length - int32_t(i) * p, 0, p)); // live rows
+    count_page(pages[i], e->role, -1);
     allocator_.release(pages[i]);
     pages[i] = copy;
+    count_page(copy, e->role, +1);
   }
-  while (pages.size() < need) pages.push_back(*allocator_.allocate());
+  while (pages.size() < need) {
+    pages.push_back(*allocator_.allocate());
+    count_page(pages.back(), e->role, +1);
+  }
   return ok_status();
 }
 
@@ -515,7 +549,7 @@ Status KvStore::rewind(SeqId id, int32_t length) {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   if (Status s = e->seq.rewind(length); !s.ok()) return s;
-  release_pages(e->table, size_t(PageTable::pages_for(length, layout_->page_rows())));
+  release_pages(*e, size_t(PageTable::pages_for(length, layout_->page_rows())));
   return ok_status();
 }
 
@@ -621,7 +655,7 @@ Status KvStore::restore(SeqId id, const Snapshot &snap, int32_t at) {
   if (Status s = probe.restore(snap.spec_, at); !s.ok()) return s;
   write_back(snap, e->ring);
   e->seq = std::move(probe);
-  release_pages(e->table, size_t(PageTable::pages_for(e->seq.length(), layout_->page_rows())));
+  release_pages(*e, size_t(PageTable::pages_for(e->seq.length(), layout_->page_rows())));
   return ok_status();
 }
 

@@ -123,6 +123,8 @@ private:
   Pool rows_; // rows_.k[i], rows_.v[i]: the rows of spec_.rows[i], runs concatenated
 };
 
+enum class SeqRole : uint8_t { None, Active, Kept };
+
 class KvStore {
 public:
   // `bufts[c]` is where cache c's storage lives (its layer's device), or one `buft` for all.
@@ -222,6 +224,16 @@ public:
   int64_t resident_pool_bytes() const;
   // What counts against set_memory_budget: pages in use, every sequence's rings, live snapshots.
   int64_t bytes_in_use() const;
+  // What a sequence is to its owner: held for a request (Active), kept for reuse (Kept), or
+  // neither (None, where every new sequence starts). The store counts per page the Active and the
+  // Kept tables that hold it as pages join and leave them, so that the pages only kept sequences
+  // hold (what the engine's cache of conversations costs) are known without walking the tables.
+  void set_role(SeqId id, SeqRole role);
+  // Bytes of one sequence's ring rows (memory(id).ring; 0 for an unknown id), without memory(id)'s
+  // walk of the page table.
+  int64_t ring_bytes(SeqId id) const;
+  // Pages some Kept sequence holds and no Active one does.
+  int32_t kept_only_pages() const { return kept_only_pages_; }
   // The same by the buffer type it lives in (one per device: the ledger's per-device KV rows);
   // the figures add up to bytes_in_use().
   BytesByBufferType bytes_in_use_by_buffer_type() const;
@@ -232,7 +244,10 @@ private:
     cache::Sequence seq;
     Pool ring;
     cache::PageTable table;
+    SeqRole role = SeqRole::None;
   };
+  // A page joins or leaves a table whose sequence has `role` (the role counters).
+  void count_page(cache::PageId page, SeqRole role, int delta);
   // The pool's memory when it is reserved address space (CPU): unmapped after the buffer is gone.
   struct Mapping {
     void *addr = nullptr;
@@ -256,7 +271,7 @@ private:
   Status check_budget(int64_t more, const char *what) const;
   // Copies rows [0, n) of page `from` into page `to`, on every flat cache.
   void copy_page(cache::PageId from, cache::PageId to, int32_t n);
-  void release_pages(cache::PageTable &table, size_t keep);
+  void release_pages(Entry &e, size_t keep);
   // Writes a snapshot's saved rows back at their slots of `ring`.
   void write_back(const Snapshot &snap, Pool &ring);
   const Entry *find(SeqId id) const;
@@ -273,6 +288,10 @@ private:
   int64_t page_bytes_ = 0;
   Mapping mapping_; // declared before the buffer, so destroyed after it
   Pool pages_;
+  // Per page: the Active and the Kept tables that hold it (by page id), and the pages held by Kept
+  // tables alone.
+  std::vector<int32_t> active_refs_, kept_refs_;
+  int32_t kept_only_pages_ = 0;
   // Bytes held by live snapshots; shared with them so that dropping one updates the tally.
   std::shared_ptr<SnapshotTally> snapshot_bytes_ = std::make_shared<SnapshotTally>();
   int steps_in_flight_ = 0;

@@ -499,6 +499,7 @@ TEST(Engine, FaultsAtEveryStoreSiteEndAtMostTheirRequest) {
         ++k;
       }
       (*e)->run_until_idle();
+      EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
     }
     EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
     return r;

@@ -89,9 +89,14 @@ void run_random_admissions(uint64_t seed, Counts &counts) {
     } else {
       e.step();
       EXPECT_LE(e.store().bytes_in_use(), o.kv_budget);
+      // What the store counts as pages join and leave tables, against a walk of every table.
+      EXPECT_EQ(e.cached_bytes(), e.cached_bytes_walked()) << "op " << op;
     }
   }
-  for (int i = 0; i < 100000 && e.step(); ++i) EXPECT_LE(e.store().bytes_in_use(), o.kv_budget);
+  for (int i = 0; i < 100000 && e.step(); ++i) {
+    EXPECT_LE(e.store().bytes_in_use(), o.kv_budget);
+    EXPECT_EQ(e.cached_bytes(), e.cached_bytes_walked());
+  }
   EXPECT_EQ(e.active(), 0u);
   EXPECT_EQ(e.queued(), 0u);
   EXPECT_GT(accepted, 0);
