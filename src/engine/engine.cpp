@@ -309,6 +309,7 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
 }
 
 void Engine::finish(Generation &a, FinishReason reason, const std::string &error, bool keep) {
+  a.finishing = true;
   end_events(a, reason, error);
   // Keep what the sequence holds for prefix reuse; the least recently used goes first. Either
   // way the generation no longer owns it (it stays in active_ until the step settles). A verify
@@ -691,9 +692,14 @@ bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *draw
   try {
     return advance_unguarded(a, logits, drawn, drafted, chosen);
   } catch (const std::bad_alloc &) {
+    // Once finish() has begun (its events, caching the sequence) the request cannot be ended
+    // again: that is not contained.
+    if (a.finishing) throw;
+    // Not kept for reuse: under memory pressure the cache should not grow.
     finish(a, FinishReason::Error,
            "out of memory while sampling this request's next token (its grammar's tables, its "
-           "logits, its log-probabilities)");
+           "logits, its log-probabilities)",
+           /*keep=*/false);
     return false;
   }
 }

@@ -284,6 +284,7 @@ private:
     kv::SeqId seq = 0;
     std::vector<int32_t> tokens; // what the sequence holds, then the prompt's rest and picks
     size_t computed = 0;         // tokens[0, computed) are in the cache
+    bool finishing = false;      // finish() has begun
     int32_t generated = 0;
     bool cancelled = false;
     // A forward pass over the sequence failed: a ring may hold rows of positions it never
