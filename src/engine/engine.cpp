@@ -255,9 +255,8 @@ void Engine::publish() {
   l.snapshot_budget = snapshot_budget();
   l.draft_kv = draft_store_ ? draft_store_->bytes_in_use() : 0;
   l.draft_kv_budget = draft_store_ ? draft_store_->memory_budget() : 0;
-  auto add = [this, &l](const kv::BytesByBufferType &by, const char *use) {
-    for (const auto &[buft, bytes] : by)
-      l.by_device.push_back({model_.devices().name_of(buft), use, bytes});
+  auto add = [&l](const kv::BytesByBufferType &by, const char *use) {
+    for (const auto &[buft, bytes] : by) l.by_device.push_back({buft, use, bytes});
   };
   add(store_->bytes_in_use_by_buffer_type(), "kv");
   if (draft_store_) add(draft_store_->bytes_in_use_by_buffer_type(), "draft_kv");

@@ -244,11 +244,12 @@ public:
     // the draft model's store and its budget (0: none; the KV budget's share).
     int64_t kv_in_use = 0, snapshot_bytes = 0, snapshot_budget = 0, draft_kv = 0,
             draft_kv_budget = 0;
-    // The ledger by device (model::Devices::name_of: "CPU", "RPC0 (127.0.0.1:50052)"): the KV
-    // store's bytes in use ("kv"), the draft model's ("draft_kv"), and the compute buffers of both
-    // models' forward passes ("compute").
+    // The ledger by device, by the buffer type the bytes live in (named where they are read:
+    // model::Devices::name_of): the KV store's bytes in use ("kv"), the draft model's
+    // ("draft_kv"), and the compute buffers of both models' forward passes ("compute").
     struct DeviceBytes {
-      std::string device, use;
+      ggml_backend_buffer_type_t buft = nullptr;
+      const char *use = "";
       int64_t bytes = 0;
     };
     std::vector<DeviceBytes> by_device;

@@ -1051,7 +1051,7 @@ std::string Server::metrics_text() {
       if (d.is_cpu(i) || weights[size_t(i)] > 0)
         in.device_memory.push_back({d.name(i), "weights", weights[size_t(i)]});
     for (const engine::Engine::Load::DeviceBytes &b : load.by_device)
-      in.device_memory.push_back({b.device, b.use, b.bytes});
+      in.device_memory.push_back({d.name_of(b.buft), b.use, b.bytes});
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;
   }
