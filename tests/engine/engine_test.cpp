@@ -543,6 +543,31 @@ TEST(Engine, FaultsAtEveryStoreSiteEndAtMostTheirRequest) {
   }
 }
 
+// Each request's tokens and error ("" without one) after an engine made with `o` ran them all
+// together; `submitted` sees each request's id before the engine runs. Nothing may stay held.
+struct Answers {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> errors;
+};
+Answers run_together(const EngineOptions &o, const std::vector<Request> &requests,
+                     const std::function<void(size_t, uint64_t)> &submitted = {}) {
+  auto e = Engine::create(*fixture().model, o);
+  EXPECT_TRUE(e.ok()) << e.message();
+  Answers a{std::vector<std::vector<int32_t>>(requests.size()),
+            std::vector<std::string>(requests.size())};
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto id = (*e)->submit(requests[i], [&a, i](const Event &ev) {
+      if (ev.token >= 0) a.tokens[i].push_back(ev.token);
+      if (ev.finish == FinishReason::Error) a.errors[i] = ev.error;
+    });
+    EXPECT_TRUE(id.ok()) << id.message();
+    if (id.ok() && submitted) submitted(i, *id);
+  }
+  (*e)->run_until_idle();
+  EXPECT_EQ((*e)->store().sequence_ids().size(), 0u) << "a sequence was left held";
+  return a;
+}
+
 // A step whose graph cannot be allocated (a device's memory, the compute buffer of that many
 // tokens; injected through EngineOptions::allocation_fault): its parts run as smaller steps, and
 // a part that cannot be allocated alone ends only its own request. Against each request alone.
@@ -553,45 +578,31 @@ TEST(Engine, AGraphThatCannotBeAllocatedRunsSmallerOrEndsOnlyItsRequest) {
                                          greedy(random_tokens(rng, 14), 10)};
   std::vector<std::vector<int32_t>> want;
   for (const Request &r : requests) want.push_back(alone(r));
-  auto run_with = [&](model::Forward::AllocationFault fault, std::vector<std::string> &errors) {
+  auto run_with = [&](model::Forward::AllocationFault fault) {
     EngineOptions o = options(0);
     o.allocation_fault = std::move(fault);
-    auto e = Engine::create(*fixture().model, o);
-    std::vector<std::vector<int32_t>> out(requests.size());
-    errors.assign(requests.size(), "");
-    for (size_t i = 0; i < requests.size(); ++i)
-      EXPECT_TRUE((*e)->submit(requests[i],
-                               [&, i](const Event &ev) {
-                                 if (ev.token >= 0) out[i].push_back(ev.token);
-                                 if (ev.finish == FinishReason::Error) errors[i] = ev.error;
-                               })
-                      .ok());
-    (*e)->run_until_idle();
-    EXPECT_EQ((*e)->store().sequence_ids().size(), 0u) << "a sequence was left held";
-    return out;
+    return run_together(o, requests);
   };
   // No batch of two or more spans can be allocated: every step runs one request at a time.
   int refused = 0;
-  std::vector<std::string> errors;
-  auto one_at_a_time =
-      run_with([&](const model::Batch &b) { return b.spans.size() > 1 && ++refused > 0; }, errors);
+  const Answers one_at_a_time =
+      run_with([&](const model::Batch &b) { return b.spans.size() > 1 && ++refused > 0; });
   EXPECT_GT(refused, 3);
-  EXPECT_EQ(one_at_a_time, want);
-  EXPECT_EQ(errors, std::vector<std::string>(requests.size(), ""));
+  EXPECT_EQ(one_at_a_time.tokens, want);
+  EXPECT_EQ(one_at_a_time.errors, std::vector<std::string>(requests.size(), ""));
   // No batch that reaches position 30 can be allocated: only the long prompt's request errors
   // (before any token of its answer); the others answer as alone.
-  auto without_long = run_with(
-      [](const model::Batch &b) {
-        for (const model::Batch::Span &s : b.spans)
-          if (s.position + s.n_tokens > 30) return true;
-        return false;
-      },
-      errors);
-  EXPECT_NE(errors[1].find("could not allocate the graph"), std::string::npos) << errors[1];
-  EXPECT_TRUE(without_long[1].empty());
+  const Answers without_long = run_with([](const model::Batch &b) {
+    for (const model::Batch::Span &s : b.spans)
+      if (s.position + s.n_tokens > 30) return true;
+    return false;
+  });
+  EXPECT_NE(without_long.errors[1].find("could not allocate the graph"), std::string::npos)
+      << without_long.errors[1];
+  EXPECT_TRUE(without_long.tokens[1].empty());
   for (size_t i : {size_t(0), size_t(2)}) {
-    EXPECT_EQ(errors[i], "") << "request " << i;
-    EXPECT_EQ(without_long[i], want[i]) << "request " << i;
+    EXPECT_EQ(without_long.errors[i], "") << "request " << i;
+    EXPECT_EQ(without_long.tokens[i], want[i]) << "request " << i;
   }
 }
 
@@ -610,26 +621,16 @@ TEST(Engine, MemoryThatCannotBeHadWhileSamplingEndsOnlyThatRequest) {
   uint64_t victim = 0;
   int victim_calls = 0;
   o.sampling_fault = [&](uint64_t id) { return id == victim && ++victim_calls == 3; };
-  auto e = Engine::create(*fixture().model, o);
-  std::vector<std::vector<int32_t>> out(requests.size());
-  std::vector<std::string> errors(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto id = (*e)->submit(requests[i], [&, i](const Event &ev) {
-      if (ev.token >= 0) out[i].push_back(ev.token);
-      if (ev.finish == FinishReason::Error) errors[i] = ev.error;
-    });
-    ASSERT_TRUE(id.ok());
-    if (i == 1) victim = *id;
-  }
-  (*e)->run_until_idle();
+  const Answers got = run_together(o, requests, [&](size_t i, uint64_t id) {
+    if (i == 1) victim = id;
+  });
   EXPECT_EQ(victim_calls, 3);
-  EXPECT_NE(errors[1].find("out of memory while sampling"), std::string::npos) << errors[1];
-  EXPECT_EQ(out[1], std::vector<int32_t>(want[1].begin(), want[1].begin() + 2));
+  EXPECT_NE(got.errors[1].find("out of memory while sampling"), std::string::npos) << got.errors[1];
+  EXPECT_EQ(got.tokens[1], std::vector<int32_t>(want[1].begin(), want[1].begin() + 2));
   for (size_t i : {size_t(0), size_t(2)}) {
-    EXPECT_EQ(errors[i], "") << "request " << i;
-    EXPECT_EQ(out[i], want[i]) << "request " << i;
+    EXPECT_EQ(got.errors[i], "") << "request " << i;
+    EXPECT_EQ(got.tokens[i], want[i]) << "request " << i;
   }
-  EXPECT_EQ((*e)->store().sequence_ids().size(), 0u) << "a sequence was left held";
 }
 
 TEST(Engine, StopTokensEndTheRequest) {
