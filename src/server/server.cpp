@@ -944,6 +944,11 @@ Status Server::start() {
   backlog_status_ = widen_listen_backlog(port_, kListenBacklog);
   engine_thread_ = std::thread([this] { engine_loop(); });
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  // Returns once the accept loop runs: cpp-httplib's stop() does nothing before it does, so a
+  // stop right after start() left the loop running and its join waiting forever.
+  for (int i = 0; i < 10000 && !http_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!http_->is_running()) return Status::error("the HTTP accept loop did not start");
   return ok_status();
 }
 
