@@ -13,6 +13,7 @@
 #include <string>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace offgraph::peer {
 namespace {
@@ -49,14 +50,21 @@ void tie_at(LogitsFile &f, uint32_t r, uint32_t other, float gap, bool ours) {
 }
 
 int compare(const LogitsFile &ours, const LogitsFile &theirs, const std::string &extra = "") {
+  // ctest runs each test in its own process, several at once: the files are named by the test
+  // and the process, or one test's files are overwritten by another's mid-comparison.
   const auto dir = std::filesystem::temp_directory_path();
-  const std::string a = (dir / "compare_logits_test.ours").string();
-  const std::string b = (dir / "compare_logits_test.theirs").string();
+  const std::string stem = std::string("compare_logits_test.") +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "." +
+                           std::to_string(::getpid());
+  const std::string a = (dir / (stem + ".ours")).string();
+  const std::string b = (dir / (stem + ".theirs")).string();
   EXPECT_TRUE(ours.write(a));
   EXPECT_TRUE(theirs.write(b));
   const std::string cmd = std::string(OFFGRAPH_COMPARE_LOGITS) + " " + a + " " + b + " 1e-2 " +
                           extra + " > /dev/null 2>&1";
   const int status = std::system(cmd.c_str());
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
