@@ -128,7 +128,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
           1, int64_t(double(e->options_.kv_budget) *
                      double(e->draft_store_->peak_bytes_at_length(options.context)) /
                      double(target))));
+    if (options.draft_kv_fault) e->draft_store_->set_fault(options.draft_kv_fault);
     e->draft_forward_ = std::make_unique<model::Forward>(*d, *e->draft_store_, options.threads);
+    if (options.draft_allocation_fault)
+      e->draft_forward_->set_allocation_fault(options.draft_allocation_fault);
   } else if (options.speculation.source == DraftSource::Draft) {
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
   }

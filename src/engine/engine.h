@@ -95,6 +95,10 @@ struct EngineOptions {
   // request's next sampling step (std::bad_alloc), as if its grammar tables or logits could not
   // be had.
   std::function<bool(uint64_t request)> sampling_fault;
+  // Fault injection for tests: kv_fault and allocation_fault for the draft model's store and
+  // graphs. A draft that fails is not used: speculation slows, answers stay the same.
+  kv::KvStore::Fault draft_kv_fault;
+  model::Forward::AllocationFault draft_allocation_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).

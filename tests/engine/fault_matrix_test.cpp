@@ -1,0 +1,293 @@
+// The fault matrix of a mixed step (docs/reliability.md, "Faults contained to their request"):
+// every allocation site a step reaches fails in turn, one call at a time (every third call of
+// each site), in two waves of requests mixing a fresh prompt with n-gram speculation, an image's
+// embedding rows, structured output, two choices, a draft model's speculation, and the next
+// turns of two conversations (reused from a fork or a snapshot, the draft's cache with them).
+// The sites: the target's and the draft's KV stores (kv::KvStore::set_fault), the target's and
+// the draft's graphs (model::Forward::set_allocation_fault) and sampling (std::bad_alloc).
+// Against each request alone on a fresh engine: where the engine has a fallback (a snapshot
+// instead of a fork, one reuse point fewer, a draft not used) every answer is as alone;
+// elsewhere at most the request whose call failed ends with the error, after a prefix of its
+// answer, and every other answers as alone. Nothing is left held but the cached conversations.
+#include "engine/images.h"
+#include "engine_util.h"
+#include "sample/grammar.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+namespace offgraph::engine::testing {
+namespace {
+
+constexpr int32_t kBegin = 497, kEnd = 498, kEndToken = 2; // stand-ins: image markers, the end
+
+std::shared_ptr<const model::EncodedImage> random_image(uint64_t seed, int32_t n_rows) {
+  auto img = std::make_shared<model::EncodedImage>();
+  img->n_rows = n_rows, img->width = fixture().model->config().n_embd;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  img->rows.resize(size_t(n_rows) * size_t(img->width));
+  for (float &x : img->rows) x = d(rng);
+  return img;
+}
+
+// root ::= call ("<3>" call)* ; call ::= "<7>" ("<8><9>" | "<10>"), token i spelled "<i>".
+std::shared_ptr<const sample::CompiledGrammar> calls_grammar() {
+  auto texts = std::make_shared<sample::TokenTexts>();
+  for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
+  texts->special.assign(500, 0);
+  texts->special[kEndToken] = 1;
+  sample::GrammarBuilder g;
+  const sample::Element tail = g.choice("tail", {g.literal("<8><9>"), g.literal("<10>")});
+  sample::Sequence one = g.literal("<7>");
+  one.push_back(tail);
+  sample::Sequence again = g.literal("<3>");
+  again.insert(again.end(), one.begin(), one.end());
+  one.push_back(*g.repeat("more", again, 0, sample::kUnbounded));
+  const sample::Element root = g.rule("root", {one});
+  auto grammar = std::move(g).finish(root.value);
+  EXPECT_TRUE(grammar.ok()) << grammar.message();
+  auto compiled = sample::compile_grammar(
+      *grammar, std::make_shared<sample::GrammarVocabulary>(texts), {kEndToken});
+  EXPECT_TRUE(compiled.ok()) << compiled.message();
+  return *compiled;
+}
+
+SpeculationOptions speculation(DraftSource source) {
+  SpeculationOptions s;
+  s.source = source;
+  s.n_max = 4, s.n_min = 1, s.adaptive = false;
+  s.ngram.n_min = 1;
+  return s;
+}
+
+// The two waves. The second holds the next turns of the first's conversations 0 and 4 (their
+// answers alone appended), so that it reuses their caches.
+std::vector<std::vector<Request>> mixed_waves() {
+  std::mt19937_64 rng(44);
+  std::vector<Request> first;
+  // 0: a fresh prompt that repeats itself (n-gram drafts find something), n-gram speculation.
+  std::vector<int32_t> repeat = random_tokens(rng, 12);
+  for (int i = 0; i < 2; ++i) repeat.insert(repeat.end(), repeat.begin(), repeat.begin() + 12);
+  first.push_back(greedy(repeat, 10));
+  first.back().speculation = speculation(DraftSource::Ngram);
+  // 1: an image of 12 rows between text.
+  Request image = greedy(random_tokens(rng, 6), 8);
+  image.prompt.push_back(kBegin);
+  image.embeddings.push_back({int32_t(image.prompt.size()), random_image(5, 12)});
+  ImageDigest digest{};
+  digest[0] = 5;
+  const auto ids = image_row_ids(digest, 12, 500);
+  image.prompt.insert(image.prompt.end(), ids.begin(), ids.end());
+  image.prompt.push_back(kEnd);
+  const auto after = random_tokens(rng, 4);
+  image.prompt.insert(image.prompt.end(), after.begin(), after.end());
+  first.push_back(image);
+  // 2: structured output.
+  first.push_back(greedy(random_tokens(rng, 14), 12));
+  first.back().grammar = calls_grammar();
+  first.back().stop_tokens = {kEndToken};
+  // 3: two choices of one prompt (sampled, each with its seed).
+  first.push_back(greedy(random_tokens(rng, 20), 8));
+  first.back().n = 2, first.back().sampling.temperature = 1.0, first.back().sampling.seed = 7;
+  // 4: a draft model's speculation.
+  first.push_back(greedy(random_tokens(rng, 26), 12));
+  first.back().speculation = speculation(DraftSource::Draft);
+  std::vector<Request> second;
+  for (size_t i : {size_t(0), size_t(4)}) {
+    Request next = first[i];
+    Request plain = first[i];
+    plain.speculation.reset();
+    const std::vector<int32_t> answer = alone(plain);
+    next.prompt.insert(next.prompt.end(), answer.begin(), answer.end());
+    const auto more = random_tokens(rng, 5);
+    next.prompt.insert(next.prompt.end(), more.begin(), more.end());
+    next.max_tokens = 8;
+    second.push_back(next);
+  }
+  // A prompt sharing conversation 3's prefix.
+  Request shared = first[3];
+  shared.n = 1, shared.prompt.resize(14);
+  const auto tail = random_tokens(rng, 9);
+  shared.prompt.insert(shared.prompt.end(), tail.begin(), tail.end());
+  second.push_back(shared);
+  return {first, second};
+}
+
+EngineOptions mixed_options() {
+  EngineOptions o = options(8);
+  o.page_rows = 8, o.snapshot_every = 16, o.max_active = 8;
+  o.draft_model = fixture().model.get(); // the target as its own draft: every draft is kept
+  return o;
+}
+
+// Per request: each choice's tokens, and its error ("" without one).
+struct Answers {
+  std::vector<std::vector<std::vector<int32_t>>> out;
+  std::vector<std::string> errors;
+};
+
+Answers run_waves(const std::vector<std::vector<Request>> &waves, const EngineOptions &o) {
+  auto e = Engine::create(*fixture().model, o);
+  EXPECT_TRUE(e.ok()) << e.message();
+  Answers r;
+  for (const auto &wave : waves)
+    for (const Request &req : wave) {
+      r.out.emplace_back(size_t(req.n));
+      r.errors.emplace_back();
+    }
+  size_t k = 0;
+  for (const auto &wave : waves) {
+    for (const Request &req : wave) {
+      auto id = (*e)->submit(req, [&r, k](const Event &ev) {
+        if (ev.token >= 0) r.out[k][size_t(ev.choice)].push_back(ev.token);
+        if (ev.finish == FinishReason::Error) r.errors[k] = ev.error;
+      });
+      EXPECT_TRUE(id.ok()) << id.message();
+      ++k;
+    }
+    (*e)->run_until_idle();
+    EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
+  }
+  EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
+  EXPECT_LE((*e)->draft_store()->sequence_ids().size(), (*e)->cached())
+      << "a draft sequence was left held";
+  return r;
+}
+
+// One site of the matrix: how it is injected (failing the call numbered `fail_at`, or counting
+// calls where fail_at < 0), the words of its error, and how many requests may end with it.
+struct Site {
+  std::string name;
+  std::function<void(EngineOptions &, int64_t fail_at, std::map<std::string, int64_t> &calls)>
+      inject;
+  std::string error;
+  int max_failed = 1, min_failed = 0;
+};
+
+std::function<Status(std::string_view, kv::SeqId)>
+store_fault(const std::string &prefix, const std::string &site, int64_t fail_at,
+            std::map<std::string, int64_t> &calls) {
+  return [&calls, prefix, site, fail_at](std::string_view s, kv::SeqId) {
+    const int64_t n = calls[prefix + std::string(s)]++;
+    return s == site && n == fail_at ? Status::error("injected: no memory") : Status();
+  };
+}
+
+std::vector<Site> sites() {
+  std::vector<Site> out;
+  for (const char *s : {"reserve", "fork", "fork_at_snapshot", "create_sequence", "snapshot"}) {
+    const std::string site = s;
+    // A fork for prefix reuse falls back to a snapshot, one at a snapshot to recomputing; a lost
+    // snapshot is one reuse point fewer. A reserve, a new sequence and the fork of a second
+    // choice end their request (choice).
+    const bool falls_back = site == "fork_at_snapshot" || site == "snapshot";
+    out.push_back({"kv:" + site,
+                   [site](EngineOptions &o, int64_t fail_at, auto &calls) {
+                     o.kv_fault = store_fault("kv:", site, fail_at, calls);
+                   },
+                   "injected: no memory", falls_back ? 0 : 1});
+  }
+  // The draft's store: a draft that cannot be had is not used.
+  for (const char *s : {"reserve", "fork", "create_sequence"}) {
+    const std::string site = s;
+    out.push_back({"draft_kv:" + site,
+                   [site](EngineOptions &o, int64_t fail_at, auto &calls) {
+                     o.draft_kv_fault = store_fault("draft_kv:", site, fail_at, calls);
+                   },
+                   "", 0});
+  }
+  // A graph that cannot be allocated runs as smaller steps; a part alone that cannot ends its
+  // request. The draft's graph: the draft is not used.
+  out.push_back({"allocation",
+                 [](EngineOptions &o, int64_t fail_at, auto &calls) {
+                   o.allocation_fault = [&calls, fail_at](const model::Batch &) {
+                     return calls["allocation"]++ == fail_at;
+                   };
+                 },
+                 "could not allocate the graph", 1});
+  out.push_back({"draft_allocation",
+                 [](EngineOptions &o, int64_t fail_at, auto &calls) {
+                   o.draft_allocation_fault = [&calls, fail_at](const model::Batch &) {
+                     return calls["draft_allocation"]++ == fail_at;
+                   };
+                 },
+                 "", 0});
+  // Memory that cannot be had while a request samples: that request (choice) ends.
+  out.push_back({"sampling",
+                 [](EngineOptions &o, int64_t fail_at, auto &calls) {
+                   o.sampling_fault = [&calls, fail_at](uint64_t) {
+                     return calls["sampling"]++ == fail_at;
+                   };
+                 },
+                 "out of memory while sampling", 1, 1});
+  return out;
+}
+
+TEST(FaultMatrix, EverySiteOfAMixedStepFailsAtMostItsRequest) {
+  const auto waves = mixed_waves();
+  // Each request alone, plainly decoded (speculation gives the same greedy and seeded tokens).
+  std::vector<std::vector<std::vector<int32_t>>> want;
+  for (const auto &wave : waves)
+    for (Request r : wave) {
+      r.speculation.reset();
+      auto e = Engine::create(*fixture().model, options(0));
+      std::vector<std::vector<int32_t>> out(size_t(r.n));
+      EXPECT_TRUE((*e)->submit(r,
+                               [&](const Event &ev) {
+                                 EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
+                                 if (ev.token >= 0) out[size_t(ev.choice)].push_back(ev.token);
+                               })
+                      .ok());
+      (*e)->run_until_idle();
+      want.push_back(out);
+    }
+  std::map<std::string, int64_t> calls;
+  const std::vector<Site> all = sites();
+  {
+    EngineOptions o = mixed_options();
+    for (const Site &s : all) s.inject(o, -1, calls);
+    const Answers clean = run_waves(waves, o);
+    ASSERT_EQ(clean.out, want);
+    ASSERT_EQ(clean.errors, std::vector<std::string>(want.size(), ""));
+  }
+  int64_t runs = 0;
+  for (const Site &site : all) {
+    const int64_t n = calls[site.name];
+    ASSERT_GT(n, 0) << site.name << " is never reached by this mix";
+    for (int64_t fail_at = 0; fail_at < n; fail_at += 3, ++runs) {
+      SCOPED_TRACE(site.name + " call " + std::to_string(fail_at) + " of " + std::to_string(n) +
+                   " fails");
+      std::map<std::string, int64_t> seen;
+      EngineOptions o = mixed_options();
+      site.inject(o, fail_at, seen);
+      const Answers got = run_waves(waves, o);
+      int failed = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (got.errors[i].empty()) {
+          EXPECT_EQ(got.out[i], want[i]) << "request " << i;
+          continue;
+        }
+        ++failed;
+        EXPECT_NE(got.errors[i].find(site.error), std::string::npos) << got.errors[i];
+        for (size_t c = 0; c < want[i].size(); ++c) {
+          const size_t have = std::min(got.out[i][c].size(), want[i][c].size());
+          EXPECT_EQ(got.out[i][c],
+                    std::vector<int32_t>(want[i][c].begin(), want[i][c].begin() + long(have)))
+              << "request " << i << " choice " << c;
+        }
+      }
+      EXPECT_LE(failed, site.max_failed);
+      EXPECT_GE(failed, site.min_failed);
+    }
+  }
+  std::string counts;
+  for (const auto &[name, n] : calls) counts += " " + name + "=" + std::to_string(n);
+  std::printf("[ matrix   ] %lld faulty runs; calls in the clean run:%s\n", (long long)runs,
+              counts.c_str());
+}
+
+} // namespace
+} // namespace offgraph::engine::testing
