@@ -245,7 +245,20 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
       next = now + kCancelPoll;
       return cancelled();
     };
+  try {
+    return encode_holding_turn(bytes, digest, room, cancel_between);
+  } catch (const std::bad_alloc &) {
+    // Thrown with every count as it was: this request fails, the server goes on.
+    return Status::error("image encoder: out of memory while decoding or encoding the image",
+                         StatusCode::kUnavailable);
+  }
+}
+
+Result<PreparedImage>
+ImageEncoder::encode_holding_turn(std::span<const uint8_t> bytes, const ImageDigest &digest,
+                                  Reservation *room, const std::function<bool()> &cancel_between) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (injected("decode")) throw std::bad_alloc();
   auto decoded = image::decode_image(bytes, options_.decode);
   if (!decoded.ok()) return decoded.status();
   const model::VisionConfig &c = vision_.config();
@@ -257,9 +270,13 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
   const image::Image resized = image::resize_lanczos(*decoded, g.width, g.height);
   decoded->rgb = {}; // the full-size pixels are not needed past here
   auto rows = model::encode_image(vision_, image::normalize_planar(resized, c.mean, c.std_dev),
-                                  g.width, g.height, options_.threads, cancel_between);
+                                  g.width, g.height, options_.threads, cancel_between,
+                                  [this] { return injected("graph"); });
   if (!rows.ok()) return rows.status();
   const int64_t size = int64_t(rows->rows.size() * sizeof(float));
+  // The holder first: a throw past here leaves no count changed.
+  if (injected("rows")) throw std::bad_alloc();
+  auto held = std::make_unique<model::EncodedImage>(std::move(rows).value());
   {
     // Alive from here until the last holder drops them; out of the room reserved for them.
     std::lock_guard lock(tally_->mutex);
@@ -267,9 +284,9 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
     if (room) room->bytes_ -= taken;
     tally_->reserved -= taken, tally_->live += size;
   }
+  // (Where the shared pointer's own block cannot be had, it calls the deleter: counted back.)
   p.rows = std::shared_ptr<const model::EncodedImage>(
-      new model::EncodedImage(std::move(rows).value()),
-      [tally = tally_, size](const model::EncodedImage *e) {
+      held.release(), [tally = tally_, size](const model::EncodedImage *e) {
         delete e;
         tally->release(size, 0);
       });
@@ -280,19 +297,33 @@ Result<PreparedImage> ImageEncoder::encode(std::span<const uint8_t> bytes, Reser
   ++stats_.encoded;
   stats_.rows += p.rows->n_rows;
   stats_.seconds += seconds;
-  if (size <= options_.cache_bytes) {
-    lru_.emplace_front(key, p);
-    by_digest_[key] = lru_.begin();
-    stats_.cached_bytes += size;
-    while (stats_.cached_bytes > options_.cache_bytes) {
-      const Entry &last = lru_.back();
-      stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
-      dropped.push_back(last.second.rows);
-      by_digest_.erase(last.first);
-      lru_.pop_back();
-    }
-  }
+  if (size <= options_.cache_bytes) cache_image(digest, p, size, dropped);
   return p;
+}
+
+void ImageEncoder::cache_image(const ImageDigest &digest, const PreparedImage &p, int64_t size,
+                               std::vector<std::shared_ptr<const model::EncodedImage>> &dropped) {
+  try {
+    if (injected("cache")) throw std::bad_alloc();
+    dropped.reserve(lru_.size() + 1); // the evictions below then allocate nothing
+    lru_.emplace_front(std::string(digest.begin(), digest.end()), p);
+  } catch (const std::bad_alloc &) {
+    return; // served, not kept
+  }
+  try {
+    by_digest_[lru_.front().first] = lru_.begin();
+  } catch (const std::bad_alloc &) {
+    lru_.pop_front();
+    return;
+  }
+  stats_.cached_bytes += size;
+  while (stats_.cached_bytes > options_.cache_bytes) {
+    const Entry &last = lru_.back();
+    stats_.cached_bytes -= int64_t(last.second.rows->rows.size() * sizeof(float));
+    dropped.push_back(last.second.rows);
+    by_digest_.erase(last.first);
+    lru_.pop_back();
+  }
 }
 
 Result<std::vector<Request::Embeddings>>

@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace offgraph::engine {
@@ -42,6 +43,11 @@ struct ImageOptions {
   // How long one waits for room before it is refused (kUnavailable).
   std::chrono::milliseconds max_wait{std::chrono::seconds(120)};
   int threads = 2;
+  // Fault injection for tests: true at a site fails it as if its memory could not be had:
+  // "decode" (the decoded pixels: std::bad_alloc), "graph" (the encoder graph's buffers),
+  // "rows" (the encoded rows' holder: std::bad_alloc), "cache" (the cache's entry:
+  // std::bad_alloc; the image is still served, not kept).
+  std::function<bool(std::string_view site)> fault;
 };
 
 using ImageDigest = std::array<uint8_t, 32>; // SHA-256
@@ -103,7 +109,9 @@ public:
   // given, which must come from this encoder's reserve_rows (a caller without one, a command's
   // own images, is not held to rows_budget). `cancelled` (a client that hung up, a server
   // stopping) is asked while it waits for its turn and between the encoder graph's nodes, every
-  // kCancelPoll at most: true ends it with kUnavailable, nothing encoded or cached.
+  // kCancelPoll at most: true ends it with kUnavailable, nothing encoded or cached. Memory that
+  // cannot be had (host or the encoder graph's) ends it with kUnavailable naming it, nothing
+  // kept but what `room` held; an image that cannot be cached is served without.
   Result<PreparedImage> encode(std::span<const uint8_t> bytes, Reservation *room = nullptr,
                                const std::function<bool()> &cancelled = {});
 
@@ -132,6 +140,16 @@ public:
 
 private:
   Status check_size(std::span<const uint8_t> bytes) const;
+  // encode() past its turn in line: decoded, encoded, counted, cached. Throws std::bad_alloc
+  // with every count as before it (encode() turns it into an error).
+  Result<PreparedImage> encode_holding_turn(std::span<const uint8_t> bytes,
+                                            const ImageDigest &digest, Reservation *room,
+                                            const std::function<bool()> &cancel_between);
+  // Keeps `p` for the same bytes again (under mutex_), dropping the least recently used past
+  // cache_bytes; not kept where the entry's memory cannot be had.
+  void cache_image(const ImageDigest &digest, const PreparedImage &p, int64_t size,
+                   std::vector<std::shared_ptr<const model::EncodedImage>> &dropped);
+  bool injected(std::string_view site) const { return options_.fault && options_.fault(site); }
   image::GridSize grid_for(const image::Image &decoded) const; // pixels, whole cells
   // The cached image of `key`, or none; a hit moves it to the front and is counted.
   std::optional<PreparedImage> lookup(const std::string &key);

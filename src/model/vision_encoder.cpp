@@ -83,7 +83,8 @@ ggml_tensor *attend(ggml_context *ctx, ggml_tensor *q, ggml_tensor *k, ggml_tens
 
 Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<float> &planar,
                                   int32_t width, int32_t height, int n_threads,
-                                  const std::function<bool()> &cancelled) {
+                                  const std::function<bool()> &cancelled,
+                                  const std::function<bool()> &allocation_fault) {
   const VisionConfig &c = model.config();
   const VisionWeights &w = model.weights();
   const int32_t cell = c.patch * c.merge;
@@ -177,10 +178,11 @@ Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<fl
   ggml_backend_ptr backend(ggml_backend_cpu_init());
   ggml_backend_cpu_set_n_threads(backend.get(), n_threads);
   ggml_gallocr_ptr alloc(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend.get())));
-  if (!ggml_gallocr_alloc_graph(alloc.get(), gf))
+  if ((allocation_fault && allocation_fault()) || !ggml_gallocr_alloc_graph(alloc.get(), gf))
     return Status::error("vision: could not allocate the encoder's graph for a " +
-                             std::to_string(width) + "x" + std::to_string(height) + " image",
-                         StatusCode::kResourceExhausted);
+                             std::to_string(width) + "x" + std::to_string(height) +
+                             " image (out of memory)",
+                         StatusCode::kUnavailable);
   ggml_backend_tensor_set(pixels, planar.data(), 0, ggml_nbytes(pixels));
   for (auto [t, v] : {std::pair{pos_w, &l.pos_w},
                       {pos_h, &l.pos_h},

@@ -26,9 +26,12 @@ struct EncodedImage {
 
 // `planar`: the preprocessed image (image::normalize_planar), 3 x height x width floats, width
 // and height multiples of patch x merge. `cancelled`, where given, is asked between the graph's
-// nodes (from one thread): true ends the encode early with a kUnavailable error.
+// nodes (from one thread): true ends the encode early with a kUnavailable error. A graph whose
+// buffers cannot be allocated is a kUnavailable error naming it; `allocation_fault` (tests)
+// returning true fails that allocation.
 Result<EncodedImage> encode_image(const VisionModel &model, const std::vector<float> &planar,
                                   int32_t width, int32_t height, int n_threads,
-                                  const std::function<bool()> &cancelled = {});
+                                  const std::function<bool()> &cancelled = {},
+                                  const std::function<bool()> &allocation_fault = {});
 
 } // namespace offgraph::model

@@ -137,6 +137,57 @@ TEST(Images, ACancelledEncodeEndsEarlyAndKeepsNothing) {
   EXPECT_EQ(whole->rows, p->rows->rows);
 }
 
+// Memory that cannot be had while an image is encoded (ImageOptions::fault at each site: the
+// decoded pixels, the encoder graph's buffers, the rows' holder) fails that encode alone with a
+// kUnavailable error naming memory: nothing is encoded, counted alive or cached, the room stays
+// with its holder, and the same bytes encode afterwards to the rows a clean encoder gives. An
+// image whose cache entry cannot be had is served, not kept.
+TEST(Images, AnEncodeWithoutItsMemoryFailsAloneAndKeepsNothing) {
+  const model::VisionModel &vm = *vision().model;
+  const Bytes a = png(100, 70, 11);
+  ImageEncoder clean(vm, {});
+  auto want = clean.encode(a);
+  ASSERT_TRUE(want.ok()) << want.message();
+  for (const char *site : {"decode", "graph", "rows"}) {
+    SCOPED_TRACE(site);
+    bool armed = true;
+    ImageOptions o;
+    o.fault = [&](std::string_view s) { return armed && s == site; };
+    ImageEncoder enc(vm, o);
+    auto room = enc.reserve_rows(enc.rows_bytes(want->rows->n_rows));
+    ASSERT_TRUE(room.ok()) << room.message();
+    const int64_t reserved = enc.stats().reserved_bytes;
+    auto failed = enc.encode(a, &*room);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(failed.message().find("out of memory"), std::string::npos) << failed.message();
+    const ImageEncoder::Stats after = enc.stats();
+    EXPECT_EQ(after.encoded, 0);
+    EXPECT_EQ(after.live_bytes, 0);
+    EXPECT_EQ(after.cached_bytes, 0);
+    EXPECT_EQ(after.reserved_bytes, reserved);
+    EXPECT_EQ(room->bytes(), reserved);
+    armed = false;
+    auto again = enc.encode(a, &*room);
+    ASSERT_TRUE(again.ok()) << again.message();
+    EXPECT_FALSE(again->from_cache);
+    EXPECT_EQ(again->rows->rows, want->rows->rows);
+    EXPECT_EQ(enc.stats().reserved_bytes, 0); // taken by the rows
+  }
+  ImageOptions o;
+  o.fault = [](std::string_view s) { return s == "cache"; };
+  ImageEncoder enc(vm, o);
+  {
+    auto served = enc.encode(a);
+    ASSERT_TRUE(served.ok()) << served.message();
+    EXPECT_EQ(served->rows->rows, want->rows->rows);
+    EXPECT_EQ(enc.stats().cached_bytes, 0);
+    EXPECT_GT(enc.stats().live_bytes, 0);
+    EXPECT_FALSE(enc.cached(served->digest));
+  }
+  EXPECT_EQ(enc.stats().live_bytes, 0); // its holder gone, nothing alive
+}
+
 TEST(Images, CacheDropsTheLeastRecentlyUsedPastItsBudget) {
   // Room for two images of 6 rows x 64 floats.
   ImageOptions two;
