@@ -25,6 +25,7 @@ std::optional<PageId> PageAllocator::allocate() {
       cold_ = int32_t(free_.size()); // it holds memory once written
   } else if (touched() < max_pages_) {
     p = touched();
+    reserve(1); // the free list keeps room for every page handed out: release() never allocates
     refs_.push_back(0);
   } else {
     return std::nullopt;
@@ -32,6 +33,16 @@ std::optional<PageId> PageAllocator::allocate() {
   refs_[size_t(p)] = 1;
   ++in_use_;
   return p;
+}
+
+void PageAllocator::reserve(int32_t n) {
+  const size_t want = size_t(touched()) + size_t(std::max(n, 0));
+  // Doubling: one page at a time stays amortized O(1).
+  const auto grow = [want](auto &v) {
+    if (v.capacity() < want) v.reserve(std::max(want, 2 * v.capacity()));
+  };
+  grow(refs_);
+  grow(free_);
 }
 
 void PageAllocator::retain(PageId p) {

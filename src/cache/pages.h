@@ -41,8 +41,12 @@ public:
   std::optional<PageId> allocate();
   // Another holder of a page in use.
   void retain(PageId p);
-  // One holder fewer; at zero the page returns to the free list. True if it did.
+  // One holder fewer; at zero the page returns to the free list. True if it did. Allocates
+  // nothing (the free list has room for every page handed out).
   bool release(PageId p);
+  // Room for `n` more allocations: the next n allocate() calls allocate no memory of their own.
+  // Throws std::bad_alloc, having changed nothing, where the room cannot be had.
+  void reserve(int32_t n);
 
   // Free pages that still hold memory: every page freed since it was last taken by take_cold.
   int32_t free_warm() const { return int32_t(free_.size()) - cold_; }

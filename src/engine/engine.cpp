@@ -676,9 +676,13 @@ void Engine::run_batch(const std::vector<Part> &parts) {
           std::max(options_.snapshot_reach,
                    start >= 0 ? int32_t(a.computed) - start + options_.snapshot_reach : 0);
       if (auto snap = store_->snapshot(a.seq, reach); snap.ok()) {
-        a.taken.push_back(
-            {int32_t(a.computed), std::move(snap).value(), std::vector<float>(l.begin(), l.end())});
-        trim_taken(a);
+        try {
+          a.taken.push_back({int32_t(a.computed), std::move(snap).value(),
+                             std::vector<float>(l.begin(), l.end())});
+          trim_taken(a);
+        } catch (const std::bad_alloc &) {
+          // Its logits' copy: one reuse point fewer (the snapshot goes with `snap`).
+        }
       }
     }
     if (!p.wants_logits) continue;
@@ -762,34 +766,55 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
                            std::vector<std::unique_ptr<Generation>> &born) {
   a.spawned = true;
   for (int32_t c = 1; c < a.request.n; ++c) {
-    auto child = std::make_unique<Generation>();
-    child->id = a.id;
-    child->choice = c;
-    child->request = a.request;
-    child->request.n = 1;
-    child->on_event = a.on_event;
-    child->tokens = a.request.prompt;
-    child->prompt_logprobs = a.prompt_logprobs;
-    child->computed = a.request.prompt.size();
-    sample::SamplingParams sp = a.request.sampling;
-    sp.seed += uint64_t(c);
-    auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
-    auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
-    if (!sampler.ok() || !seq.ok()) {
+    try {
+      spawn_choice(a, c, logits, born);
+    } catch (const std::bad_alloc &) {
+      // Its copies of the request and the prompt, or its place among the step's generations
+      // (the child and its sequence went with the unwinding): that choice ends, the others go on.
       Event e;
       e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
-      e.error = !seq.ok() ? seq.message() : sampler.message();
+      e.error = "out of memory while starting choice " + std::to_string(c);
       if (a.on_event) a.on_event(e);
-      if (seq.ok()) (void)store_->remove_sequence(*seq);
-      continue;
     }
-    child->sampler = std::move(sampler).value();
-    child->seq = *seq;
+  }
+}
+
+void Engine::spawn_choice(Generation &a, int32_t c, std::span<const float> logits,
+                          std::vector<std::unique_ptr<Generation>> &born) {
+  // What may throw std::bad_alloc comes before the fork or releases it: no sequence is left held.
+  auto child = std::make_unique<Generation>();
+  child->id = a.id;
+  child->choice = c;
+  child->request = a.request;
+  child->request.n = 1;
+  child->on_event = a.on_event;
+  child->tokens = a.request.prompt;
+  child->prompt_logprobs = a.prompt_logprobs;
+  child->computed = a.request.prompt.size();
+  sample::SamplingParams sp = a.request.sampling;
+  sp.seed += uint64_t(c);
+  auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
+  born.reserve(born.size() + 1);                       // its place, taken below without allocating
+  auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
+  if (!sampler.ok() || !seq.ok()) {
+    Event e;
+    e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
+    e.error = !seq.ok() ? seq.message() : sampler.message();
+    if (a.on_event) a.on_event(e);
+    if (seq.ok()) (void)store_->remove_sequence(*seq);
+    return;
+  }
+  try {
     store_->set_role(*seq, kv::SeqRole::Active);
     if (a.request.grammar) child->grammar.emplace(a.request.grammar);
-    child->speculator = a.speculator; // its history: the prompt
-    if (advance(*child, logits)) born.push_back(std::move(child));
+  } catch (const std::bad_alloc &) {
+    (void)store_->remove_sequence(*seq);
+    throw;
   }
+  child->sampler = std::move(sampler).value();
+  child->seq = *seq;
+  child->speculator = a.speculator; // its history: the prompt
+  if (advance(*child, logits)) born.push_back(std::move(child));
 }
 
 void Engine::run_until_idle() {

@@ -467,9 +467,13 @@ private:
   // Prefix reuse in the draft store: a's draft cache starts as a fork of the one kept with the
   // cached sequence `from`, at `depth` (or what it holds, if less), where its rings allow.
   void reuse_draft(Generation &a, kv::SeqId from, int32_t depth);
-  // The other n - 1 choices of a request whose prompt was just computed, forked from it.
+  // The other n - 1 choices of a request whose prompt was just computed, forked from it; a choice
+  // that cannot be started (its fork, its memory) ends with an error, the others go on.
   void spawn_choices(Generation &a, std::span<const float> logits,
                      std::vector<std::unique_ptr<Generation>> &born);
+  // Choice c of them; throws std::bad_alloc holding no sequence.
+  void spawn_choice(Generation &a, int32_t c, std::span<const float> logits,
+                    std::vector<std::unique_ptr<Generation>> &born);
 
   const model::Model &model_;
   EngineOptions options_;

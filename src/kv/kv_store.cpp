@@ -317,6 +317,13 @@ BytesByBufferType KvStore::bytes_in_use_by_buffer_type() const {
   return by;
 }
 
+Status KvStore::out_of_memory(std::string_view site) {
+  // A throw before any change (what the store's calls are ordered for: room first, then the
+  // changes) leaves the store as it was; the caller fails as for any storage it cannot have.
+  return Status::error("kv store: out of memory in " + std::string(site),
+                       StatusCode::kResourceExhausted);
+}
+
 Status KvStore::check_budget(int64_t more, const char *what) const {
   if (budget_ <= 0 || more <= 0) return ok_status();
   const int64_t in_use = bytes_in_use();
@@ -426,10 +433,20 @@ void KvStore::release_pages(Entry &e, size_t keep) {
   }
 }
 
+void KvStore::reserve_page_counts(int32_t pages) {
+  if (active_refs_.size() >= size_t(pages)) return;
+  // Doubling, and both at once: a throw leaves the counts as they were.
+  const size_t n = std::max(size_t(pages), 2 * active_refs_.size());
+  std::vector<int32_t> active(n, 0), kept(n, 0);
+  std::copy(active_refs_.begin(), active_refs_.end(), active.begin());
+  std::copy(kept_refs_.begin(), kept_refs_.end(), kept.begin());
+  active_refs_.swap(active), kept_refs_.swap(kept);
+}
+
 void KvStore::count_page(PageId page, SeqRole role, int delta) {
   if (role == SeqRole::None) return;
   const size_t p = size_t(page);
-  if (p >= active_refs_.size()) active_refs_.resize(p + 1, 0), kept_refs_.resize(p + 1, 0);
+  if (p >= active_refs_.size()) reserve_page_counts(int32_t(p) + 1);
   const bool was = kept_refs_[p] > 0 && active_refs_[p] == 0;
   (role == SeqRole::Active ? active_refs_ : kept_refs_)[p] += delta;
   const bool is = kept_refs_[p] > 0 && active_refs_[p] == 0;
@@ -449,25 +466,41 @@ int64_t KvStore::ring_bytes(SeqId id) const {
 void KvStore::set_role(SeqId id, SeqRole role) {
   Entry *e = find(id);
   if (!e || e->role == role) return;
+  reserve_page_counts(allocator_.touched()); // may throw, before any change
   for (PageId p : e->table.pages) count_page(p, e->role, -1);
   e->role = role;
   for (PageId p : e->table.pages) count_page(p, role, +1);
 }
 
 Result<SeqId> KvStore::insert(Entry entry) {
+  // The pages the entry holds (child_of retained them) go back if it cannot be kept.
+  std::unique_ptr<Entry> held;
+  try {
+    held = std::make_unique<Entry>(std::move(entry));
+  } catch (const std::bad_alloc &) {
+    release_pages(entry, 0);
+    throw;
+  }
   SeqId id = 0;
   while (entries_.count(id)) ++id;
-  entries_.emplace(id, std::make_unique<Entry>(std::move(entry)));
+  try {
+    entries_.emplace(id, std::move(held));
+  } catch (const std::bad_alloc &) {
+    release_pages(*held, 0);
+    throw;
+  }
   return id;
 }
 
-Result<SeqId> KvStore::create_sequence() {
+Result<SeqId> KvStore::create_sequence() try {
   if (Status f = injected_fault("create_sequence", -1); !f.ok()) return f;
   Entry e(layout_);
   auto ring = make_ring_pool();
   if (!ring.ok()) return ring.status();
   e.ring = std::move(ring).value();
   return insert(std::move(e));
+} catch (const std::bad_alloc &) {
+  return out_of_memory("create_sequence");
 }
 
 Status KvStore::remove_sequence(SeqId id) {
@@ -507,7 +540,7 @@ const cache::Sequence *KvStore::sequence(SeqId id) const {
   return e ? &e->seq : nullptr;
 }
 
-Status KvStore::reserve(SeqId id, int32_t end) {
+Status KvStore::reserve(SeqId id, int32_t end) try {
   if (Status s = injected_fault("reserve", id); !s.ok()) return s;
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
@@ -529,6 +562,10 @@ Status KvStore::reserve(SeqId id, int32_t end) {
         "kv store: the page pool is exhausted (" + std::to_string(allocator_.in_use()) + " of " +
         std::to_string(allocator_.max_pages()) + " pages of " + std::to_string(page_bytes_) +
         " bytes in use; " + std::to_string(fresh) + " more needed)");
+  // Room first (what can throw std::bad_alloc), then the changes, which allocate nothing.
+  allocator_.reserve(fresh);
+  pages.reserve(need);
+  reserve_page_counts(allocator_.touched() + fresh);
   for (size_t i = first; i < std::min(need, pages.size()); ++i) {
     if (allocator_.refs(pages[i]) < 2) continue;
     const PageId copy = *allocator_.allocate();
@@ -543,6 +580,8 @@ Status KvStore::reserve(SeqId id, int32_t end) {
     count_page(pages.back(), e->role, +1);
   }
   return ok_status();
+} catch (const std::bad_alloc &) {
+  return out_of_memory("reserve");
 }
 
 Status KvStore::rewind(SeqId id, int32_t length) {
@@ -561,6 +600,7 @@ Result<KvStore::Entry> KvStore::child_of(const Entry &src, const cache::ForkPlan
   child.ring = std::move(ring).value();
   const size_t shared =
       page_bytes_ > 0 ? size_t(PageTable::pages_for(plan.length, layout_->page_rows())) : 0;
+  child.table.pages.reserve(shared); // the retains below then cannot be left half done
   for (size_t i = 0; i < shared; ++i) {
     allocator_.retain(src.table.pages[i]);
     child.table.pages.push_back(src.table.pages[i]);
@@ -568,7 +608,7 @@ Result<KvStore::Entry> KvStore::child_of(const Entry &src, const cache::ForkPlan
   return child;
 }
 
-Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
+Result<SeqId> KvStore::fork(SeqId src, int32_t n) try {
   if (Status f = injected_fault("fork", src); !f.ok()) return f;
   Entry *s = find(src);
   if (!s) return Status::error(unknown(src));
@@ -586,9 +626,11 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) {
     }
   }
   return insert(std::move(child).value());
+} catch (const std::bad_alloc &) {
+  return out_of_memory("fork");
 }
 
-Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, int32_t at) {
+Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, int32_t at) try {
   if (Status f = injected_fault("fork_at_snapshot", pages_from); !f.ok()) return f;
   Entry *s = find(pages_from);
   if (!s) return Status::error(unknown(pages_from));
@@ -608,9 +650,11 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
   // masked until rewritten, as in Sequence::restore.
   write_back(snap, child->ring);
   return insert(std::move(child).value());
+} catch (const std::bad_alloc &) {
+  return out_of_memory("fork_at_snapshot");
 }
 
-Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
+Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) try {
   Entry *e = find(id);
   if (!e) return Status::error(unknown(id));
   if (Status f = injected_fault("snapshot", id); !f.ok()) return f;
@@ -646,6 +690,8 @@ Result<std::unique_ptr<Snapshot>> KvStore::snapshot(SeqId id, int32_t reach) {
     }
   }
   return snap;
+} catch (const std::bad_alloc &) {
+  return out_of_memory("snapshot");
 }
 
 Status KvStore::restore(SeqId id, const Snapshot &snap, int32_t at) {

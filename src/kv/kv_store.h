@@ -171,7 +171,8 @@ public:
   // Fault injection for tests: called first in reserve ("reserve"), fork ("fork"),
   // fork_at_snapshot ("fork_at_snapshot"), create_sequence ("create_sequence", id -1) and
   // snapshot ("snapshot") with the site and the sequence acted on; an error it returns is that
-  // call's (as if its memory could not be had).
+  // call's (as if its memory could not be had), and std::bad_alloc it throws is caught there as
+  // an allocation inside the call would be (out_of_memory).
   using Fault = std::function<Status(std::string_view site, SeqId id)>;
   void set_fault(Fault fault) { fault_ = std::move(fault); }
   Status injected_fault(std::string_view site, SeqId id) const {
@@ -248,6 +249,10 @@ private:
   };
   // A page joins or leaves a table whose sequence has `role` (the role counters).
   void count_page(cache::PageId page, SeqRole role, int delta);
+  // Room in the per-page counts for page ids below `pages` (count_page then allocates nothing).
+  void reserve_page_counts(int32_t pages);
+  // The error of a store call that met std::bad_alloc (caught there: no call throws it).
+  static Status out_of_memory(std::string_view site);
   // The pool's memory when it is reserved address space (CPU): unmapped after the buffer is gone.
   struct Mapping {
     void *addr = nullptr;

@@ -188,7 +188,7 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
 }
 
 Result<std::vector<float>> Forward::run(const Batch &batch,
-                                        std::vector<std::vector<float>> *hidden) {
+                                        std::vector<std::vector<float>> *hidden) try {
   const ModelConfig &c = model_.config();
   failed_span_ = -1;
   allocation_failed_ = false;
@@ -359,6 +359,15 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   lap(phases_.outputs);
   ++phases_.steps;
   return out;
+} catch (const std::bad_alloc &) {
+  // Host memory the pass could not have (its inputs, the graph's bookkeeping, the logits'
+  // copy): as a graph that cannot be allocated, before the step's commit, so nothing of it is
+  // kept; the next pass builds its graph afresh.
+  last_ = {};
+  allocation_failed_ = true;
+  return Status::error("forward: could not allocate the graph of " +
+                           std::to_string(batch.tokens.size()) + " tokens (out of host memory)",
+                       StatusCode::kInternal);
 }
 
 ggml_status Forward::compute(ggml_cgraph *gf) {

@@ -35,7 +35,8 @@ public:
   // run; else (any other failure, or none) -1.
   int32_t failed_span() const { return failed_span_; }
   // After a run that failed because its graph could not be allocated (a device's memory, the
-  // compute buffer for this many tokens): nothing was computed, a smaller batch may run.
+  // compute buffer for this many tokens, host memory the pass needed: run() catches
+  // std::bad_alloc): nothing was kept, a smaller batch may run.
   bool allocation_failed() const { return allocation_failed_; }
   // Fault injection for tests: called with each batch before its graph is allocated; true fails
   // the allocation as if the memory could not be had.
