@@ -192,6 +192,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   const ModelConfig &c = model_.config();
   failed_span_ = -1;
   allocation_failed_ = false;
+  compute_began_ = false;
   const int64_t n = int64_t(batch.tokens.size());
   if (n == 0) return Status::error("forward: empty batch");
   int64_t covered = 0;
@@ -325,6 +326,7 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     ggml_backend_tensor_set(in.logit_rows, batch.logit_rows.data(), 0, ggml_nbytes(in.logit_rows));
   step.set_inputs();
   lap(phases_.inputs);
+  compute_began_ = true;
   if (compute(computed) != GGML_STATUS_SUCCESS) {
     last_ = {};
     return Status::error("forward: graph compute failed");
@@ -361,12 +363,16 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   return out;
 } catch (const std::bad_alloc &) {
   // Host memory the pass could not have (its inputs, the graph's bookkeeping, the logits'
-  // copy): as a graph that cannot be allocated, before the step's commit, so nothing of it is
-  // kept; the next pass builds its graph afresh.
+  // copy), before the step's commit: nothing of it is kept, and the next pass builds its graph
+  // afresh. Before the compute it is a graph that cannot be allocated (a smaller batch may run);
+  // after it, the rings were written: a failed pass.
   last_ = {};
-  allocation_failed_ = true;
-  return Status::error("forward: could not allocate the graph of " +
-                           std::to_string(batch.tokens.size()) + " tokens (out of host memory)",
+  allocation_failed_ = !compute_began_;
+  const std::string tokens = std::to_string(batch.tokens.size()) + " tokens";
+  return Status::error(allocation_failed_
+                           ? "forward: could not allocate the graph of " + tokens +
+                                 " (out of host memory)"
+                           : "forward: out of host memory reading the results of " + tokens,
                        StatusCode::kInternal);
 }
 

@@ -108,6 +108,7 @@ private:
   AllocationFault allocation_fault_;
   int32_t failed_span_ = -1;
   bool allocation_failed_ = false;
+  bool compute_began_ = false; // this run's graph began computing (its writes may have landed)
   PhaseTimes phases_;
 };
 
