@@ -598,6 +598,16 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     run_batch(std::vector<Part>(half, parts.end()));
     return;
   }
+  if (!logits.ok() && forward_->allocation_failed() && parts[0].n > 1 && parts[0].draft.empty() &&
+      parts[0].g->computed + size_t(parts[0].n) <= parts[0].g->request.prompt.size()) {
+    // A prompt's chunk alone that still cannot be allocated: its first half runs (the rest in the
+    // steps after), down to one token; its logits, where it wanted them, come with the last half.
+    Part first = parts[0];
+    first.n /= 2;
+    first.wants_logits = false;
+    run_batch({first});
+    return;
+  }
   ++stats_.steps;
   stats_.peak_step_logit_rows =
       std::max(stats_.peak_step_logit_rows, int64_t(batch.logit_rows.size()));

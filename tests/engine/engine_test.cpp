@@ -569,8 +569,9 @@ Answers run_together(const EngineOptions &o, const std::vector<Request> &request
 }
 
 // A step whose graph cannot be allocated (a device's memory, the compute buffer of that many
-// tokens; injected through EngineOptions::allocation_fault): its parts run as smaller steps, and
-// a part that cannot be allocated alone ends only its own request. Against each request alone.
+// tokens; injected through EngineOptions::allocation_fault): its parts run as smaller steps, a
+// prompt's chunk alone in halves, and a part that cannot be allocated even so ends only its own
+// request. Against each request alone.
 TEST(Engine, AGraphThatCannotBeAllocatedRunsSmallerOrEndsOnlyItsRequest) {
   std::mt19937_64 rng(41);
   const std::vector<Request> requests = {greedy(random_tokens(rng, 12), 10),
@@ -590,8 +591,20 @@ TEST(Engine, AGraphThatCannotBeAllocatedRunsSmallerOrEndsOnlyItsRequest) {
   EXPECT_GT(refused, 3);
   EXPECT_EQ(one_at_a_time.tokens, want);
   EXPECT_EQ(one_at_a_time.errors, std::vector<std::string>(requests.size(), ""));
+  // No batch of more than 4 tokens can be allocated: prompts run in halves of their chunks, down
+  // to what fits, and every request answers as alone.
+  int64_t largest = 0;
+  const Answers small_steps = run_with([&](const model::Batch &b) {
+    const bool fail = b.tokens.size() > 4;
+    if (!fail) largest = std::max<int64_t>(largest, int64_t(b.tokens.size()));
+    return fail;
+  });
+  EXPECT_EQ(largest, 4);
+  EXPECT_EQ(small_steps.tokens, want);
+  EXPECT_EQ(small_steps.errors, std::vector<std::string>(requests.size(), ""));
   // No batch that reaches position 30 can be allocated: only the long prompt's request errors
-  // (before any token of its answer); the others answer as alone.
+  // (before any token of its answer, having run its prompt in halves up to there); the others
+  // answer as alone.
   const Answers without_long = run_with([](const model::Batch &b) {
     for (const model::Batch::Span &s : b.spans)
       if (s.position + s.n_tokens > 30) return true;
