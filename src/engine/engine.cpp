@@ -102,7 +102,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   if (options.kv_fault) e->store_->set_fault(options.kv_fault);
   if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
     e->options_.kv_budget = kv_budget_from_memory(
-        int64_t(model::available_memory()),
+        kv_device_memory(*e->store_, options.context),
         int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(),
         e->store_->peak_bytes_at_length(options.context) + e->store_->peak_bytes_at_length(0));
   e->store_->set_memory_budget(e->options_.kv_budget);
@@ -135,6 +135,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   } else if (options.speculation.source == DraftSource::Draft) {
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
   }
+  e->kv_budget_by_device_ =
+      budget_by_device(*e->store_, options.context, e->options_.kv_budget, "kv");
+  if (e->draft_store_)
+    for (const Load::DeviceBytes &d : budget_by_device(
+             *e->draft_store_, options.context, e->draft_store_->memory_budget(), "draft_kv"))
+      e->kv_budget_by_device_.push_back(d);
   return e;
 }
 
@@ -268,6 +274,7 @@ void Engine::publish() {
     for (const auto &[buft, bytes] : draft_forward_->compute_buffer_bytes())
       kv::add_bytes(compute, buft, bytes);
   add(compute, "compute");
+  l.budget_by_device = kv_budget_by_device_;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;

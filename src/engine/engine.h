@@ -71,10 +71,10 @@ struct EngineOptions {
   bool prefix_reuse = true; // off: every prompt is computed from scratch (a reference)
   size_t max_queue = 64;    // waiting requests; more are refused
   // Bytes of KV storage (sequences and snapshots) the engine may hold; 0: no limit;
-  // kKvBudgetFromMemory: kv_budget_from_memory(). A request is admitted only when the most it can
-  // grow to fits beside what the active ones may grow to; until then it waits in the queue (one
-  // that can never fit is refused at submit). Cached conversations make room, least recently
-  // used first.
+  // kKvBudgetFromMemory: kv_budget_from_memory() of every device holding KV. A request is admitted
+  // only when the most it can grow to fits beside what the active ones may grow to; until then it
+  // waits in the queue (one that can never fit is refused at submit). Cached conversations make
+  // room, least recently used first.
   static constexpr int64_t kKvBudgetFromMemory = -1;
   int64_t kv_budget = 0;
   // Bytes the cached conversations may hold together; 0: limited only by max_cached.
@@ -108,13 +108,27 @@ struct EngineOptions {
   const model::Model *draft_model = nullptr;
 };
 
-// The KV budget EngineOptions::kKvBudgetFromMemory stands for: three quarters of the memory the
-// process may still take (`available`: model::available_memory(), after the weights are in),
-// at most what the store's page pool can hold (`pool`), and at least what one request at the
-// full context holds (`one`: a budget that cannot hold it would refuse what the context
-// allows). A quarter stays for compute buffers, images, grammar tables and the rest of the
-// process. 0 (no limit) where the memory available is unknown.
-int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one);
+// What one device (a buffer type of the KV store) brings to the KV budget: the memory it may still
+// take (`available`: the host's model::available_memory() once the weights are in, another
+// device's free memory; 0: unknown), the store's memory already allocated there (`held`: a
+// device's page pool, allocated in full), and its bytes of one sequence at the full context
+// (`share`: which caches it holds).
+struct KvDeviceMemory {
+  int64_t available = 0, held = 0, share = 0;
+};
+// The KV budget EngineOptions::kKvBudgetFromMemory stands for: the largest total whose part on
+// each device (in proportion to its share) fits in what the store holds there plus three
+// quarters of what the device may still take; at most what the store's page pool can hold
+// (`pool`), and at least what one request at the full context holds (`one`: a budget that
+// cannot hold it would refuse what the context allows). A quarter of each device stays for
+// compute buffers, images, grammar tables and the rest of the process. A device whose memory
+// is unknown sets no limit; 0 (no limit) where none is known.
+int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t pool, int64_t one);
+// One device, the host, holding all of it.
+inline int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
+  const KvDeviceMemory host{available, 0, std::max<int64_t>(one, 1)};
+  return kv_budget_from_memory(std::span(&host, 1), pool, one);
+}
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
 
@@ -257,6 +271,9 @@ public:
       int64_t bytes = 0;
     };
     std::vector<DeviceBytes> by_device;
+    // The KV budget's part on each device, in proportion to its share of a sequence ("kv"; none
+    // without a budget), and the draft's likewise ("draft_kv").
+    std::vector<DeviceBytes> budget_by_device;
   };
   Load load() const;
   EngineStats published_stats() const;
@@ -486,6 +503,8 @@ private:
   double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
   // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.
   std::map<kv::SeqId, std::pair<kv::SeqId, size_t>> cached_drafts_;
+  // Load::budget_by_device: fixed once the budgets are.
+  std::vector<Load::DeviceBytes> kv_budget_by_device_;
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;

@@ -1,6 +1,8 @@
 // What engine.cpp and engine_memory.cpp share (not part of the engine's interface).
 #pragma once
 
+#include "engine/engine.h"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +13,13 @@ namespace offgraph::engine {
 // Snapshots kept near one message start: the chunks before, holding and after it cover it when
 // chunks are long; short ones (a busy step's budget) would take one each.
 inline constexpr int32_t kSnapshotsPerStart = 3;
+
+// Each buffer type of `store` as kv_budget_from_memory reads it: its share of a sequence at
+// `context` positions, the pool held there, what its device may still take.
+std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context);
+// `budget` split over `store`'s buffer types in proportion to their shares (none for 0).
+std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store, int32_t context,
+                                                        int64_t budget, const char *use);
 
 // How many leading tokens a and b share.
 inline size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {

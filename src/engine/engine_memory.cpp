@@ -3,17 +3,63 @@
 // starting a request from the deepest reusable point (attach, park, publish, keep a snapshot).
 #include "engine/engine.h"
 #include "engine/engine_detail.h"
+#include "model/weight_memory.h"
+
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 namespace offgraph::engine {
 
-int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
-  if (available <= 0) return 0; // unknown: no limit, as before there was a default
-  int64_t budget = available / 4 * 3;
-  if (pool > 0) budget = std::min(budget, pool);
-  return std::max(budget, std::max<int64_t>(one, 1));
+int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t pool, int64_t one) {
+  int64_t whole = 0;
+  for (const KvDeviceMemory &d : devices) whole += std::max<int64_t>(d.share, 0);
+  // The budget B puts B * share / whole on a device: at most held + 3/4 of what it may take.
+  std::optional<int64_t> budget;
+  for (const KvDeviceMemory &d : devices) {
+    if (d.available <= 0 || d.share <= 0) continue; // unknown, or nothing of the KV there
+    const double room = double(d.held) + double(d.available / 4 * 3);
+    const int64_t limit = int64_t(std::min(room * double(whole) / double(d.share), 0x1p62));
+    budget = budget ? std::min(*budget, limit) : limit;
+  }
+  if (!budget) return 0; // unknown: no limit, as before there was a default
+  if (pool > 0) budget = std::min(*budget, pool);
+  return std::max(*budget, std::max<int64_t>(one, 1));
+}
+
+std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context) {
+  const kv::BytesByBufferType held = store.device_pool_bytes();
+  std::vector<KvDeviceMemory> out;
+  for (const auto &[buft, share] : store.peak_bytes_at_length_by_buffer_type(context)) {
+    KvDeviceMemory d;
+    d.share = share;
+    if (!kv::is_device_storage(buft)) {
+      d.available = int64_t(model::available_memory());
+    } else if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft)) {
+      size_t free = 0, total = 0;
+      ggml_backend_dev_memory(dev, &free, &total);
+      d.available = int64_t(free);
+    }
+    for (const auto &[b, bytes] : held)
+      if (b == buft) d.held = bytes;
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store, int32_t context,
+                                                        int64_t budget, const char *use) {
+  std::vector<Engine::Load::DeviceBytes> out;
+  if (budget <= 0) return out;
+  const kv::BytesByBufferType shares = store.peak_bytes_at_length_by_buffer_type(context);
+  int64_t whole = 0;
+  for (const auto &[buft, share] : shares) whole += share;
+  for (const auto &[buft, share] : shares)
+    if (whole > 0)
+      out.push_back({buft, use, int64_t(double(budget) * double(share) / double(whole))});
+  return out;
 }
 
 int64_t Engine::cached_bytes() const {

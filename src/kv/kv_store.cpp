@@ -795,4 +795,26 @@ int64_t KvStore::peak_bytes_at_length(int32_t length) const {
          int64_t(PageTable::pages_for(rows, layout_->page_rows())) * page_bytes_;
 }
 
+BytesByBufferType KvStore::peak_bytes_at_length_by_buffer_type(int32_t length) const {
+  const int32_t rows = std::min(length, layout_->capacity());
+  const int64_t page_rows =
+      int64_t(PageTable::pages_for(rows, layout_->page_rows())) * layout_->page_rows();
+  BytesByBufferType by;
+  for (CacheId c = 0; c < layout_->n_caches(); ++c) {
+    const int64_t row =
+        int64_t(k_row_bytes(*layout_, c, types_) + v_row_bytes(*layout_, c, types_));
+    add_bytes(by, bufts_[size_t(c)],
+              row * (layout_->cache(c).ring() ? int64_t(ring_allocated_rows(c)) : page_rows));
+  }
+  return by;
+}
+
+BytesByBufferType KvStore::device_pool_bytes() const {
+  BytesByBufferType by;
+  for (const Pool::Part &p : pages_.parts)
+    if (p.buffer && is_device_storage(p.buft))
+      add_bytes(by, p.buft, int64_t(ggml_backend_buffer_get_size(p.buffer.get())));
+  return by;
+}
+
 } // namespace offgraph::kv

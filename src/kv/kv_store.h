@@ -202,6 +202,12 @@ public:
   // The most one sequence holds on its way to `length` positions: rings in full and the pages of
   // `length` rows. What admission sets aside for a request.
   int64_t peak_bytes_at_length(int32_t length) const;
+  // The same by the buffer type it lives in (each device's share of a sequence: which caches it
+  // holds); the figures add up to peak_bytes_at_length(length).
+  BytesByBufferType peak_bytes_at_length_by_buffer_type(int32_t length) const;
+  // The page pool's memory allocated up front, by buffer type: a device's pool is allocated in
+  // full at create (the host's is reserved, its pages resident once written: none here).
+  BytesByBufferType device_pool_bytes() const;
   MemoryUse memory() const;
 
   // Storage of one cache of one sequence, for the graph fragment: a ring's own tensors, or, for a

@@ -218,6 +218,14 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
       w.sample("offgraph_device_memory_bytes", double(d.bytes),
                "device=\"" + d.device + "\",use=\"" + d.use + "\"");
   }
+  if (!in.device_budgets.empty()) {
+    w.family("offgraph_device_memory_budget_bytes", "gauge",
+             "each device's part of a memory budget, by use: kv, draft_kv (in proportion to the "
+             "caches it holds)");
+    for (const MetricsInput::DeviceMemory &d : in.device_budgets)
+      w.sample("offgraph_device_memory_budget_bytes", double(d.bytes),
+               "device=\"" + d.device + "\",use=\"" + d.use + "\"");
+  }
   return w.take();
 }
 

@@ -57,6 +57,8 @@ struct MetricsInput {
     int64_t bytes = 0;
   };
   std::vector<DeviceMemory> device_memory;
+  // Each device's part of a budget (use: kv, draft_kv).
+  std::vector<DeviceMemory> device_budgets;
 };
 std::string render_metrics(const MetricsInput &in, const HttpCounters &http);
 

@@ -126,7 +126,8 @@ TEST(Engine, CachedConversationsStayUnderTheirByteBudget) {
 }
 
 // The default KV budget: three quarters of the memory available, at most the page pool, at least
-// one request at the full context; none where the memory is unknown. An engine asked for it holds a
+// one request at the full context; none where the memory is unknown; by device, the largest
+// whose part on each fits there. An engine asked for it holds a
 // positive budget no larger than its pool, and a budget below -1 is refused.
 TEST(Engine, KvBudgetFromMemory) {
   const int64_t gib = int64_t(1) << 30;
@@ -135,6 +136,18 @@ TEST(Engine, KvBudgetFromMemory) {
   EXPECT_EQ(kv_budget_from_memory(4 * gib, 0, 4096), 3 * gib);
   EXPECT_EQ(kv_budget_from_memory(1000, 10 * gib, 4096), 4096);
   EXPECT_EQ(kv_budget_from_memory(0, 10 * gib, 4096), 0);
+  // By device: the host holds a quarter of each sequence, a device the rest in a pool of 2 GiB
+  // allocated up front. The host allows 3 GiB / (1/4) = 12 GiB, the device (2 + 6) GiB / (3/4)
+  // = 32/3 GiB: the smaller. A device whose memory is unknown, or that holds no KV, sets no limit.
+  const std::vector<KvDeviceMemory> split = {{4 * gib, 0, 100}, {8 * gib, 2 * gib, 300}};
+  EXPECT_EQ(kv_budget_from_memory(split, 0, 4096), int64_t(32.0 * double(gib) / 3.0));
+  EXPECT_EQ(kv_budget_from_memory(split, 10 * gib, 4096), 10 * gib);
+  const std::vector<KvDeviceMemory> unknown_device = {{4 * gib, 0, 100}, {0, 2 * gib, 300}};
+  EXPECT_EQ(kv_budget_from_memory(unknown_device, 0, 4096), 12 * gib);
+  const std::vector<KvDeviceMemory> idle_device = {{4 * gib, 0, 100}, {gib, 0, 0}};
+  EXPECT_EQ(kv_budget_from_memory(idle_device, 0, 4096), 3 * gib);
+  const std::vector<KvDeviceMemory> none_known = {{0, 0, 100}, {0, gib, 300}};
+  EXPECT_EQ(kv_budget_from_memory(none_known, 10 * gib, 4096), 0);
   EngineOptions o = options(0);
   o.kv_budget = EngineOptions::kKvBudgetFromMemory;
   auto e = Engine::create(*fixture().model, o);
@@ -145,6 +158,11 @@ TEST(Engine, KvBudgetFromMemory) {
   std::mt19937_64 rng(12);
   const Request r = greedy(random_tokens(rng, 30), 5);
   EXPECT_EQ(run(**e, {r})[0], alone(r));
+  // One device, the host: its part of the budget is all of it.
+  const Engine::Load load = (*e)->load();
+  ASSERT_EQ(load.budget_by_device.size(), 1u);
+  EXPECT_EQ(load.budget_by_device[0].bytes, (*e)->options().kv_budget);
+  EXPECT_STREQ(load.budget_by_device[0].use, "kv");
   o.kv_budget = -2;
   EXPECT_FALSE(Engine::create(*fixture().model, o).ok());
 }

@@ -57,7 +57,10 @@ TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
   auto split_model = load(rpc.endpoints());
   ASSERT_TRUE(cpu_model && split_model);
   Running cpu(*cpu_model, small_engine(), opts("cpu"));
-  Running split(*split_model, small_engine(), opts("split"));
+  // The split server has a KV budget, which /metrics splits over the devices.
+  engine::EngineOptions budgeted = small_engine();
+  budgeted.kv_budget = int64_t(8) << 20;
+  Running split(*split_model, budgeted, opts("split"));
   // A three-turn conversation (each turn's answer 40 tokens: the window-16 rings wrap), and a
   // second conversation sharing its system message.
   json messages = json::array({{{"role", "system"}, {"content", "You are terse."}},
@@ -132,6 +135,21 @@ TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
       sample("offgraph_device_memory_bytes{device=\"CPU\",use=\"kv\"}"); // -1: none there
   EXPECT_EQ(kv + std::max(0.0, cpu_kv),
             sample("offgraph_memory_used_bytes{budget=\"kv\",flag=\"--kv-mib\"}"));
+  // The KV budget's part on each device that holds KV (in proportion to its caches): at least
+  // what it holds now, the parts adding up to the budget (each rounded down).
+  const double budget = sample("offgraph_memory_budget_bytes{budget=\"kv\",flag=\"--kv-mib\"}");
+  EXPECT_EQ(budget, double(int64_t(8) << 20));
+  double parts = 0;
+  for (int32_t i = 0; i < devs.size(); ++i) {
+    const std::string label = "{device=\"" + devs.name(i) + "\",use=\"kv\"}";
+    const double part = sample("offgraph_device_memory_budget_bytes" + label);
+    if (!devs.is_cpu(i)) {
+      EXPECT_GT(part, 0) << label;
+    }
+    EXPECT_GE(part, sample("offgraph_device_memory_bytes" + label)) << label;
+    parts += std::max(0.0, part);
+  }
+  EXPECT_NEAR(parts, budget, double(devs.size()));
 }
 
 TEST(ServerRpc, AServerThatDiesMidRequestEndsItWithAnErrorThenNewWorkGets503) {
