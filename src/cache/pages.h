@@ -37,7 +37,8 @@ public:
   int32_t refs(PageId p) const { return p >= 0 && p < touched() ? refs_[size_t(p)] : 0; }
 
   // A page with one holder: the most recently freed one (its memory is warm), else a fresh one;
-  // nullopt when all max_pages are in use.
+  // nullopt when all max_pages are in use. A fresh one may throw std::bad_alloc (nothing
+  // changed) unless reserve() made room for it.
   std::optional<PageId> allocate();
   // Another holder of a page in use.
   void retain(PageId p);

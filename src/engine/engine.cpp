@@ -224,8 +224,11 @@ void Engine::cancel_all() {
 
 void Engine::take_inbox() {
   std::lock_guard lock(inbox_mutex_);
-  for (auto &a : inbox_) queue_.push_back(std::move(a));
-  inbox_.clear();
+  // One at a time: a push that cannot have its memory leaves the rest in the inbox, whole.
+  while (!inbox_.empty()) {
+    queue_.push_back(std::move(inbox_.front()));
+    inbox_.pop_front();
+  }
   for (const auto &[id, choice] : cancels_) {
     // A queued request has not forked its choices yet: cancelling one of them cancels it only
     // when it is the only one.
@@ -338,10 +341,51 @@ void Engine::finish(Generation &a, FinishReason reason, const std::string &error
 }
 
 bool Engine::step() {
-  const bool worked = step_inner();
+  bool worked = true;
+  try {
+    worked = step_inner();
+  } catch (const std::bad_alloc &) {
+    end_step_out_of_memory();
+  }
   give_back_memory();
   publish();
   return worked;
+}
+
+void Engine::end_step_out_of_memory() {
+  // std::bad_alloc that no site of the step contains (its own bookkeeping, a callback's): where
+  // each active request stood is not known, so every one ends with the error, its sequence not
+  // kept, and every sequence nothing holds goes back (a choice forked mid-step, say). Queued
+  // requests and cached conversations stay; the engine goes on.
+  ++stats_.step_memory_faults;
+  const std::string why = "out of memory in the engine's step: every request of the step ended";
+  std::vector<Generation *> gone;
+  for (const auto &g : active_) {
+    gone.push_back(g.get());
+    if (!g->finishing) {
+      try {
+        finish(*g, FinishReason::Error, why, /*keep=*/false);
+        continue;
+      } catch (const std::bad_alloc &) {
+        // Its end could not be sent either: released below all the same.
+      }
+    }
+    drop_draft(*g);
+    if (g->seq >= 0 && !cached_.count(g->seq)) (void)store_->remove_sequence(g->seq);
+    g->seq = -1;
+  }
+  settle(gone);
+  // (Out of the prefix tree too: an id given out again must not serve this one's prefix.)
+  for (kv::SeqId id : store_->sequence_ids())
+    if (!cached_.count(id)) {
+      free_snapshots(tree_.remove_sequence(id));
+      (void)store_->remove_sequence(id);
+    }
+  if (draft_store_)
+    for (kv::SeqId id : draft_store_->sequence_ids())
+      if (std::none_of(cached_drafts_.begin(), cached_drafts_.end(),
+                       [id](const auto &c) { return c.second.first == id; }))
+        (void)draft_store_->remove_sequence(id);
 }
 
 void Engine::give_back_memory() {
@@ -415,35 +459,48 @@ void Engine::admit_queued() {
   while (int32_t(active_.size()) < options_.max_active && !queue_.empty()) {
     std::unique_ptr<Generation> a = std::move(queue_.front());
     queue_.pop_front();
-    // Waiting for another request to compute a shared prefix holds no memory: it parks before
-    // any cached state is evicted to make room for it.
-    if (park(a)) continue; // still waiting, beside the queue
-    // First come, first served: the head waits for memory rather than being overtaken.
-    auto fits = memory_allows(*a);
-    if (fits.ok() && !*fits) {
-      if (!active_.empty()) {
-        ++stats_.waits_for_memory;
-        queue_.push_front(std::move(a));
-        break;
+    a->seq = -1;         // none yet: what a failure below releases
+    bool in_line = true; // counted in waiting_
+    try {
+      // Waiting for another request to compute a shared prefix holds no memory: it parks before
+      // any cached state is evicted to make room for it.
+      if (park(a)) continue; // still waiting, beside the queue
+      // First come, first served: the head waits for memory rather than being overtaken.
+      auto fits = memory_allows(*a);
+      if (fits.ok() && !*fits) {
+        if (!active_.empty()) {
+          queue_.push_front(std::move(a));
+          ++stats_.waits_for_memory;
+          break;
+        }
+        fits = Status::error("the KV memory budget cannot hold this request even alone");
       }
-      fits = Status::error("the KV memory budget cannot hold this request even alone");
+      --waiting_, in_line = false;
+      if (!fits.ok()) {
+        end_events(*a, FinishReason::Error, fits.message());
+        continue;
+      }
+      if (Status s = admit(*a); !s.ok()) {
+        end_events(*a, FinishReason::Error, s.message());
+        continue;
+      }
+      stats_.prompt_tokens += int64_t(a->request.prompt.size());
+      if (a->request.report_admission && a->on_event) {
+        Event e;
+        e.request = a->id, e.choice = a->choice, e.cached_tokens = a->reused;
+        a->on_event(e);
+      }
+      active_.push_back(std::move(a));
+    } catch (const std::bad_alloc &) {
+      // Every hand-off above leaves `a` whole where it throws: this request ends here, holding
+      // nothing; the others in line stay.
+      if (!a) throw; // (not reached: a hand-off that threw kept it)
+      if (in_line) --waiting_;
+      drop_draft(*a);
+      if (a->seq >= 0) (void)store_->remove_sequence(a->seq);
+      a->seq = -1;
+      end_events(*a, FinishReason::Error, "out of memory while admitting this request");
     }
-    --waiting_;
-    if (!fits.ok()) {
-      end_events(*a, FinishReason::Error, fits.message());
-      continue;
-    }
-    if (Status s = admit(*a); !s.ok()) {
-      end_events(*a, FinishReason::Error, s.message());
-      continue;
-    }
-    stats_.prompt_tokens += int64_t(a->request.prompt.size());
-    if (a->request.report_admission && a->on_event) {
-      Event e;
-      e.request = a->id, e.choice = a->choice, e.cached_tokens = a->reused;
-      a->on_event(e);
-    }
-    active_.push_back(std::move(a));
   }
 }
 
@@ -783,22 +840,25 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits,
                            std::vector<std::unique_ptr<Generation>> &born) {
   a.spawned = true;
   for (int32_t c = 1; c < a.request.n; ++c) {
+    std::unique_ptr<Generation> child;
     try {
-      spawn_choice(a, c, logits, born);
+      born.reserve(born.size() + size_t(a.request.n - c)); // the places taken below
+      child = start_choice(a, c);
     } catch (const std::bad_alloc &) {
-      // Its copies of the request and the prompt, or its place among the step's generations
-      // (the child and its sequence went with the unwinding): that choice ends, the others go on.
+      // Its copies of the request and the prompt, its drafter, its grammar matcher: that choice
+      // ends (start_choice holds no sequence when it throws), the others go on.
       Event e;
       e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
       e.error = "out of memory while starting choice " + std::to_string(c);
       if (a.on_event) a.on_event(e);
+      continue;
     }
+    if (child && advance(*child, logits)) born.push_back(std::move(child));
   }
 }
 
-void Engine::spawn_choice(Generation &a, int32_t c, std::span<const float> logits,
-                          std::vector<std::unique_ptr<Generation>> &born) {
-  // What may throw std::bad_alloc comes before the fork or releases it: no sequence is left held.
+std::unique_ptr<Engine::Generation> Engine::start_choice(Generation &a, int32_t c) {
+  // Everything that may throw std::bad_alloc comes before the fork, or releases it.
   auto child = std::make_unique<Generation>();
   child->id = a.id;
   child->choice = c;
@@ -808,18 +868,18 @@ void Engine::spawn_choice(Generation &a, int32_t c, std::span<const float> logit
   child->tokens = a.request.prompt;
   child->prompt_logprobs = a.prompt_logprobs;
   child->computed = a.request.prompt.size();
+  child->speculator = a.speculator; // its history: the prompt
   sample::SamplingParams sp = a.request.sampling;
   sp.seed += uint64_t(c);
   auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
-  born.reserve(born.size() + 1);                       // its place, taken below without allocating
   auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
   if (!sampler.ok() || !seq.ok()) {
     Event e;
     e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
     e.error = !seq.ok() ? seq.message() : sampler.message();
-    if (a.on_event) a.on_event(e);
     if (seq.ok()) (void)store_->remove_sequence(*seq);
-    return;
+    if (a.on_event) a.on_event(e);
+    return nullptr;
   }
   try {
     store_->set_role(*seq, kv::SeqRole::Active);
@@ -830,8 +890,7 @@ void Engine::spawn_choice(Generation &a, int32_t c, std::span<const float> logit
   }
   child->sampler = std::move(sampler).value();
   child->seq = *seq;
-  child->speculator = a.speculator; // its history: the prompt
-  if (advance(*child, logits)) born.push_back(std::move(child));
+  return child;
 }
 
 void Engine::run_until_idle() {

@@ -111,22 +111,24 @@ struct EngineOptions {
 // What one device (a buffer type of the KV store) brings to the KV budget: the memory it may still
 // take (`available`: the host's model::available_memory() once the weights are in, another
 // device's free memory; 0: unknown), the store's memory already allocated there (`held`: a
-// device's page pool, allocated in full), and its bytes of one sequence at the full context
-// (`share`: which caches it holds).
+// device's page pool, allocated in full), and the largest part of the store's bytes it can
+// hold (`part`, 0..1: its caches' share of a sequence's rings alone, or of a sequence at the full
+// context, whichever is larger; what any mix of lengths and snapshots puts there is between).
 struct KvDeviceMemory {
-  int64_t available = 0, held = 0, share = 0;
+  int64_t available = 0, held = 0;
+  double part = 0;
 };
 // The KV budget EngineOptions::kKvBudgetFromMemory stands for: the largest total whose part on
-// each device (in proportion to its share) fits in what the store holds there plus three
-// quarters of what the device may still take; at most what the store's page pool can hold
-// (`pool`), and at least what one request at the full context holds (`one`: a budget that
-// cannot hold it would refuse what the context allows). A quarter of each device stays for
-// compute buffers, images, grammar tables and the rest of the process. A device whose memory
-// is unknown sets no limit; 0 (no limit) where none is known.
+// each device fits in what the store holds there plus three quarters of what the device may
+// still take; at most what the store's page pool can hold (`pool`), and at least what one
+// request at the full context holds (`one`: a budget that cannot hold it would refuse what the
+// context allows). A quarter of each device stays for compute buffers, images, grammar tables
+// and the rest of the process. A device whose memory is unknown sets no limit; 0 (no limit)
+// where none is known.
 int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t pool, int64_t one);
 // One device, the host, holding all of it.
 inline int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
-  const KvDeviceMemory host{available, 0, std::max<int64_t>(one, 1)};
+  const KvDeviceMemory host{available, 0, 1.0};
   return kv_budget_from_memory(std::span(&host, 1), pool, one);
 }
 
@@ -214,6 +216,7 @@ struct EngineStats {
   int64_t parked = 0;             // requests that waited for another to compute a shared prefix
   int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
   int64_t failed_forks = 0;       // forks for prefix reuse that could not be made (fell back)
+  int64_t step_memory_faults = 0; // steps whose requests all ended: std::bad_alloc no site held
   // The most rows of logits one step computed (scored prompts take at most 64 a step together).
   int64_t peak_step_logit_rows = 0;
   // Time of the forward passes, split between prompt and generated tokens by their share of
@@ -271,13 +274,15 @@ public:
       int64_t bytes = 0;
     };
     std::vector<DeviceBytes> by_device;
-    // The KV budget's part on each device, in proportion to its share of a sequence ("kv"; none
-    // without a budget), and the draft's likewise ("draft_kv").
+    // The most of the KV budget each device can hold (KvDeviceMemory::part of it: "kv"; none
+    // without a budget), and of the draft's likewise ("draft_kv").
     std::vector<DeviceBytes> budget_by_device;
   };
   Load load() const;
   EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
+  // Draft caches kept with cached conversations.
+  size_t cached_drafts() const { return cached_drafts_.size(); }
   // Bytes held by the cached conversations and the snapshots: their rings, the pages no active
   // request holds (each once), snapshots and their logits.
   int64_t cached_bytes() const;
@@ -377,6 +382,8 @@ private:
   };
   // step()'s phases, in order; each says whether it did anything.
   bool step_inner();
+  // What step() does when std::bad_alloc escapes step_inner: the step's requests end.
+  void end_step_out_of_memory();
   void drop_cancelled();
   void admit_queued();
   bool sample_restored_prompts(); // prompts that came back whole, with their logits
@@ -488,9 +495,9 @@ private:
   // that cannot be started (its fork, its memory) ends with an error, the others go on.
   void spawn_choices(Generation &a, std::span<const float> logits,
                      std::vector<std::unique_ptr<Generation>> &born);
-  // Choice c of them; throws std::bad_alloc holding no sequence.
-  void spawn_choice(Generation &a, int32_t c, std::span<const float> logits,
-                    std::vector<std::unique_ptr<Generation>> &born);
+  // Choice c of them, forked and ready to sample (null where its fork or sampler could not be
+  // had: its error sent); throws std::bad_alloc holding no sequence.
+  std::unique_ptr<Generation> start_choice(Generation &a, int32_t c);
 
   const model::Model &model_;
   EngineOptions options_;

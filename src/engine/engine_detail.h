@@ -14,10 +14,10 @@ namespace offgraph::engine {
 // chunks are long; short ones (a busy step's budget) would take one each.
 inline constexpr int32_t kSnapshotsPerStart = 3;
 
-// Each buffer type of `store` as kv_budget_from_memory reads it: its share of a sequence at
-// `context` positions, the pool held there, what its device may still take.
+// Each buffer type of `store` as kv_budget_from_memory reads it: its largest part of the store
+// (sequences of up to `context` positions), the pool held there, what its device may still take.
 std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context);
-// `budget` split over `store`'s buffer types in proportion to their shares (none for 0).
+// The most of `budget` each of `store`'s buffer types can hold (its part; none for 0).
 std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store, int32_t context,
                                                         int64_t budget, const char *use);
 

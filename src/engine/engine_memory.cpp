@@ -14,14 +14,12 @@
 namespace offgraph::engine {
 
 int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t pool, int64_t one) {
-  int64_t whole = 0;
-  for (const KvDeviceMemory &d : devices) whole += std::max<int64_t>(d.share, 0);
-  // The budget B puts B * share / whole on a device: at most held + 3/4 of what it may take.
+  // The budget B puts at most B * part on a device: at most held + 3/4 of what it may take.
   std::optional<int64_t> budget;
   for (const KvDeviceMemory &d : devices) {
-    if (d.available <= 0 || d.share <= 0) continue; // unknown, or nothing of the KV there
+    if (d.available <= 0 || d.part <= 0) continue; // unknown, or nothing of the KV there
     const double room = double(d.held) + double(d.available / 4 * 3);
-    const int64_t limit = int64_t(std::min(room * double(whole) / double(d.share), 0x1p62));
+    const int64_t limit = int64_t(std::min(room / std::min(d.part, 1.0), 0x1p62));
     budget = budget ? std::min(*budget, limit) : limit;
   }
   if (!budget) return 0; // unknown: no limit, as before there was a default
@@ -29,12 +27,37 @@ int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t p
   return std::max(*budget, std::max<int64_t>(one, 1));
 }
 
+namespace {
+
+// Each buffer type's largest part of the store's bytes (KvDeviceMemory::part).
+std::vector<std::pair<ggml_backend_buffer_type_t, double>> device_parts(const kv::KvStore &store,
+                                                                        int32_t context) {
+  std::vector<std::pair<ggml_backend_buffer_type_t, double>> parts;
+  for (const int32_t length : {0, context}) {
+    const kv::BytesByBufferType by = store.peak_bytes_at_length_by_buffer_type(length);
+    int64_t whole = 0;
+    for (const auto &[buft, bytes] : by) whole += bytes;
+    for (const auto &[buft, bytes] : by) {
+      const double part = whole > 0 ? double(bytes) / double(whole) : 0.0;
+      auto it = std::find_if(parts.begin(), parts.end(),
+                             [b = buft](const auto &p) { return p.first == b; });
+      if (it == parts.end())
+        parts.push_back({buft, part});
+      else
+        it->second = std::max(it->second, part);
+    }
+  }
+  return parts;
+}
+
+} // namespace
+
 std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context) {
   const kv::BytesByBufferType held = store.device_pool_bytes();
   std::vector<KvDeviceMemory> out;
-  for (const auto &[buft, share] : store.peak_bytes_at_length_by_buffer_type(context)) {
+  for (const auto &[buft, part] : device_parts(store, context)) {
     KvDeviceMemory d;
-    d.share = share;
+    d.part = part;
     if (!kv::is_device_storage(buft)) {
       d.available = int64_t(model::available_memory());
     } else if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft)) {
@@ -53,12 +76,8 @@ std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store
                                                         int64_t budget, const char *use) {
   std::vector<Engine::Load::DeviceBytes> out;
   if (budget <= 0) return out;
-  const kv::BytesByBufferType shares = store.peak_bytes_at_length_by_buffer_type(context);
-  int64_t whole = 0;
-  for (const auto &[buft, share] : shares) whole += share;
-  for (const auto &[buft, share] : shares)
-    if (whole > 0)
-      out.push_back({buft, use, int64_t(double(budget) * double(share) / double(whole))});
+  for (const auto &[buft, part] : device_parts(store, context))
+    out.push_back({buft, use, int64_t(double(budget) * part)});
   return out;
 }
 
@@ -328,6 +347,8 @@ bool Engine::park(std::unique_ptr<Generation> &a) {
     if (shared > best_depth && size_t(shared) > g->computed) best = g.get(), best_depth = shared;
   }
   if (!best) return false;
+  if (parked_.size() == parked_.capacity()) // what may throw, before `a` is moved
+    parked_.reserve(2 * parked_.size() + 1);
   best->publish_at.insert(best_depth);
   parked_.push_back({std::move(a), best->id, best_depth});
   ++stats_.parked;

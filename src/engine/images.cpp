@@ -277,19 +277,28 @@ ImageEncoder::encode_holding_turn(std::span<const uint8_t> bytes, const ImageDig
   // The holder first: a throw past here leaves no count changed.
   if (injected("rows")) throw std::bad_alloc();
   auto held = std::make_unique<model::EncodedImage>(std::move(rows).value());
+  int64_t taken = 0;
   {
     // Alive from here until the last holder drops them; out of the room reserved for them.
     std::lock_guard lock(tally_->mutex);
-    const int64_t taken = room ? std::min(room->bytes_, size) : 0;
+    taken = room ? std::min(room->bytes_, size) : 0;
     if (room) room->bytes_ -= taken;
     tally_->reserved -= taken, tally_->live += size;
   }
-  // (Where the shared pointer's own block cannot be had, it calls the deleter: counted back.)
-  p.rows = std::shared_ptr<const model::EncodedImage>(
-      held.release(), [tally = tally_, size](const model::EncodedImage *e) {
-        delete e;
-        tally->release(size, 0);
-      });
+  try {
+    p.rows = std::shared_ptr<const model::EncodedImage>(
+        held.release(), [tally = tally_, size](const model::EncodedImage *e) {
+          delete e;
+          tally->release(size, 0);
+        });
+  } catch (const std::bad_alloc &) {
+    // The shared pointer's own block: it ran the deleter (the rows are no longer alive); the
+    // room goes back to its holder.
+    std::lock_guard lock(tally_->mutex);
+    if (room) room->bytes_ += taken;
+    tally_->reserved += taken;
+    throw;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::shared_ptr<const model::EncodedImage>> dropped; // deleted outside the lock

@@ -617,13 +617,18 @@ Result<SeqId> KvStore::fork(SeqId src, int32_t n) try {
   auto child = child_of(*s, *plan);
   if (!child.ok()) return child.status();
   // Flat caches share the prefix's pages (child_of); rings get the rows the plan lists.
-  for (const cache::CacheRows &cr : plan->copies) {
-    if (!layout_->cache(cr.cache).ring()) continue;
-    const size_t c = size_t(cr.cache);
-    for (const cache::Run &r : cr.rows) {
-      copy_rows(s->ring.k[c], r.start, child->ring.k[c], r.start, r.len);
-      copy_rows(s->ring.v[c], r.start, child->ring.v[c], r.start, r.len);
+  try {
+    for (const cache::CacheRows &cr : plan->copies) {
+      if (!layout_->cache(cr.cache).ring()) continue;
+      const size_t c = size_t(cr.cache);
+      for (const cache::Run &r : cr.rows) {
+        copy_rows(s->ring.k[c], r.start, child->ring.k[c], r.start, r.len);
+        copy_rows(s->ring.v[c], r.start, child->ring.v[c], r.start, r.len);
+      }
     }
+  } catch (const std::bad_alloc &) { // a backend's copy (ggml-rpc's messages)
+    release_pages(*child, 0);
+    throw;
   }
   return insert(std::move(child).value());
 } catch (const std::bad_alloc &) {
@@ -648,7 +653,12 @@ Result<SeqId> KvStore::fork_at_snapshot(SeqId pages_from, const Snapshot &snap, 
   // Every saved row goes back at its slot. The child's high-water mark n + lead labels the
   // slots of positions >= n, and of those older than the window before n, as positions >= n:
   // masked until rewritten, as in Sequence::restore.
-  write_back(snap, child->ring);
+  try {
+    write_back(snap, child->ring);
+  } catch (const std::bad_alloc &) {
+    release_pages(*child, 0);
+    throw;
+  }
   return insert(std::move(child).value());
 } catch (const std::bad_alloc &) {
   return out_of_memory("fork_at_snapshot");

@@ -90,6 +90,9 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_failed_forks_total", "counter",
         "forks for prefix reuse that could not be made (a snapshot or the prompt served instead)",
         double(e.failed_forks));
+  w.one("offgraph_step_memory_faults_total", "counter",
+        "steps whose every request ended because memory no fault site contains could not be had",
+        double(e.step_memory_faults));
   w.one("offgraph_cache_evictions_total", "counter",
         "cached conversations dropped for room (count, bytes or memory)",
         double(e.cache_evictions));

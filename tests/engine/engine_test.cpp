@@ -136,17 +136,18 @@ TEST(Engine, KvBudgetFromMemory) {
   EXPECT_EQ(kv_budget_from_memory(4 * gib, 0, 4096), 3 * gib);
   EXPECT_EQ(kv_budget_from_memory(1000, 10 * gib, 4096), 4096);
   EXPECT_EQ(kv_budget_from_memory(0, 10 * gib, 4096), 0);
-  // By device: the host holds a quarter of each sequence, a device the rest in a pool of 2 GiB
-  // allocated up front. The host allows 3 GiB / (1/4) = 12 GiB, the device (2 + 6) GiB / (3/4)
-  // = 32/3 GiB: the smaller. A device whose memory is unknown, or that holds no KV, sets no limit.
-  const std::vector<KvDeviceMemory> split = {{4 * gib, 0, 100}, {8 * gib, 2 * gib, 300}};
+  // By device: the host holds at most a quarter of the store, a device at most 3/4, in a pool of
+  // 2 GiB allocated up front. The host allows 3 GiB / (1/4) = 12 GiB, the device (2 + 6) GiB /
+  // (3/4) = 32/3 GiB: the smaller. A device whose memory is unknown, or that holds no KV, sets no
+  // limit.
+  const std::vector<KvDeviceMemory> split = {{4 * gib, 0, 0.25}, {8 * gib, 2 * gib, 0.75}};
   EXPECT_EQ(kv_budget_from_memory(split, 0, 4096), int64_t(32.0 * double(gib) / 3.0));
   EXPECT_EQ(kv_budget_from_memory(split, 10 * gib, 4096), 10 * gib);
-  const std::vector<KvDeviceMemory> unknown_device = {{4 * gib, 0, 100}, {0, 2 * gib, 300}};
+  const std::vector<KvDeviceMemory> unknown_device = {{4 * gib, 0, 0.25}, {0, 2 * gib, 0.75}};
   EXPECT_EQ(kv_budget_from_memory(unknown_device, 0, 4096), 12 * gib);
-  const std::vector<KvDeviceMemory> idle_device = {{4 * gib, 0, 100}, {gib, 0, 0}};
+  const std::vector<KvDeviceMemory> idle_device = {{4 * gib, 0, 1.0}, {gib, 0, 0}};
   EXPECT_EQ(kv_budget_from_memory(idle_device, 0, 4096), 3 * gib);
-  const std::vector<KvDeviceMemory> none_known = {{0, 0, 100}, {0, gib, 300}};
+  const std::vector<KvDeviceMemory> none_known = {{0, 0, 0.25}, {0, gib, 0.75}};
   EXPECT_EQ(kv_budget_from_memory(none_known, 10 * gib, 4096), 0);
   EngineOptions o = options(0);
   o.kv_budget = EngineOptions::kKvBudgetFromMemory;

@@ -135,8 +135,9 @@ TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
       sample("offgraph_device_memory_bytes{device=\"CPU\",use=\"kv\"}"); // -1: none there
   EXPECT_EQ(kv + std::max(0.0, cpu_kv),
             sample("offgraph_memory_used_bytes{budget=\"kv\",flag=\"--kv-mib\"}"));
-  // The KV budget's part on each device that holds KV (in proportion to its caches): at least
-  // what it holds now, the parts adding up to the budget (each rounded down).
+  // The most of the KV budget each device that holds KV can hold (its largest part of the store:
+  // rings alone or a full-context sequence): at least what it holds now, together at least the
+  // budget (each rounded down), each at most all of it.
   const double budget = sample("offgraph_memory_budget_bytes{budget=\"kv\",flag=\"--kv-mib\"}");
   EXPECT_EQ(budget, double(int64_t(8) << 20));
   double parts = 0;
@@ -147,9 +148,10 @@ TEST(ServerRpc, ASplitModelAnswersAsTheCpuAndReusesItsPrefixes) {
       EXPECT_GT(part, 0) << label;
     }
     EXPECT_GE(part, sample("offgraph_device_memory_bytes" + label)) << label;
+    EXPECT_LE(part, budget) << label;
     parts += std::max(0.0, part);
   }
-  EXPECT_NEAR(parts, budget, double(devs.size()));
+  EXPECT_GE(parts, budget - double(devs.size()));
 }
 
 TEST(ServerRpc, AServerThatDiesMidRequestEndsItWithAnErrorThenNewWorkGets503) {
