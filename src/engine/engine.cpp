@@ -537,7 +537,9 @@ std::vector<Engine::Part> Engine::plan_batch() {
   for (size_t i = 0; i < active_.size(); ++i)
     order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
-  int32_t budget = options_.step_tokens;
+  // Under a step size whose graph could not be allocated lately, smaller steps (allocatable_).
+  int32_t budget = allocatable_.tokens > 0 ? std::min(options_.step_tokens, allocatable_.tokens)
+                                           : options_.step_tokens;
   size_t scored_rows = 0; // within kScoredChunk a step
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
@@ -653,6 +655,10 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (!rest.empty()) run_batch(rest); // (the step is counted there)
     return;
   }
+  if (!logits.ok() && forward_->allocation_failed())
+    allocatable_.failed(int32_t(batch.tokens.size()));
+  else if (logits.ok())
+    allocatable_.ran(int32_t(batch.tokens.size()), options_.step_tokens);
   if (!logits.ok() && forward_->allocation_failed() && parts.size() > 1) {
     // The step's graph could not be allocated (a device's memory, the compute buffer of this
     // many tokens): nothing was computed. Its parts run as two smaller steps; a part that still
@@ -660,6 +666,14 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     const auto half = parts.begin() + long(parts.size() / 2);
     run_batch(std::vector<Part>(parts.begin(), half));
     run_batch(std::vector<Part>(half, parts.end()));
+    return;
+  }
+  if (!logits.ok() && forward_->allocation_failed() && !parts[0].draft.empty()) {
+    // A verify span alone that cannot be allocated: its token runs without the draft.
+    Part plain = parts[0];
+    plain.n -= int32_t(plain.draft.size());
+    plain.draft.clear();
+    run_batch({plain});
     return;
   }
   if (!logits.ok() && forward_->allocation_failed() && parts[0].n > 1 && parts[0].draft.empty() &&

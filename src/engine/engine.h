@@ -510,6 +510,22 @@ private:
   double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
   // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.
   std::map<kv::SeqId, std::pair<kv::SeqId, size_t>> cached_drafts_;
+  // The step size whose graph can be allocated, learned from failures (a device's memory that
+  // stays short): a failed step of T tokens caps the next steps at T / 2; kRelax steps that ran
+  // at the cap double it, until it reaches the step budget (no cap). 0: no cap.
+  struct Allocatable {
+    static constexpr int32_t kRelax = 32;
+    int32_t tokens = 0, ran_at_cap = 0;
+    void failed(int32_t t) {
+      const int32_t half = std::max(1, t / 2);
+      tokens = tokens > 0 ? std::min(tokens, half) : half, ran_at_cap = 0;
+    }
+    void ran(int32_t t, int32_t step_tokens) {
+      if (tokens <= 0 || t < tokens || ++ran_at_cap < kRelax) return;
+      tokens = tokens * 2 >= step_tokens ? 0 : tokens * 2, ran_at_cap = 0;
+    }
+  };
+  Allocatable allocatable_;
   // Load::budget_by_device: fixed once the budgets are.
   std::vector<Load::DeviceBytes> kv_budget_by_device_;
   std::deque<std::unique_ptr<Generation>> queue_;

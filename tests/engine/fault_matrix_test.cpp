@@ -340,5 +340,61 @@ TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
   EXPECT_EQ(run(**e, {next})[0], alone(next));
 }
 
+// Memory that stays short: no graph of more than 8 tokens can be allocated, and (second run) no
+// verify span either (any span of 2-5 tokens). Steps shrink to what was allocated (the learned
+// cap: a few failures, not one per step), a prompt runs in halves, a verify span that fails
+// alone steps aside for its plain token; every request answers as alone, none errors.
+TEST(FaultMatrix, UnderMemoryThatStaysShortStepsShrinkAndDraftsStepAside) {
+  std::mt19937_64 rng(46);
+  std::vector<int32_t> repeat = random_tokens(rng, 10);
+  for (int i = 0; i < 2; ++i) repeat.insert(repeat.end(), repeat.begin(), repeat.begin() + 10);
+  std::vector<Request> requests = {greedy(repeat, 16), greedy(random_tokens(rng, 60), 8),
+                                   greedy(random_tokens(rng, 14), 12)};
+  requests[0].speculation = speculation(DraftSource::Ngram);
+  std::vector<std::vector<int32_t>> want;
+  for (Request r : requests) {
+    r.speculation.reset();
+    want.push_back(alone(r));
+  }
+  requests[0].prediction = want[0]; // its drafts: its own answer (every one kept)
+  for (const bool verify_too : {false, true}) {
+    SCOPED_TRACE(verify_too ? "no verify span either" : "no graph past 8 tokens");
+    int64_t failures = 0, verified = 0;
+    EngineOptions o = options(0);
+    o.allocation_fault = [&](const model::Batch &b) {
+      bool fail = b.tokens.size() > 8;
+      for (const model::Batch::Span &sp : b.spans)
+        if (verify_too && sp.n_tokens > 1 && sp.n_tokens <= 5) fail = true;
+      failures += fail;
+      return fail;
+    };
+    auto e = Engine::create(*fixture().model, o);
+    ASSERT_TRUE(e.ok()) << e.message();
+    std::vector<std::vector<int32_t>> out(requests.size());
+    std::vector<std::string> errors(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+      ASSERT_TRUE((*e)->submit(requests[i],
+                               [&, i](const Event &ev) {
+                                 if (ev.token >= 0) out[i].push_back(ev.token);
+                                 if (ev.finish == FinishReason::Error) errors[i] = ev.error;
+                               })
+                      .ok());
+    (*e)->run_until_idle();
+    verified = (*e)->stats().ngram.verifications;
+    EXPECT_EQ(out, want);
+    EXPECT_EQ(errors, std::vector<std::string>(requests.size(), ""));
+    EXPECT_GT(failures, 0);
+    if (verify_too) {
+      EXPECT_EQ(verified, 0); // each verify span failed, and its token ran alone
+    } else {
+      EXPECT_LE(failures, 4) << "a step size that failed was tried again";
+      EXPECT_GT(verified, 0);
+    }
+    std::printf("[ short    ] %s: %lld failed allocations, %lld verifications\n",
+                verify_too ? "verify spans too" : "past 8 tokens", (long long)failures,
+                (long long)verified);
+  }
+}
+
 } // namespace
 } // namespace offgraph::engine::testing
