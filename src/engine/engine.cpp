@@ -313,8 +313,8 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
   a.on_event(e);
   // Choices that were never forked end with their request, so that each choice of a request
   // sees exactly one last event.
-  if (a.choice == 0 && !a.spawned)
-    for (int32_t c = 1; c < a.request.n; ++c) {
+  if (a.choice == 0)
+    for (int32_t c = a.choices_started; c < a.request.n; ++c) {
       e.choice = c;
       a.on_event(e);
     }
@@ -347,8 +347,12 @@ bool Engine::step() {
   } catch (const std::bad_alloc &) {
     end_step_out_of_memory();
   }
-  give_back_memory();
-  publish();
+  try {
+    give_back_memory();
+    publish();
+  } catch (const std::bad_alloc &) {
+    // Figures for other threads and memory handed back: next step's turn.
+  }
   return worked;
 }
 
@@ -359,6 +363,9 @@ void Engine::end_step_out_of_memory() {
   // requests and cached conversations stay; the engine goes on.
   ++stats_.step_memory_faults;
   const std::string why = "out of memory in the engine's step: every request of the step ended";
+  // Choices forked this step are not in active_ yet: they end with the rest.
+  for (auto &b : born_) active_.push_back(std::move(b));
+  born_.clear();
   std::vector<Generation *> gone;
   for (const auto &g : active_) {
     gone.push_back(g.get());
@@ -412,12 +419,13 @@ bool Engine::step_inner() {
   return true;
 }
 
-void Engine::settle(const std::vector<Generation *> &gone,
-                    std::vector<std::unique_ptr<Generation>> born) {
+void Engine::settle(const std::vector<Generation *> &gone) {
   std::erase_if(active_, [&](const auto &a) {
     return std::find(gone.begin(), gone.end(), a.get()) != gone.end();
   });
-  for (auto &b : born) active_.push_back(std::move(b));
+  active_.reserve(active_.size() + born_.size()); // what may throw, before any is moved
+  for (auto &b : born_) active_.push_back(std::move(b));
+  born_.clear();
 }
 
 // Cancelled requests leave first. Callbacks run after the containers are updated: they may
@@ -508,16 +516,15 @@ void Engine::admit_queued() {
 bool Engine::sample_restored_prompts() {
   bool sampled = false;
   std::vector<Generation *> done;
-  std::vector<std::unique_ptr<Generation>> born;
   for (auto &a : active_) {
     if (!a->logits_ready) continue;
     a->logits_ready = false;
     sampled = true;
     const std::vector<float> logits = a->prompt_logits;
-    if (a->request.n > 1 && a->request.max_tokens > 0) spawn_choices(*a, logits, born);
+    if (a->request.n > 1 && a->request.max_tokens > 0) spawn_choices(*a, logits);
     if (!advance(*a, logits)) done.push_back(a.get());
   }
-  settle(done, std::move(born));
+  settle(done);
   return sampled;
 }
 
@@ -655,7 +662,9 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     if (!rest.empty()) run_batch(rest); // (the step is counted there)
     return;
   }
-  if (!logits.ok() && forward_->allocation_failed())
+  // Learned only from batches of several parts: one part alone that fails (a request too deep
+  // for the memory) says nothing of the others' steps.
+  if (!logits.ok() && forward_->allocation_failed() && parts.size() > 1)
     allocatable_.failed(int32_t(batch.tokens.size()));
   else if (logits.ok())
     allocatable_.ran(int32_t(batch.tokens.size()), options_.step_tokens);
@@ -669,7 +678,9 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     return;
   }
   if (!logits.ok() && forward_->allocation_failed() && !parts[0].draft.empty()) {
-    // A verify span alone that cannot be allocated: its token runs without the draft.
+    // A verify span alone that cannot be allocated: its token runs without the draft (a draft
+    // model's cache cut back to what is computed, as after a rejection).
+    sync_draft(*parts[0].g);
     Part plain = parts[0];
     plain.n -= int32_t(plain.draft.size());
     plain.draft.clear();
@@ -712,7 +723,6 @@ void Engine::run_batch(const std::vector<Part> &parts) {
   }
   const size_t n_vocab = size_t(model_.config().n_vocab);
   std::vector<Generation *> done;
-  std::vector<std::unique_ptr<Generation>> born;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Part &p = parts[i];
     Generation &a = *p.g;
@@ -775,10 +785,10 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     }
     if (!p.wants_logits) continue;
     // (A prompt scored without an answer ends every choice at once: nothing to fork.)
-    if (prefill && a.request.n > 1 && a.request.max_tokens > 0) spawn_choices(a, l, born);
+    if (prefill && a.request.n > 1 && a.request.max_tokens > 0) spawn_choices(a, l);
     if (!advance(a, l)) done.push_back(&a);
   }
-  settle(done, std::move(born));
+  settle(done);
 }
 
 bool Engine::advance(Generation &a, std::span<const float> logits, int32_t *drawn, int32_t drafted,
@@ -850,28 +860,31 @@ bool Engine::advance_unguarded(Generation &a, std::span<const float> logits, int
   return true;
 }
 
-void Engine::spawn_choices(Generation &a, std::span<const float> logits,
-                           std::vector<std::unique_ptr<Generation>> &born) {
-  a.spawned = true;
+void Engine::spawn_choices(Generation &a, std::span<const float> logits) {
   for (int32_t c = 1; c < a.request.n; ++c) {
-    std::unique_ptr<Generation> child;
+    Result<std::unique_ptr<Generation>> child = Status();
     try {
-      born.reserve(born.size() + size_t(a.request.n - c)); // the places taken below
+      born_.reserve(born_.size() + size_t(a.request.n - c)); // the places taken below
       child = start_choice(a, c);
     } catch (const std::bad_alloc &) {
-      // Its copies of the request and the prompt, its drafter, its grammar matcher: that choice
-      // ends (start_choice holds no sequence when it throws), the others go on.
+      // Its copies of the request and the prompt, its drafter, its grammar matcher (start_choice
+      // holds no sequence when it throws): that choice ends, the others go on.
+      child = Status::error("out of memory while starting choice " + std::to_string(c));
+    }
+    a.choices_started = c + 1; // from here its last event is its own (end_events)
+    if (!child.ok()) {
       Event e;
-      e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
-      e.error = "out of memory while starting choice " + std::to_string(c);
+      e.request = a.id, e.finish = FinishReason::Error, e.choice = c, e.error = child.message();
       if (a.on_event) a.on_event(e);
       continue;
     }
-    if (child && advance(*child, logits)) born.push_back(std::move(child));
+    Generation &g = **child;
+    born_.push_back(std::move(child).value()); // (reserved) settled into active_ by the step
+    if (!advance(g, logits)) born_.pop_back();
   }
 }
 
-std::unique_ptr<Engine::Generation> Engine::start_choice(Generation &a, int32_t c) {
+Result<std::unique_ptr<Engine::Generation>> Engine::start_choice(Generation &a, int32_t c) {
   // Everything that may throw std::bad_alloc comes before the fork, or releases it.
   auto child = std::make_unique<Generation>();
   child->id = a.id;
@@ -888,12 +901,8 @@ std::unique_ptr<Engine::Generation> Engine::start_choice(Generation &a, int32_t 
   auto sampler = sample::Sampler::create(sp, model_.config().n_vocab);
   auto seq = store_->fork(a.seq, int32_t(a.computed)); // the prompt, computed once
   if (!sampler.ok() || !seq.ok()) {
-    Event e;
-    e.request = a.id, e.finish = FinishReason::Error, e.choice = c;
-    e.error = !seq.ok() ? seq.message() : sampler.message();
     if (seq.ok()) (void)store_->remove_sequence(*seq);
-    if (a.on_event) a.on_event(e);
-    return nullptr;
+    return !seq.ok() ? seq.status() : sampler.status();
   }
   try {
     store_->set_role(*seq, kv::SeqRole::Active);

@@ -342,7 +342,9 @@ private:
     size_t draft_q_used = 0;
     int32_t drafted = 0, accepted = 0;      // by its verifications (Event::drafted, accepted)
     int32_t span_tested = 0, span_kept = 0; // of the verification being sampled (advance)
-    bool spawned = false;                   // its other choices were forked
+    // Choices 1.. below this were started (or ended) on their own; end_events ends the rest with
+    // choice 0, so that each choice sees exactly one last event.
+    int32_t choices_started = 1;
     // Depths of its prompt where requests wait to share what it computes (in-flight sharing):
     // its prefill stops there, and the state is cached for them (a fork) and kept (a snapshot).
     std::set<int32_t> publish_at;
@@ -389,9 +391,8 @@ private:
   bool sample_restored_prompts(); // prompts that came back whole, with their logits
   std::vector<Part> plan_batch(); // each generation's next tokens under the step budget
   void run_batch(const std::vector<Part> &parts);
-  // Removes the generations in `gone` from active_ and adds `born` (forked choices).
-  void settle(const std::vector<Generation *> &gone,
-              std::vector<std::unique_ptr<Generation>> born = {});
+  // Removes the generations in `gone` from active_ and adds born_ (forked choices).
+  void settle(const std::vector<Generation *> &gone);
   // Moves submitted requests into the queue and applies cancellations.
   void take_inbox();
   void publish();
@@ -491,13 +492,13 @@ private:
   // Prefix reuse in the draft store: a's draft cache starts as a fork of the one kept with the
   // cached sequence `from`, at `depth` (or what it holds, if less), where its rings allow.
   void reuse_draft(Generation &a, kv::SeqId from, int32_t depth);
-  // The other n - 1 choices of a request whose prompt was just computed, forked from it; a choice
-  // that cannot be started (its fork, its memory) ends with an error, the others go on.
-  void spawn_choices(Generation &a, std::span<const float> logits,
-                     std::vector<std::unique_ptr<Generation>> &born);
-  // Choice c of them, forked and ready to sample (null where its fork or sampler could not be
-  // had: its error sent); throws std::bad_alloc holding no sequence.
-  std::unique_ptr<Generation> start_choice(Generation &a, int32_t c);
+  // The other n - 1 choices of a request whose prompt was just computed, forked from it into
+  // born_; a choice that cannot be started (its fork, its memory) ends with an error, the others
+  // go on.
+  void spawn_choices(Generation &a, std::span<const float> logits);
+  // Choice c of them, forked and ready to sample, or why not; throws std::bad_alloc holding no
+  // sequence.
+  Result<std::unique_ptr<Generation>> start_choice(Generation &a, int32_t c);
 
   const model::Model &model_;
   EngineOptions options_;
@@ -511,8 +512,9 @@ private:
   // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.
   std::map<kv::SeqId, std::pair<kv::SeqId, size_t>> cached_drafts_;
   // The step size whose graph can be allocated, learned from failures (a device's memory that
-  // stays short): a failed step of T tokens caps the next steps at T / 2; kRelax steps that ran
-  // at the cap double it, until it reaches the step budget (no cap). 0: no cap.
+  // stays short): a failed step of T tokens (of several parts) caps the next steps at T / 2;
+  // kRelax steps that ran at the cap double it, until it reaches the step budget (no cap). 0: no
+  // cap.
   struct Allocatable {
     static constexpr int32_t kRelax = 32;
     int32_t tokens = 0, ran_at_cap = 0;
@@ -531,6 +533,8 @@ private:
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;
+  // Choices forked during this step, joining active_ when it settles.
+  std::vector<std::unique_ptr<Generation>> born_;
   PrefixTree tree_;
   // A cached sequence: when it was last used, and how many of its tokens were its prompt (the
   // rest it generated).

@@ -304,40 +304,71 @@ TEST(FaultMatrix, EverySiteOfAMixedStepFailsAtMostItsRequest) {
 
 // std::bad_alloc that no fault site contains escapes a step (here thrown by a request's callback
 // as it takes its last event): every request of that step ends with the error, after a prefix of
-// its answer, none is kept, no sequence is left held, and the engine answers the next request as
-// alone.
+// its answer, each choice with exactly one last event (a request of two choices among them), none
+// is kept, no sequence is left held, and the engine answers the next request as alone.
 TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
   std::mt19937_64 rng(45);
-  const std::vector<Request> requests = {greedy(random_tokens(rng, 12), 6),
-                                         greedy(random_tokens(rng, 10), 12),
-                                         greedy(random_tokens(rng, 9), 12)};
+  std::vector<Request> requests = {greedy(random_tokens(rng, 12), 6),
+                                   greedy(random_tokens(rng, 10), 12),
+                                   greedy(random_tokens(rng, 9), 12)};
+  requests[2].n = 2, requests[2].sampling.temperature = 1.0, requests[2].sampling.seed = 3;
   auto e = Engine::create(*fixture().model, options(4));
   ASSERT_TRUE(e.ok()) << e.message();
-  std::vector<std::vector<int32_t>> out(requests.size());
+  std::vector<std::vector<std::vector<int32_t>>> out(requests.size());
+  std::vector<std::vector<int>> last_events(requests.size());
   std::vector<std::string> errors(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i)
+  for (size_t i = 0; i < requests.size(); ++i) {
+    out[i].resize(size_t(requests[i].n)), last_events[i].assign(size_t(requests[i].n), 0);
     ASSERT_TRUE((*e)->submit(requests[i],
                              [&, i](const Event &ev) {
-                               if (ev.token >= 0) out[i].push_back(ev.token);
+                               if (ev.token >= 0) out[i][size_t(ev.choice)].push_back(ev.token);
                                if (ev.finish == FinishReason::Error) errors[i] = ev.error;
+                               if (ev.finish != FinishReason::None)
+                                 ++last_events[i][size_t(ev.choice)];
                                if (i == 0 && ev.finish != FinishReason::None)
                                  throw std::bad_alloc();
                              })
                     .ok());
+  }
   (*e)->run_until_idle();
   EXPECT_EQ((*e)->stats().step_memory_faults, 1);
-  EXPECT_EQ(out[0], alone(requests[0])); // its answer was whole when its callback threw
+  EXPECT_EQ(out[0][0], alone(requests[0])); // its answer was whole when its callback threw
   for (size_t i : {size_t(1), size_t(2)}) {
     EXPECT_NE(errors[i].find("out of memory in the engine's step"), std::string::npos) << errors[i];
-    const std::vector<int32_t> want = alone(requests[i]);
-    ASSERT_LE(out[i].size(), want.size());
-    EXPECT_EQ(out[i], std::vector<int32_t>(want.begin(), want.begin() + long(out[i].size())));
+    EXPECT_EQ(last_events[i], std::vector<int>(size_t(requests[i].n), 1)) << "request " << i;
+    // Each choice's tokens: a prefix of its answer alone.
+    Request one = requests[i];
+    one.n = 1;
+    for (int32_t c = 0; c < requests[i].n; ++c) {
+      one.sampling.seed = requests[i].sampling.seed + uint64_t(c);
+      const std::vector<int32_t> want = alone(one);
+      const auto &got = out[i][size_t(c)];
+      ASSERT_LE(got.size(), want.size());
+      EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + long(got.size())))
+          << "request " << i << " choice " << c;
+    }
   }
   EXPECT_EQ((*e)->active(), 0u);
   EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
   EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
   const Request next = greedy(random_tokens(rng, 11), 8);
   EXPECT_EQ(run(**e, {next})[0], alone(next));
+  // Thrown while the choices of a request are being forked (choice 1's last event, its only
+  // token): the choice forked before it, the one being forked and the one never forked each get
+  // exactly one last event; nothing is left held.
+  Request three = greedy(random_tokens(rng, 10), 1);
+  three.n = 3;
+  std::vector<int> ends(3, 0);
+  ASSERT_TRUE((*e)->submit(three, [&](const Event &ev) {
+                    if (ev.finish == FinishReason::None) return;
+                    ++ends[size_t(ev.choice)];
+                    if (ev.choice == 1) throw std::bad_alloc();
+                  })
+                  .ok());
+  (*e)->run_until_idle();
+  EXPECT_EQ((*e)->stats().step_memory_faults, 2);
+  EXPECT_EQ(ends, std::vector<int>(3, 1));
+  EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
 }
 
 // Memory that stays short: no graph of more than 8 tokens can be allocated, and (second run) no
