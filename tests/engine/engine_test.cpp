@@ -14,6 +14,8 @@ namespace offgraph::engine {
 namespace {
 
 using testing::alone;
+using testing::calls_grammar;
+using testing::CallsGrammar;
 using testing::fixture;
 using testing::greedy;
 using testing::options;
@@ -212,25 +214,8 @@ TEST(Engine, GrammarMakesEveryChoiceASentence) {
   std::mt19937_64 rng(14);
   auto e = Engine::create(*fixture().model, options(0));
   ASSERT_TRUE(e.ok());
-  auto texts = std::make_shared<sample::TokenTexts>();
-  for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
-  texts->special.assign(500, 0);
-  texts->special[2] = 1; // the end token
-  // root ::= call ("<3>" call)* ; call ::= "<7>" ("<8><9>" | "<10>")
-  sample::GrammarBuilder g;
-  const sample::Element tail = g.choice("tail", {g.literal("<8><9>"), g.literal("<10>")});
-  sample::Sequence one = g.literal("<7>");
-  one.push_back(tail);
-  sample::Sequence again = g.literal("<3>");
-  again.insert(again.end(), one.begin(), one.end());
-  const sample::Element more = *g.repeat("more", again, 0, sample::kUnbounded);
-  one.push_back(more);
-  const sample::Element root = g.rule("root", {one});
-  auto grammar = std::move(g).finish(root.value);
-  ASSERT_TRUE(grammar.ok()) << grammar.message();
-  auto compiled =
-      sample::compile_grammar(*grammar, std::make_shared<sample::GrammarVocabulary>(texts), {2});
-  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  const CallsGrammar calls = calls_grammar();
+  const auto &texts = calls.texts;
   int ended = 0;
   for (uint64_t seed = 0; seed < 6; ++seed) {
     Request r = greedy(random_tokens(rng, 12), 40);
@@ -240,7 +225,7 @@ TEST(Engine, GrammarMakesEveryChoiceASentence) {
     r.sampling.logit_bias[7] = -5; // against the grammar: it must still come
     r.stop_tokens = {2};
     r.n = 2;
-    r.grammar = *compiled;
+    r.grammar = calls.compiled;
     std::vector<std::vector<int32_t>> outs(2);
     ASSERT_TRUE((*e)->submit(r,
                              [&](const Event &ev) {
@@ -260,14 +245,14 @@ TEST(Engine, GrammarMakesEveryChoiceASentence) {
         else
           text += texts->bytes[size_t(t)];
       }
-      auto whole = sample::grammar_accepts(*grammar, text);
+      auto whole = sample::grammar_accepts(calls.grammar, text);
       ASSERT_TRUE(whole.ok());
       if (end) {
         EXPECT_TRUE(*whole) << text;
         ++ended;
       }
       // Every output is a prefix of a sentence: completing it with "<7><10>" pieces works.
-      sample::GrammarMatcher m(*compiled);
+      sample::GrammarMatcher m(calls.compiled);
       EXPECT_TRUE(m.accept_bytes(text)) << text;
     }
   }
@@ -451,113 +436,6 @@ TEST(Engine, AFailedForkFallsBackToASnapshot) {
       EXPECT_GE((*e)->stats().snapshot_restores, 1);
       EXPECT_GT(cached, 0);     // a snapshot's depth
       EXPECT_LT(cached, whole); // short of the fork's
-    }
-  }
-}
-
-// The fault matrix: every site of the store's fault hook, each of its calls failed in turn (every
-// third), in a mix of a fresh prompt, a request with two choices, a conversation's next turn
-// (a fork or a snapshot) and a prompt sharing another's prefix. Where the engine has a fallback
-// (a fork at a snapshot: recompute; a snapshot: one reuse point fewer) no request errors and
-// every answer is as alone; elsewhere (a reserve, a new sequence, a fork: for prefix reuse it
-// falls back to a snapshot, for a second choice it has none) at most the request whose call
-// failed ends with the error, having sent a prefix of its answer, and every other answers as
-// alone. Nothing is left held but the cached conversations.
-TEST(Engine, FaultsAtEveryStoreSiteEndAtMostTheirRequest) {
-  std::mt19937_64 rng(40);
-  const std::vector<int32_t> base = random_tokens(rng, 40);
-  auto with = [&](std::vector<int32_t> p, size_t n) {
-    const auto tail = random_tokens(rng, n);
-    p.insert(p.end(), tail.begin(), tail.end());
-    return p;
-  };
-  std::vector<Request> first = {greedy(with(base, 6), 10), greedy(random_tokens(rng, 35), 8)};
-  first[1].n = 2;
-  const std::vector<int32_t> answer0 = alone(first[0]);
-  std::vector<int32_t> turn = first[0].prompt;
-  turn.insert(turn.end(), answer0.begin(), answer0.end());
-  std::vector<Request> second = {greedy(with(turn, 5), 8), greedy(with(base, 9), 8)};
-  // Per request and choice, its tokens alone.
-  auto tokens_alone = [](const Request &r) {
-    auto e = Engine::create(*fixture().model, options(0));
-    std::vector<std::vector<int32_t>> out(size_t(r.n));
-    EXPECT_TRUE((*e)->submit(r,
-                             [&](const Event &ev) {
-                               if (ev.token >= 0) out[size_t(ev.choice)].push_back(ev.token);
-                             })
-                    .ok());
-    (*e)->run_until_idle();
-    return out;
-  };
-  std::vector<std::vector<std::vector<int32_t>>> want;
-  for (const auto *wave : {&first, &second})
-    for (const Request &r : *wave) want.push_back(tokens_alone(r));
-  struct Run {
-    std::vector<std::vector<std::vector<int32_t>>> out;
-    std::vector<std::string> errors;
-  };
-  auto run_with = [&](kv::KvStore::Fault fault) {
-    EngineOptions o = options(4);
-    o.page_rows = 8, o.snapshot_every = 16;
-    o.kv_fault = std::move(fault);
-    auto e = Engine::create(*fixture().model, o);
-    Run r;
-    r.out.resize(want.size());
-    r.errors.resize(want.size());
-    size_t k = 0;
-    for (const auto *wave : {&first, &second}) {
-      for (const Request &req : *wave) {
-        r.out[k].resize(size_t(req.n));
-        EXPECT_TRUE((*e)->submit(req,
-                                 [&r, k](const Event &ev) {
-                                   if (ev.token >= 0)
-                                     r.out[k][size_t(ev.choice)].push_back(ev.token);
-                                   if (ev.finish == FinishReason::Error) r.errors[k] = ev.error;
-                                 })
-                        .ok());
-        ++k;
-      }
-      (*e)->run_until_idle();
-      EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
-    }
-    EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
-    return r;
-  };
-  std::map<std::string, int64_t> calls;
-  {
-    Run clean = run_with([&](std::string_view site, kv::SeqId) {
-      ++calls[std::string(site)];
-      return Status();
-    });
-    ASSERT_EQ(clean.out, want);
-  }
-  for (const char *site : {"reserve", "fork", "fork_at_snapshot", "create_sequence", "snapshot"}) {
-    ASSERT_GT(calls[site], 0) << site << " is never called by this mix";
-    // A fork for prefix reuse falls back; a fork for a request's second choice ends that choice.
-    const bool falls_back =
-        std::string_view(site) == "fork_at_snapshot" || std::string_view(site) == "snapshot";
-    for (int64_t fail_at = 0; fail_at < calls[site]; fail_at += 3) {
-      SCOPED_TRACE(std::string(site) + " call " + std::to_string(fail_at) + " fails");
-      int64_t seen = 0;
-      Run got = run_with([&](std::string_view s, kv::SeqId) {
-        return s == site && seen++ == fail_at ? Status::error("injected: no memory") : Status();
-      });
-      int failed = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        if (got.errors[i].empty()) {
-          EXPECT_EQ(got.out[i], want[i]) << "request " << i;
-          continue;
-        }
-        ++failed;
-        EXPECT_NE(got.errors[i].find("injected: no memory"), std::string::npos) << got.errors[i];
-        for (size_t c = 0; c < want[i].size(); ++c)
-          EXPECT_EQ(got.out[i][c],
-                    std::vector<int32_t>(want[i][c].begin(),
-                                         want[i][c].begin() + long(std::min(got.out[i][c].size(),
-                                                                            want[i][c].size()))))
-              << "request " << i << " choice " << c;
-      }
-      EXPECT_LE(failed, falls_back ? 0 : 1);
     }
   }
 }

@@ -23,38 +23,6 @@ namespace {
 
 constexpr int32_t kBegin = 497, kEnd = 498, kEndToken = 2; // stand-ins: image markers, the end
 
-std::shared_ptr<const model::EncodedImage> random_image(uint64_t seed, int32_t n_rows) {
-  auto img = std::make_shared<model::EncodedImage>();
-  img->n_rows = n_rows, img->width = fixture().model->config().n_embd;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  img->rows.resize(size_t(n_rows) * size_t(img->width));
-  for (float &x : img->rows) x = d(rng);
-  return img;
-}
-
-// root ::= call ("<3>" call)* ; call ::= "<7>" ("<8><9>" | "<10>"), token i spelled "<i>".
-std::shared_ptr<const sample::CompiledGrammar> calls_grammar() {
-  auto texts = std::make_shared<sample::TokenTexts>();
-  for (int i = 0; i < 500; ++i) texts->bytes.push_back("<" + std::to_string(i) + ">");
-  texts->special.assign(500, 0);
-  texts->special[kEndToken] = 1;
-  sample::GrammarBuilder g;
-  const sample::Element tail = g.choice("tail", {g.literal("<8><9>"), g.literal("<10>")});
-  sample::Sequence one = g.literal("<7>");
-  one.push_back(tail);
-  sample::Sequence again = g.literal("<3>");
-  again.insert(again.end(), one.begin(), one.end());
-  one.push_back(*g.repeat("more", again, 0, sample::kUnbounded));
-  const sample::Element root = g.rule("root", {one});
-  auto grammar = std::move(g).finish(root.value);
-  EXPECT_TRUE(grammar.ok()) << grammar.message();
-  auto compiled = sample::compile_grammar(
-      *grammar, std::make_shared<sample::GrammarVocabulary>(texts), {kEndToken});
-  EXPECT_TRUE(compiled.ok()) << compiled.message();
-  return *compiled;
-}
-
 SpeculationOptions speculation(DraftSource source) {
   SpeculationOptions s;
   s.source = source;
@@ -87,7 +55,7 @@ std::vector<std::vector<Request>> mixed_waves() {
   first.push_back(image);
   // 2: structured output.
   first.push_back(greedy(random_tokens(rng, 14), 12));
-  first.back().grammar = calls_grammar();
+  first.back().grammar = calls_grammar().compiled;
   first.back().stop_tokens = {kEndToken};
   // 3: two choices of one prompt (sampled, each with its seed).
   first.push_back(greedy(random_tokens(rng, 20), 8));
@@ -246,16 +214,7 @@ TEST(FaultMatrix, EverySiteOfAMixedStepFailsAtMostItsRequest) {
   for (const auto &wave : waves)
     for (Request r : wave) {
       r.speculation.reset();
-      auto e = Engine::create(*fixture().model, options(0));
-      std::vector<std::vector<int32_t>> out(size_t(r.n));
-      EXPECT_TRUE((*e)->submit(r,
-                               [&](const Event &ev) {
-                                 EXPECT_NE(ev.finish, FinishReason::Error) << ev.error;
-                                 if (ev.token >= 0) out[size_t(ev.choice)].push_back(ev.token);
-                               })
-                      .ok());
-      (*e)->run_until_idle();
-      want.push_back(out);
+      want.push_back(choices_alone(r));
     }
   std::map<std::string, int64_t> calls;
   const std::vector<Site> all = sites();
@@ -359,11 +318,12 @@ TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
   Request three = greedy(random_tokens(rng, 10), 1);
   three.n = 3;
   std::vector<int> ends(3, 0);
-  ASSERT_TRUE((*e)->submit(three, [&](const Event &ev) {
-                    if (ev.finish == FinishReason::None) return;
-                    ++ends[size_t(ev.choice)];
-                    if (ev.choice == 1) throw std::bad_alloc();
-                  })
+  ASSERT_TRUE((*e)->submit(three,
+                           [&](const Event &ev) {
+                             if (ev.finish == FinishReason::None) return;
+                             ++ends[size_t(ev.choice)];
+                             if (ev.choice == 1) throw std::bad_alloc();
+                           })
                   .ok());
   (*e)->run_until_idle();
   EXPECT_EQ((*e)->stats().step_memory_faults, 2);

@@ -19,16 +19,6 @@ namespace {
 
 constexpr int32_t kBegin = 497, kEnd = 498; // stand-ins for <|image_start|> / <|image_end|>
 
-std::shared_ptr<const model::EncodedImage> random_image(uint64_t seed, int32_t n_rows) {
-  auto img = std::make_shared<model::EncodedImage>();
-  img->n_rows = n_rows, img->width = fixture().model->config().n_embd;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  img->rows.resize(size_t(n_rows) * size_t(img->width));
-  for (float &x : img->rows) x = d(rng);
-  return img;
-}
-
 // A digest standing for an image's bytes.
 ImageDigest digest_of(uint8_t n) {
   ImageDigest d{};
