@@ -1,4 +1,4 @@
-// What engine.cpp and engine_memory.cpp share (not part of the engine's interface).
+// What the engine's files share (not part of the engine's interface).
 #pragma once
 
 #include "engine/engine.h"
