@@ -477,7 +477,7 @@ Status KvStore::reserve(SeqId id, int32_t end) try {
         " bytes in use; " + std::to_string(fresh) + " more needed)");
   // Room first (what can throw std::bad_alloc), then the changes, which allocate nothing.
   allocator_.reserve(fresh);
-  pages.reserve(need);
+  if (pages.capacity() < need) pages.reserve(std::max(need, 2 * pages.capacity())); // doubling
   reserve_page_counts(allocator_.touched() + fresh);
   for (size_t i = first; i < std::min(need, pages.size()); ++i) {
     if (allocator_.refs(pages[i]) < 2) continue;
