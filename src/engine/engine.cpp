@@ -117,9 +117,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
   }
   e->kv_budget_by_device_ =
-      budget_by_device(*e->store_, options.context, e->options_.kv_budget, "kv");
+      budget_parts_by_device(*e->store_, options.context, e->options_.kv_budget, "kv");
   if (e->draft_store_)
-    for (const Load::DeviceBytes &d : budget_by_device(
+    for (const Load::DeviceBytes &d : budget_parts_by_device(
              *e->draft_store_, options.context, e->draft_store_->memory_budget(), "draft_kv"))
       e->kv_budget_by_device_.push_back(d);
   return e;
@@ -258,7 +258,6 @@ void Engine::publish() {
     for (const auto &[buft, bytes] : draft_forward_->compute_buffer_bytes())
       kv::add_bytes(compute, buft, bytes);
   add(compute, "compute");
-  l.budget_by_device = kv_budget_by_device_;
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;

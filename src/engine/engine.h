@@ -274,11 +274,12 @@ public:
       int64_t bytes = 0;
     };
     std::vector<DeviceBytes> by_device;
-    // The most of the KV budget each device can hold (KvDeviceMemory::part of it: "kv"; none
-    // without a budget), and of the draft's likewise ("draft_kv").
-    std::vector<DeviceBytes> budget_by_device;
   };
   Load load() const;
+  // The most of the KV budget each device can hold (KvDeviceMemory::part of it: "kv"; none
+  // without a budget), and of the draft's likewise ("draft_kv"). Fixed at create: safe from any
+  // thread.
+  const std::vector<Load::DeviceBytes> &budget_by_device() const { return kv_budget_by_device_; }
   EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
   // Draft caches kept with cached conversations.
@@ -528,7 +529,7 @@ private:
     }
   };
   Allocatable allocatable_;
-  // Load::budget_by_device: fixed once the budgets are.
+  // budget_by_device(): fixed once the budgets are.
   std::vector<Load::DeviceBytes> kv_budget_by_device_;
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;

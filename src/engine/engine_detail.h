@@ -18,8 +18,8 @@ inline constexpr int32_t kSnapshotsPerStart = 3;
 // (sequences of up to `context` positions), the pool held there, what its device may still take.
 std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context);
 // The most of `budget` each of `store`'s buffer types can hold (its part; none for 0).
-std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store, int32_t context,
-                                                        int64_t budget, const char *use);
+std::vector<Engine::Load::DeviceBytes>
+budget_parts_by_device(const kv::KvStore &store, int32_t context, int64_t budget, const char *use);
 
 // How many leading tokens a and b share.
 inline size_t shared_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {

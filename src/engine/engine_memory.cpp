@@ -72,8 +72,8 @@ std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t c
   return out;
 }
 
-std::vector<Engine::Load::DeviceBytes> budget_by_device(const kv::KvStore &store, int32_t context,
-                                                        int64_t budget, const char *use) {
+std::vector<Engine::Load::DeviceBytes>
+budget_parts_by_device(const kv::KvStore &store, int32_t context, int64_t budget, const char *use) {
   std::vector<Engine::Load::DeviceBytes> out;
   if (budget <= 0) return out;
   for (const auto &[buft, part] : device_parts(store, context))

@@ -1057,7 +1057,7 @@ std::string Server::metrics_text() {
         in.device_memory.push_back({d.name(i), "weights", weights[size_t(i)]});
     for (const engine::Engine::Load::DeviceBytes &b : load.by_device)
       in.device_memory.push_back({d.name_of(b.buft), b.use, b.bytes});
-    for (const engine::Engine::Load::DeviceBytes &b : load.budget_by_device)
+    for (const engine::Engine::Load::DeviceBytes &b : engine_->budget_by_device())
       in.device_budgets.push_back({d.name_of(b.buft), b.use, b.bytes});
     std::lock_guard lock(published_mutex_);
     in.kv = published_kv_;

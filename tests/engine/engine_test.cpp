@@ -162,10 +162,10 @@ TEST(Engine, KvBudgetFromMemory) {
   const Request r = greedy(random_tokens(rng, 30), 5);
   EXPECT_EQ(run(**e, {r})[0], alone(r));
   // One device, the host: its part of the budget is all of it.
-  const Engine::Load load = (*e)->load();
-  ASSERT_EQ(load.budget_by_device.size(), 1u);
-  EXPECT_EQ(load.budget_by_device[0].bytes, (*e)->options().kv_budget);
-  EXPECT_STREQ(load.budget_by_device[0].use, "kv");
+  const auto &budget_by_device = (*e)->budget_by_device();
+  ASSERT_EQ(budget_by_device.size(), 1u);
+  EXPECT_EQ(budget_by_device[0].bytes, (*e)->options().kv_budget);
+  EXPECT_STREQ(budget_by_device[0].use, "kv");
   o.kv_budget = -2;
   EXPECT_FALSE(Engine::create(*fixture().model, o).ok());
 }
