@@ -3,6 +3,7 @@
 #include "image_flags.h"
 #include "speculation_flags.h"
 
+#include "base/units.h"
 #include "kv/storage_types.h"
 #include "server/server.h"
 
@@ -22,6 +23,32 @@ namespace {
 // may not take locks or join threads).
 volatile std::sig_atomic_t stop_requested = 0;
 void on_signal(int) { stop_requested = 1; }
+
+// The compute budget of each device, beside what one token's step and a full prefill chunk at
+// the full context need there (measured at start).
+void print_compute_budget(const engine::Engine &engine, bool explicit_budget,
+                          const model::Devices &devices) {
+  const engine::Engine::ComputeNeeds &needs = engine.compute_needs();
+  bool any = false;
+  for (const engine::Engine::Load::DeviceBytes &b : engine.budget_by_device()) {
+    if (std::string(b.use) != "compute") continue;
+    any = true;
+    int64_t one = 0, full = 0;
+    for (const auto &[buft, bytes] : needs.one_token)
+      if (buft == b.buft) one = bytes;
+    for (const auto &[buft, bytes] : needs.full_chunk)
+      if (buft == b.buft) full = bytes;
+    std::fprintf(stderr,
+                 "offgraph serve: compute budget on %s %s%s; at the full context one token's "
+                 "step needs %s, a full prefill chunk %s%s\n",
+                 devices.name_of(b.buft).c_str(), mib(b.bytes).c_str(),
+                 explicit_budget ? "" : " (1/8 of the memory available)", mib(one).c_str(),
+                 mib(full).c_str(), full > b.bytes ? ": long prompts run in smaller chunks" : "");
+  }
+  if (!any)
+    std::fprintf(stderr, "offgraph serve: compute budget none (%s)\n",
+                 explicit_budget ? "--compute-mib 0" : "the memory available is unknown");
+}
 } // namespace
 
 std::function<int()> add_serve(CLI::App &app) {
@@ -35,8 +62,9 @@ std::function<int()> add_serve(CLI::App &app) {
     int queue = 64, timeout = 600, read_timeout = 30, idle_timeout = 5, http_threads = 64,
         max_tokens = 0;
     double cache_budget_mib = 0;
-    std::optional<double> kv_budget_mib; // unset: from the memory available (engine.h)
-    std::optional<double> max_body_mib;  // unset: 8, or 64 with --mmproj
+    std::optional<double> kv_budget_mib;      // unset: from the memory available (engine.h)
+    std::optional<double> compute_budget_mib; // likewise
+    std::optional<double> max_body_mib;       // unset: 8, or 64 with --mmproj
     int max_images = 8;
     double grammar_mib = 256;
     int responses_store = 64;
@@ -97,6 +125,12 @@ std::function<int()> add_serve(CLI::App &app) {
                   "until theirs fits, one that never can is refused (default: three quarters of "
                   "the memory available once the weights are in, at most the page pool; 0: no "
                   "limit)");
+  cmd->add_option("--compute-mib", o->compute_budget_mib,
+                  "memory each device's compute buffers may hold (the graphs' intermediate "
+                  "tensors; grows with the tokens of a step and the depth of its history): larger "
+                  "steps run in smaller ones to stay inside it; refused at start if one token at "
+                  "the full context does not fit (default: an eighth of the memory each device "
+                  "may still take, at least that one token's step; 0: no limit)");
   cmd->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "compute every prompt from scratch");
   cmd->add_option("--responses-store", o->responses_store,
                   "Responses API: responses kept in memory for previous_response_id and GET "
@@ -155,11 +189,14 @@ std::function<int()> add_serve(CLI::App &app) {
     if (!(*o->max_body_mib > 0 && *o->max_body_mib <= 65536) || o->max_images < 1 || o->queue < 0 ||
         o->timeout < 1 || o->read_timeout < 1 || o->idle_timeout < 1 || o->max_tokens < 0 ||
         (o->kv_budget_mib && !(*o->kv_budget_mib >= 0 && *o->kv_budget_mib <= 1e9)) ||
+        (o->compute_budget_mib &&
+         !(*o->compute_budget_mib >= 0 && *o->compute_budget_mib <= 1e9)) ||
         o->cache_budget_mib < 0 || o->snapshot_every < 0 || o->kv_page < 1 || o->ring_reach < 0)
       return fail("--max-body-mib (at most 65536), --max-images, --kv-page and the timeouts must "
                   "be positive; "
                   "--queue, "
-                  "--max-tokens, --kv-mib (at most 1e9), --cache-mib, --snapshot-every and "
+                  "--max-tokens, --kv-mib and --compute-mib (at most 1e9), --cache-mib, "
+                  "--snapshot-every and "
                   "--ring-reach not negative");
     server::ServerOptions so;
     so.host = o->host;
@@ -231,6 +268,10 @@ std::function<int()> add_serve(CLI::App &app) {
                    : *o->kv_budget_mib > 0
                        ? std::max<int64_t>(1, int64_t(*o->kv_budget_mib * 1048576))
                        : 0;
+    eo.compute_budget = !o->compute_budget_mib ? engine::EngineOptions::kComputeBudgetFromMemory
+                        : *o->compute_budget_mib > 0
+                            ? std::max<int64_t>(1, int64_t(*o->compute_budget_mib * 1048576))
+                            : 0;
     eo.cache_budget = int64_t(o->cache_budget_mib * 1024 * 1024);
     eo.start_snapshots = !o->no_start_snapshots;
     if (o->snapshot_budget_mib < 0 && o->snapshot_budget_mib != -1)
@@ -266,6 +307,7 @@ std::function<int()> add_serve(CLI::App &app) {
       std::fprintf(stderr, "offgraph serve: KV budget none (%s)\n",
                    o->kv_budget_mib ? "--kv-mib 0" : "the memory available is unknown");
     }
+    print_compute_budget(engine, o->compute_budget_mib.has_value(), (**m).devices());
     std::fprintf(stderr, "offgraph serve: %s on %s, ready (Ctrl-C stops)\n", o->model.c_str(),
                  url.c_str());
     std::fprintf(stderr,

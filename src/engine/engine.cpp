@@ -55,10 +55,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   if (options.context < 2 || options.max_write < 1 || options.step_tokens < 1 ||
       options.max_active < 1 || options.max_cached < 0 || options.snapshot_every < 0 ||
       options.snapshot_reach < 0 || options.page_rows < 1 ||
-      options.kv_budget < EngineOptions::kKvBudgetFromMemory)
+      options.kv_budget < EngineOptions::kKvBudgetFromMemory ||
+      options.compute_budget < EngineOptions::kComputeBudgetFromMemory)
     return Status::error("engine: context >= 2, max_write, step_tokens, max_active and page_rows "
-                         ">= 1, max_cached, snapshot_every and snapshot_reach >= 0, kv_budget >= "
-                         "-1 (from memory)");
+                         ">= 1, max_cached, snapshot_every and snapshot_reach >= 0, kv_budget and "
+                         "compute_budget >= -1 (from memory)");
   options.max_write = std::min(options.max_write, options.context);
   if (Status s = validate(options.speculation); !s.ok()) return s;
   if (options.speculation.source != DraftSource::None && options.max_write < 2)
@@ -116,12 +117,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   } else if (options.speculation.source == DraftSource::Draft) {
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
   }
-  e->kv_budget_by_device_ =
+  e->budget_by_device_ =
       budget_parts_by_device(*e->store_, options.context, e->options_.kv_budget, "kv");
   if (e->draft_store_)
     for (const Load::DeviceBytes &d : budget_parts_by_device(
              *e->draft_store_, options.context, e->draft_store_->memory_budget(), "draft_kv"))
-      e->kv_budget_by_device_.push_back(d);
+      e->budget_by_device_.push_back(d);
+  if (Status s = e->set_compute_budget(); !s.ok()) return s;
   return e;
 }
 
@@ -258,6 +260,8 @@ void Engine::publish() {
     for (const auto &[buft, bytes] : draft_forward_->compute_buffer_bytes())
       kv::add_bytes(compute, buft, bytes);
   add(compute, "compute");
+  stats_.compute_budget_refusals =
+      forward_->compute_refusals() + (draft_forward_ ? draft_forward_->compute_refusals() : 0);
   std::lock_guard lock(published_mutex_);
   published_ = l;
   published_stats_ = stats_;

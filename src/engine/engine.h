@@ -77,6 +77,15 @@ struct EngineOptions {
   // room, least recently used first.
   static constexpr int64_t kKvBudgetFromMemory = -1;
   int64_t kv_budget = 0;
+  // Bytes each device's compute buffers (both models' forward passes together) may hold; 0: no
+  // limit; kComputeBudgetFromMemory: compute_budget_from_memory() of each device. A step whose
+  // graph needs more runs smaller (model::Forward::set_compute_limit; the engine's fallbacks for
+  // graphs that cannot be allocated). At create the engine measures a one-token step at the
+  // deepest position of the context (with the draft model's, if any): a budget that cannot hold
+  // it is refused, so every request fits one token a step. The draft's passes leave the
+  // target's one-token step its room (a draft that finds none is not started).
+  static constexpr int64_t kComputeBudgetFromMemory = -1;
+  int64_t compute_budget = 0;
   // Bytes the cached conversations may hold together; 0: limited only by max_cached.
   int64_t cache_budget = 0;
   // Bytes of free KV pages whose memory stays with the process for the next burst to reuse; the
@@ -131,6 +140,12 @@ inline int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t on
   const KvDeviceMemory host{available, 0, 1.0};
   return kv_budget_from_memory(std::span(&host, 1), pool, one);
 }
+
+// The compute budget EngineOptions::kComputeBudgetFromMemory stands for on one device: an eighth
+// of what it may still take at start (`available`; the KV budget takes three quarters, the rest
+// stays for images, grammar tables and the process), at least what a one-token step at the full
+// context needs there (`one_token`); 0 (no limit) where the memory is unknown.
+int64_t compute_budget_from_memory(int64_t available, int64_t one_token);
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
 
@@ -217,6 +232,9 @@ struct EngineStats {
   int64_t waits_for_memory = 0;   // steps in which the queue's head waited for KV memory
   int64_t failed_forks = 0;       // forks for prefix reuse that could not be made (fell back)
   int64_t step_memory_faults = 0; // steps whose requests all ended: std::bad_alloc no site held
+  // Graphs (of both models) refused for needing more than the compute budget: their steps ran
+  // smaller.
+  int64_t compute_budget_refusals = 0;
   // The most rows of logits one step computed (scored prompts take at most 64 a step together).
   int64_t peak_step_logit_rows = 0;
   // Time of the forward passes, split between prompt and generated tokens by their share of
@@ -277,9 +295,16 @@ public:
   };
   Load load() const;
   // The most of the KV budget each device can hold (KvDeviceMemory::part of it: "kv"; none
-  // without a budget), and of the draft's likewise ("draft_kv"). Fixed at create: safe from any
-  // thread.
-  const std::vector<Load::DeviceBytes> &budget_by_device() const { return kv_budget_by_device_; }
+  // without a budget), of the draft's likewise ("draft_kv"), and each device's compute budget
+  // ("compute"). Fixed at create: safe from any thread.
+  const std::vector<Load::DeviceBytes> &budget_by_device() const { return budget_by_device_; }
+  // What the compute budget was measured against at create, by device (none without a budget):
+  // one token's step and a full prefill chunk (max_write tokens, at most step_tokens), each at
+  // the deepest position of the context, both models together.
+  struct ComputeNeeds {
+    kv::BytesByBufferType one_token, full_chunk;
+  };
+  const ComputeNeeds &compute_needs() const { return compute_needs_; }
   EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
   // Draft caches kept with cached conversations.
@@ -530,7 +555,11 @@ private:
   };
   Allocatable allocatable_;
   // budget_by_device(): fixed once the budgets are.
-  std::vector<Load::DeviceBytes> kv_budget_by_device_;
+  std::vector<Load::DeviceBytes> budget_by_device_;
+  ComputeNeeds compute_needs_;
+  // Measures compute_needs_ and sets each forward pass's compute limit (EngineOptions::
+  // compute_budget); refuses a budget that cannot hold a one-token step.
+  Status set_compute_budget();
   std::deque<std::unique_ptr<Generation>> queue_;
   std::vector<Parked> parked_;
   std::vector<std::unique_ptr<Generation>> active_;

@@ -1,8 +1,10 @@
 // Engine: memory and the prefix cache (docs/prefix-cache.md): what cached sequences and
 // snapshots hold, eviction under the budgets, admission by the most a request can grow to, and
 // starting a request from the deepest reusable point (attach, park, publish, keep a snapshot).
+#include "base/units.h"
 #include "engine/engine.h"
 #include "engine/engine_detail.h"
+#include "kv/step.h"
 #include "model/weight_memory.h"
 
 #include "ggml-backend.h"
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 namespace offgraph::engine {
 
@@ -27,7 +30,62 @@ int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t p
   return std::max(*budget, std::max<int64_t>(one, 1));
 }
 
+int64_t compute_budget_from_memory(int64_t available, int64_t one_token) {
+  if (available <= 0) return 0;
+  return std::max(available / 8, std::max<int64_t>(one_token, 1));
+}
+
 namespace {
+
+// What a device may still take: the host's memory available (model::available_memory(), once
+// the weights are in), another device's free memory; 0: unknown.
+int64_t device_available(ggml_backend_buffer_type_t buft) {
+  if (!kv::is_device_storage(buft)) return int64_t(model::available_memory());
+  if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft)) {
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    return int64_t(free);
+  }
+  return 0;
+}
+
+int64_t bytes_on(const kv::BytesByBufferType &by, ggml_backend_buffer_type_t buft) {
+  for (const auto &[b, bytes] : by)
+    if (b == buft) return bytes;
+  return 0;
+}
+
+// The compute buffers a pass of `n` tokens at the deepest position of the context needs, by
+// buffer type: measured (model::Forward::measure) on a sequence of the store advanced there
+// without computing anything, and removed after. Its storage is only reserved (host pages are
+// never touched; a device's pool is allocated already), past the store's budget for the while.
+Result<kv::BytesByBufferType> deepest_step_needs(model::Forward &forward, kv::KvStore &store,
+                                                 int32_t context, int32_t max_write, int32_t n) {
+  auto seq = store.create_sequence();
+  if (!seq.ok()) return seq.status();
+  const int64_t budget = store.memory_budget();
+  store.set_memory_budget(0);
+  auto measured = [&]() -> Result<kv::BytesByBufferType> {
+    for (int32_t at = 0; at < context - n;) {
+      const int32_t chunk = std::min(max_write, context - n - at);
+      kv::Step step(store);
+      if (auto span = step.add_span({*seq, at, chunk}); !span.ok()) return span.status();
+      OFFGRAPH_TRY(step.commit());
+      at += chunk;
+    }
+    model::Batch batch;
+    batch.tokens.assign(size_t(n), 0);
+    batch.spans.push_back({*seq, context - n, n});
+    batch.logit_rows.push_back(n - 1);
+    return forward.measure(batch);
+  }();
+  store.set_memory_budget(budget);
+  (void)store.remove_sequence(*seq);
+  if (!measured.ok())
+    return Status::error("measuring a step of " + std::to_string(n) +
+                         " token(s) at the full context: " + measured.message());
+  return measured;
+}
 
 // Each buffer type's largest part of the store's bytes (KvDeviceMemory::part).
 std::vector<std::pair<ggml_backend_buffer_type_t, double>> device_parts(const kv::KvStore &store,
@@ -58,13 +116,7 @@ std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t c
   for (const auto &[buft, part] : device_parts(store, context)) {
     KvDeviceMemory d;
     d.part = part;
-    if (!kv::is_device_storage(buft)) {
-      d.available = int64_t(model::available_memory());
-    } else if (ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft)) {
-      size_t free = 0, total = 0;
-      ggml_backend_dev_memory(dev, &free, &total);
-      d.available = int64_t(free);
-    }
+    d.available = device_available(buft);
     for (const auto &[b, bytes] : held)
       if (b == buft) d.held = bytes;
     out.push_back(d);
@@ -79,6 +131,66 @@ budget_parts_by_device(const kv::KvStore &store, int32_t context, int64_t budget
   for (const auto &[buft, part] : device_parts(store, context))
     out.push_back({buft, use, int64_t(double(budget) * part)});
   return out;
+}
+
+Status Engine::set_compute_budget() {
+  if (options_.compute_budget == 0) return ok_status();
+  const int32_t context = options_.context;
+  const int32_t chunk = std::min(options_.max_write, options_.step_tokens);
+  ComputeNeeds target, draft;
+  for (auto [needs, forward, store] :
+       {std::tuple{&target, forward_.get(), store_.get()},
+        std::tuple{&draft, draft_forward_.get(), draft_store_.get()}}) {
+    if (!forward) continue;
+    auto one = deepest_step_needs(*forward, *store, context, options_.max_write, 1);
+    if (!one.ok()) return one.status();
+    auto full = deepest_step_needs(*forward, *store, context, options_.max_write, chunk);
+    if (!full.ok()) return full.status();
+    needs->one_token = std::move(one).value(), needs->full_chunk = std::move(full).value();
+  }
+  compute_needs_ = target;
+  for (const auto &[buft, bytes] : draft.one_token)
+    kv::add_bytes(compute_needs_.one_token, buft, bytes);
+  for (const auto &[buft, bytes] : draft.full_chunk)
+    kv::add_bytes(compute_needs_.full_chunk, buft, bytes);
+  kv::BytesByBufferType budget;
+  for (const auto &[buft, one] : compute_needs_.one_token) {
+    const int64_t b = options_.compute_budget > 0
+                          ? options_.compute_budget
+                          : compute_budget_from_memory(device_available(buft), one);
+    if (b <= 0) continue; // unknown memory: no limit there
+    if (b < one)
+      return Status::error("the compute budget (--compute-mib) of " + mib(b) +
+                           " cannot hold one token's step at the full context (-c " +
+                           std::to_string(context) + ") on " + ggml_backend_buft_name(buft) +
+                           ": it needs " + mib(one));
+    kv::add_bytes(budget, buft, b);
+    budget_by_device_.push_back({buft, "compute", b});
+  }
+  auto limit = [budget](ggml_backend_buffer_type_t buft) -> int64_t {
+    for (const auto &[b, bytes] : budget)
+      if (b == buft) return bytes;
+    return -1;
+  };
+  // The target's passes may take what the draft's hold not; the draft's leave the target's
+  // one-token step its room, so that a request can always take its next token.
+  model::Forward *draft_forward = draft_forward_.get();
+  forward_->set_compute_limit([limit, draft_forward](ggml_backend_buffer_type_t buft) -> int64_t {
+    const int64_t b = limit(buft);
+    if (b < 0 || !draft_forward) return b;
+    return b - bytes_on(draft_forward->compute_buffer_bytes(), buft);
+  });
+  if (draft_forward) {
+    model::Forward *target_forward = forward_.get();
+    draft_forward->set_compute_limit([limit, target_forward, one = target.one_token](
+                                         ggml_backend_buffer_type_t buft) -> int64_t {
+      const int64_t b = limit(buft);
+      if (b < 0) return b;
+      return b -
+             std::max(bytes_on(target_forward->compute_buffer_bytes(), buft), bytes_on(one, buft));
+    });
+  }
+  return ok_status();
 }
 
 int64_t Engine::cached_bytes() const {

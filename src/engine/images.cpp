@@ -1,5 +1,7 @@
 #include "engine/images.h"
 
+#include "base/units.h"
+
 #include "image/preprocess.h"
 #include "model/vision_encoder.h"
 
@@ -110,14 +112,6 @@ bool ImageEncoder::drop_cached_image() {
 std::optional<PreparedImage> ImageEncoder::cached(const ImageDigest &digest) {
   return lookup(std::string(digest.begin(), digest.end()));
 }
-
-namespace {
-std::string mib(int64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / 1048576);
-  return b;
-}
-} // namespace
 
 Result<ImageEncoder::Reservation>
 ImageEncoder::reserve_rows(int64_t bytes, const std::function<bool()> &cancelled) {

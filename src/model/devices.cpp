@@ -1,5 +1,7 @@
 #include "model/devices.h"
 
+#include "base/units.h"
+
 #include "model/amx_matmul.h"
 #include "model/cpu_matmul.h"
 
@@ -152,8 +154,6 @@ bool is_gpu(ggml_backend_dev_t dev) {
   const auto type = ggml_backend_dev_type(dev);
   return type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
 }
-
-std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 } // namespace
 

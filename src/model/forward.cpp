@@ -1,5 +1,7 @@
 #include "model/forward.h"
 
+#include "base/units.h"
+
 #include "ggml-cpu.h"
 
 #include <algorithm>
@@ -111,6 +113,34 @@ void wait_for_devices(const std::vector<ggml_tensor *> &writes) {
   }
 }
 
+// What ggml's allocator compares to tell whether a graph fits the plan it holds: each node's
+// size and each of its sources' (0 for a view or a tensor whose memory is not the allocator's),
+// after the node count.
+std::vector<size_t> allocation_sizes(ggml_cgraph *gf) {
+  auto size = [](const ggml_tensor *t) -> size_t {
+    return !t || t->data || t->view_src ? 0 : ggml_nbytes(t);
+  };
+  const int n = ggml_graph_n_nodes(gf);
+  std::vector<size_t> sizes;
+  sizes.reserve(1 + size_t(n) * (1 + GGML_MAX_SRC));
+  sizes.push_back(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const ggml_tensor *node = ggml_graph_node(gf, i);
+    sizes.push_back(size(node));
+    for (int j = 0; j < GGML_MAX_SRC; ++j) sizes.push_back(size(node->src[j]));
+  }
+  return sizes;
+}
+
+// A graph of `sizes` within the plan made for `plan` (allocation_sizes of both): the same node
+// count and nothing larger.
+bool fits_plan(const std::vector<size_t> &sizes, const std::vector<size_t> &plan) {
+  if (plan.empty() || sizes.size() != plan.size() || sizes[0] != plan[0]) return false;
+  for (size_t i = 1; i < sizes.size(); ++i)
+    if (sizes[i] > plan[i]) return false;
+  return true;
+}
+
 } // namespace
 
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
@@ -145,8 +175,53 @@ int64_t Forward::buffer_frees() const {
   return kv::device_buffer_frees() + model_.devices().buffer_frees();
 }
 
-bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
-  if (alloc_) return ggml_gallocr_alloc_graph(alloc_.get(), gf);
+std::vector<ggml_backend_t> Forward::scheduler_backends() const {
+  std::vector<ggml_backend_t> backends;
+  for (const auto &b : device_backends_) backends.push_back(b.get());
+  backends.push_back(backend_.get()); // the scheduler wants the CPU last
+  return backends;
+}
+
+size_t Forward::scheduler_size(size_t n_nodes) const {
+  // Its hash set holds leafs too (every weight and cache tensor the graph reads), not only
+  // nodes: room for both.
+  return 2 * n_nodes + size_t(model_.file().n_tensors());
+}
+
+void Forward::pin_custom_ops(ggml_backend_sched_t sched, ggml_cgraph *gf) const {
+  // Custom ops carry C function pointers in their parameters: pinned to the CPU (a remote
+  // backend would call this process's addresses in another).
+  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
+    if (ggml_tensor *node = ggml_graph_node(gf, i); is_custom(node))
+      ggml_backend_sched_set_tensor_backend(sched, node, backend_.get());
+}
+
+ggml_gallocr_t Forward::measurer() {
+  if (!measurer_)
+    measurer_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+  return measurer_.get();
+}
+
+std::string Forward::over_compute_limit(const kv::BytesByBufferType &needs,
+                                        const kv::BytesByBufferType &held) {
+  if (!compute_limit_) return {};
+  for (const auto &[buft, bytes] : needs) {
+    int64_t had = 0;
+    for (const auto &[b, h] : held)
+      if (b == buft) had = h;
+    const int64_t limit = compute_limit_(buft);
+    if (limit >= 0 && bytes > limit && bytes > had)
+      return ++compute_refusals_, "its compute buffer on " +
+                                      std::string(ggml_backend_buft_name(buft)) +
+                                      " would grow to " + mib(bytes) + ", past the " + mib(limit) +
+                                      " the compute budget leaves it";
+  }
+  return {};
+}
+
+bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx,
+                       std::string &refused) {
+  if (alloc_) return allocate_alone(gf, refused);
   std::vector<ggml_tensor *> tensors = graph_tensors(gf);
   std::vector<uint64_t> signature = graph_signature(gf, tensors);
   // A server forgets its stored graphs whenever any buffer of it is freed (a sequence removed, a
@@ -164,35 +239,59 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx) {
   LastGraph replaced = std::move(last_);
   last_ = {};
   if (!sched_ || sched_nodes_ < n_nodes) {
-    std::vector<ggml_backend_t> backends;
-    for (const auto &b : device_backends_) backends.push_back(b.get());
-    backends.push_back(backend_.get()); // the scheduler wants the CPU last
-    // Its hash set holds leafs too (every weight and cache tensor the graph reads), not only
-    // nodes: room for both.
-    const size_t size = 2 * n_nodes + size_t(model_.file().n_tensors());
-    sched_.reset(
-        ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()), size, false, false));
+    std::vector<ggml_backend_t> backends = scheduler_backends();
+    sched_.reset(ggml_backend_sched_new(backends.data(), nullptr, int(backends.size()),
+                                        scheduler_size(n_nodes), false, false));
     sched_nodes_ = n_nodes;
   }
   ggml_backend_sched_reset(sched_.get());
-  // Custom ops carry C function pointers in their parameters: pinned to the CPU (a remote
-  // backend would call this process's addresses in another).
-  for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
-    if (ggml_tensor *node = ggml_graph_node(gf, i); is_custom(node))
-      ggml_backend_sched_set_tensor_backend(sched_.get(), node, backend_.get());
+  pin_custom_ops(sched_.get(), gf);
+  const kv::BytesByBufferType held = compute_buffer_bytes();
   if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) return false;
+  // The scheduler cannot be asked beforehand without splitting the graph a second time (it
+  // rewrites what it splits): a graph whose buffers grew past the compute budget is refused
+  // right after, and the scheduler, with its buffers, goes.
+  if (refused = over_compute_limit(compute_buffer_bytes(), held); !refused.empty()) {
+    sched_.reset();
+    return false;
+  }
   ++graphs_built_;
   // Counted after allocation: the scheduler may have freed its own compute buffers to grow them.
   last_ = {std::move(ctx), gf, std::move(tensors), std::move(signature), buffer_frees()};
   return true;
 }
 
-Result<std::vector<float>> Forward::run(const Batch &batch,
-                                        std::vector<std::vector<float>> *hidden) try {
+bool Forward::allocate_alone(ggml_cgraph *gf, std::string &refused) {
+  const kv::BytesByBufferType held = compute_buffer_bytes();
+  if (compute_limit_) {
+    // ggml's allocator grows its buffer only for a graph some node (or source) of which is
+    // larger than the plan it holds, or whose node count differs: such a graph is measured
+    // first, by an allocator that never allocates, and refused where it needs more than the
+    // budget leaves. Decode steps repeat their shapes and skip the measure (45 us a step on
+    // the 0.4b file).
+    std::vector<size_t> sizes = allocation_sizes(gf);
+    if (!fits_plan(sizes, planned_)) {
+      size_t bytes = 0;
+      ggml_gallocr_reserve_n_size(measurer(), gf, nullptr, nullptr, &bytes);
+      kv::BytesByBufferType needs;
+      kv::add_bytes(needs, ggml_backend_get_default_buffer_type(backend_.get()), int64_t(bytes));
+      if (refused = over_compute_limit(needs, held); !refused.empty()) return false;
+      planned_ = std::move(sizes);
+    }
+  }
+  if (!ggml_gallocr_alloc_graph(alloc_.get(), gf)) return false;
+  // A plan made again from scratch (ggml re-plans when the leaf count differs, which the sizes
+  // above do not see) that came out larger: the allocator and its buffer go.
+  if (refused = over_compute_limit(compute_buffer_bytes(), held); !refused.empty()) {
+    alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+    planned_.clear();
+    return false;
+  }
+  return true;
+}
+
+Status Forward::check(const Batch &batch, bool wants_hidden) const {
   const ModelConfig &c = model_.config();
-  failed_span_ = -1;
-  allocation_failed_ = false;
-  compute_began_ = false;
   const int64_t n = int64_t(batch.tokens.size());
   if (n == 0) return Status::error("forward: empty batch");
   int64_t covered = 0;
@@ -208,17 +307,11 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
     return Status::error("forward: " + std::to_string(batch.embeddings.size()) +
                          " embedding values for " + std::to_string(batch.embedding_at.size()) +
                          " rows of width " + std::to_string(c.n_embd));
-  // Token ids are looked up where the input is not an embedding row; elsewhere they only name
-  // the row (for prefix reuse) and id 0 is looked up (then replaced).
-  // (A copy only for batches with embedding rows: decode steps upload the tokens as they are.)
-  std::vector<int32_t> replaced;
-  if (!batch.embedding_at.empty()) {
-    replaced = batch.tokens;
-    for (int32_t at : batch.embedding_at) replaced[size_t(at)] = 0;
-  }
-  const std::vector<int32_t> &lookup = batch.embedding_at.empty() ? batch.tokens : replaced;
-  for (int32_t t : lookup)
-    if (t < 0 || t >= c.n_vocab)
+  // Where the input is an embedding row, the token id only names the row (for prefix reuse).
+  std::vector<bool> embedded(size_t(n), false);
+  for (int32_t at : batch.embedding_at) embedded[size_t(at)] = true;
+  for (size_t i = 0; i < batch.tokens.size(); ++i)
+    if (const int32_t t = batch.tokens[i]; !embedded[i] && (t < 0 || t >= c.n_vocab))
       return Status::error("forward: token id " + std::to_string(t) +
                            " is outside the vocabulary (0.." + std::to_string(c.n_vocab - 1) + ")");
   for (size_t i = 0; i < batch.logit_rows.size(); ++i)
@@ -235,17 +328,14 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
         (i && batch.hidden_layers[i] <= batch.hidden_layers[i - 1]))
       return Status::error("forward: hidden layers must ascend within [0, " +
                            std::to_string(c.n_layer) + ")");
-  if (!batch.hidden_layers.empty() && !hidden)
+  if (!batch.hidden_layers.empty() && !wants_hidden)
     return Status::error("forward: hidden layers asked for, nowhere to put them");
+  return ok_status();
+}
 
-  using clock = std::chrono::steady_clock;
-  auto mark = clock::now();
-  auto lap = [&](double &into) {
-    const auto now = clock::now();
-    into += std::chrono::duration<double>(now - mark).count();
-    mark = now;
-  };
-  kv::Step step(store_);
+Result<Forward::Graph> Forward::build(const Batch &batch, kv::Step &step) {
+  const ModelConfig &c = model_.config();
+  const int64_t n = int64_t(batch.tokens.size());
   for (size_t i = 0; i < batch.spans.size(); ++i) {
     const Batch::Span &s = batch.spans[i];
     auto span = step.add_span({s.seq, s.position, s.n_tokens});
@@ -262,54 +352,119 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   // both ring orders, set_rows indices, mask view, attention, reshapes), ~16 more where a ring
   // step writes after it reads (staging, joins, the writes' views). Counted generously: running
   // out aborts inside ggml, and metadata costs ~0.4 KB per object.
-  const size_t n_nodes = size_t(64 + c.n_layer * (82 + 40 * batch.spans.size()));
-  ggml_init_params params = {
-      n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
-  ggml_context_ptr ctx(ggml_init(params));
-  ggml_cgraph *gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
-  step.set_graph(gf);
+  Graph g;
+  g.n_nodes = size_t(64 + c.n_layer * (82 + 40 * batch.spans.size()));
+  ggml_init_params params = {g.n_nodes * ggml_tensor_overhead() +
+                                 ggml_graph_overhead_custom(g.n_nodes, false),
+                             nullptr, true};
+  g.ctx.reset(ggml_init(params));
+  g.gf = ggml_new_graph_custom(g.ctx.get(), g.n_nodes, false);
+  step.set_graph(g.gf);
   // With no logit rows the builder still gets one (never uploaded: the head is left out below).
-  const bool wants_logits = !batch.logit_rows.empty();
-  GraphInputs in;
-  in.tokens = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
-  in.positions = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, n);
-  in.logit_rows = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32,
+  GraphInputs &in = g.in;
+  in.tokens = ggml_new_tensor_1d(g.ctx.get(), GGML_TYPE_I32, n);
+  in.positions = ggml_new_tensor_1d(g.ctx.get(), GGML_TYPE_I32, n);
+  in.logit_rows = ggml_new_tensor_1d(g.ctx.get(), GGML_TYPE_I32,
                                      std::max<int64_t>(1, int64_t(batch.logit_rows.size())));
   for (ggml_tensor *t : {in.tokens, in.positions, in.logit_rows}) ggml_set_input(t);
   if (!batch.embedding_at.empty()) {
     const int64_t m = int64_t(batch.embedding_at.size());
-    in.embedding_at = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I64, m);
-    in.embeddings = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, c.n_embd, m);
+    in.embedding_at = ggml_new_tensor_1d(g.ctx.get(), GGML_TYPE_I64, m);
+    in.embeddings = ggml_new_tensor_2d(g.ctx.get(), GGML_TYPE_F32, c.n_embd, m);
     ggml_set_input(in.embedding_at);
     ggml_set_input(in.embeddings);
   }
-  std::vector<ggml_tensor *> hidden_tensors;
-  auto logits = build_forward(model_, ctx.get(), batch, in, step, &hidden_tensors);
+  auto logits = build_forward(model_, g.ctx.get(), batch, in, step, &g.hidden);
   if (!logits.ok()) return logits.status();
-  if (wants_logits) {
-    ggml_set_output(*logits);
-    ggml_build_forward_expand(gf, *logits);
+  if (!batch.logit_rows.empty()) {
+    g.logits = *logits;
+    ggml_set_output(g.logits);
+    ggml_build_forward_expand(g.gf, g.logits);
   } else {
     // A pass that wants no logits (a prompt chunk before the last) computes what the cache keeps
     // and what orders it: every layer up to the K/V writes of the last one holding a cache (and
     // its ring's joined copy where a deferred write must follow it), not its attention, its MLP,
     // the layers after it that share a donor's cache, or the head (which cost a prefill chunk of
     // a small model as much as its layers).
-    for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(gf, w);
+    for (ggml_tensor *w : step.writes()) ggml_build_forward_expand(g.gf, w);
   }
-  for (ggml_tensor *h : hidden_tensors) { // outputs: the allocator may not reuse their memory
+  for (ggml_tensor *h : g.hidden) { // outputs: the allocator may not reuse their memory
     ggml_set_output(h);
-    ggml_build_forward_expand(gf, h);
+    ggml_build_forward_expand(g.gf, h);
   }
+  return g;
+}
+
+Result<kv::BytesByBufferType> Forward::measure(const Batch &batch) try {
+  failed_span_ = -1;
+  OFFGRAPH_TRY(check(batch, true));
+  kv::Step step(store_);
+  auto g = build(batch, step);
+  if (!g.ok()) return g.status();
+  kv::BytesByBufferType by;
+  if (alloc_) {
+    size_t bytes = 0;
+    ggml_gallocr_reserve_n_size(measurer(), g->gf, nullptr, nullptr, &bytes);
+    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backend_.get()), int64_t(bytes));
+    return by;
+  }
+  // ggml's scheduler rewrites the graph it splits (inputs copied between devices): a scheduler
+  // of its own, made for this graph and dropped with it.
+  std::vector<ggml_backend_t> backends = scheduler_backends();
+  ggml_backend_sched_ptr sched(ggml_backend_sched_new(
+      backends.data(), nullptr, int(backends.size()), scheduler_size(g->n_nodes), false, false));
+  pin_custom_ops(sched.get(), g->gf);
+  std::vector<size_t> sizes(backends.size(), 0);
+  ggml_backend_sched_reserve_size(sched.get(), g->gf, sizes.data());
+  for (size_t i = 0; i < backends.size(); ++i)
+    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backends[i]), int64_t(sizes[i]));
+  return by;
+} catch (const std::bad_alloc &) {
+  return Status::error("forward: out of host memory measuring the graph of " +
+                           std::to_string(batch.tokens.size()) + " tokens",
+                       StatusCode::kInternal);
+}
+
+Result<std::vector<float>> Forward::run(const Batch &batch,
+                                        std::vector<std::vector<float>> *hidden) try {
+  failed_span_ = -1;
+  allocation_failed_ = false;
+  compute_began_ = false;
+  OFFGRAPH_TRY(check(batch, hidden != nullptr));
+  // Token ids are looked up where the input is not an embedding row; elsewhere they only name
+  // the row (for prefix reuse) and id 0 is looked up (then replaced).
+  // (A copy only for batches with embedding rows: decode steps upload the tokens as they are.)
+  std::vector<int32_t> replaced;
+  if (!batch.embedding_at.empty()) {
+    replaced = batch.tokens;
+    for (int32_t at : batch.embedding_at) replaced[size_t(at)] = 0;
+  }
+  const std::vector<int32_t> &lookup = batch.embedding_at.empty() ? batch.tokens : replaced;
+
+  using clock = std::chrono::steady_clock;
+  auto mark = clock::now();
+  auto lap = [&](double &into) {
+    const auto now = clock::now();
+    into += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  kv::Step step(store_);
+  auto built = build(batch, step);
+  if (!built.ok()) return built.status();
+  Graph &g = *built;
+  const GraphInputs &in = g.in;
   lap(phases_.build);
-  if ((allocation_fault_ && allocation_fault_(batch)) || !allocate(gf, n_nodes, ctx)) {
+  std::string refused;
+  if ((allocation_fault_ && allocation_fault_(batch)) ||
+      !allocate(g.gf, g.n_nodes, g.ctx, refused)) {
     allocation_failed_ = true;
     return Status::error("forward: could not allocate the graph of " +
-                             std::to_string(batch.tokens.size()) + " tokens",
+                             std::to_string(batch.tokens.size()) + " tokens" +
+                             (refused.empty() ? "" : ": " + refused),
                          StatusCode::kInternal);
   }
   // The graph computed: the last one when reused (this step's tensors hold its memory).
-  ggml_cgraph *computed = last_.graph ? last_.graph : gf;
+  ggml_cgraph *computed = last_.graph ? last_.graph : g.gf;
   lap(phases_.allocate);
 
   std::vector<int32_t> positions;
@@ -343,17 +498,16 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
   };
   OFFGRAPH_TRY(device_lost());
   lap(phases_.compute);
-  std::vector<float> out(wants_logits ? size_t(ggml_nelements(*logits)) : 0);
-  if (wants_logits)
-    ggml_backend_tensor_get(*logits, out.data(), 0, ggml_nbytes(*logits));
+  std::vector<float> out(g.logits ? size_t(ggml_nelements(g.logits)) : 0);
+  if (g.logits)
+    ggml_backend_tensor_get(g.logits, out.data(), 0, ggml_nbytes(g.logits));
   else if (sched_)
     wait_for_devices(step.writes());
   if (hidden) {
-    hidden->resize(hidden_tensors.size());
-    for (size_t i = 0; i < hidden_tensors.size(); ++i) {
-      (*hidden)[i].resize(size_t(ggml_nelements(hidden_tensors[i])));
-      ggml_backend_tensor_get(hidden_tensors[i], (*hidden)[i].data(), 0,
-                              ggml_nbytes(hidden_tensors[i]));
+    hidden->resize(g.hidden.size());
+    for (size_t i = 0; i < g.hidden.size(); ++i) {
+      (*hidden)[i].resize(size_t(ggml_nelements(g.hidden[i])));
+      ggml_backend_tensor_get(g.hidden[i], (*hidden)[i].data(), 0, ggml_nbytes(g.hidden[i]));
     }
   }
   OFFGRAPH_TRY(device_lost()); // the reads above went through it too (logits or probes)

@@ -17,6 +17,7 @@
 #include "ggml-cpp.h"
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace offgraph::model {
@@ -47,6 +48,18 @@ public:
   // scheduler's are made again when a step needs a larger graph. The CPU backend's own work
   // buffer (ggml's, private to it) is not counted.
   kv::BytesByBufferType compute_buffer_bytes() const;
+  // The compute budget: the most bytes this pass's compute buffer may grow to on a buffer type
+  // (the budget less what another model's passes hold there), or a negative number for no
+  // limit. A graph that would grow it past that is refused as one whose memory could not be had
+  // (allocation_failed(), the message naming the budget): on the CPU alone before its buffer
+  // grows, with devices right after ggml's scheduler grew it (the scheduler and its buffers are
+  // then freed). A graph that fits the buffers already held runs whatever the limit.
+  using ComputeLimit = std::function<int64_t(ggml_backend_buffer_type_t)>;
+  void set_compute_limit(ComputeLimit limit) { compute_limit_ = std::move(limit); }
+  int64_t compute_refusals() const { return compute_refusals_; } // graphs the limit refused
+  // The compute buffers `batch`'s graph needs, by buffer type: the graph built and measured,
+  // nothing allocated, computed or committed (the spans' storage is reserved as for a run).
+  Result<kv::BytesByBufferType> measure(const Batch &batch);
 
   // Profiling (offgraph bench --profile-ops): with an observer set, the graph is computed one
   // node at a time and the observer gets each node with its wall time. Slower (one thread
@@ -59,7 +72,30 @@ private:
   // Allocates the graph's tensors (on the devices the scheduler picks, custom ops on the CPU),
   // or, with the scheduler, hands them the last graph's allocation when `gf` is that graph
   // again; `ctx` (gf's) is then kept as the last graph's.
-  bool allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx);
+  // `refused` says why where the compute budget refused it.
+  bool allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx, std::string &refused);
+  bool allocate_alone(ggml_cgraph *gf, std::string &refused); // the CPU alone (alloc_)
+  // A step's graph and what the run reads and writes through it.
+  struct Graph {
+    ggml_context_ptr ctx;
+    ggml_cgraph *gf = nullptr;
+    size_t n_nodes = 0; // the graph's capacity
+    GraphInputs in;
+    ggml_tensor *logits = nullptr; // null: the batch wants none
+    std::vector<ggml_tensor *> hidden;
+  };
+  Status check(const Batch &batch, bool wants_hidden) const;
+  // Declares the batch's spans to `step` (failed_span_ where one's storage cannot be had) and
+  // builds its graph.
+  Result<Graph> build(const Batch &batch, kv::Step &step);
+  std::vector<ggml_backend_t> scheduler_backends() const;
+  size_t scheduler_size(size_t n_nodes) const;
+  void pin_custom_ops(ggml_backend_sched_t sched, ggml_cgraph *gf) const;
+  ggml_gallocr_t measurer(); // an allocator that only measures (the CPU alone)
+  // Why `needs` grows a buffer past what it `held` and past the compute limit, or empty (a
+  // refusal is counted).
+  std::string over_compute_limit(const kv::BytesByBufferType &needs,
+                                 const kv::BytesByBufferType &held);
   ggml_status compute(ggml_cgraph *gf);
   // Device buffers freed so far, as the stores and the relays count them (LastGraph).
   int64_t buffer_frees() const;
@@ -68,6 +104,12 @@ private:
   kv::KvStore &store_;
   ggml_backend_ptr backend_; // the CPU's
   ggml_gallocr_ptr alloc_;   // the CPU alone
+  ggml_gallocr_ptr measurer_;
+  ComputeLimit compute_limit_;
+  int64_t compute_refusals_ = 0;
+  // allocation_sizes() of the largest graph measured against the compute limit since alloc_'s
+  // plan last grew: a graph within it cannot grow the buffer.
+  std::vector<size_t> planned_;
   // Other devices: their backends (split order), then the CPU's, and the scheduler over them.
   // The devices (their relays) outlive the backends and buffers that talk through them.
   std::shared_ptr<const Devices> devices_;

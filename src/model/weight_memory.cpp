@@ -1,5 +1,7 @@
 #include "model/weight_memory.h"
 
+#include "base/units.h"
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -17,8 +19,6 @@ std::atomic<WeightStorage> g_storage{WeightStorage::automatic};
 
 constexpr uint64_t kHugePage = uint64_t(2) << 20;
 constexpr uint64_t kReadChunk = uint64_t(64) << 20; // bytes a read call asks for (progress)
-
-std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
 // A cgroup file's one number ("max": unlimited). 0: unreadable.
 uint64_t read_u64(const std::string &path, bool *unlimited = nullptr) {

@@ -1038,6 +1038,14 @@ std::string Server::metrics_text() {
         {"grammar_tables", "--grammar-mib", int64_t(in.grammar_table_bytes),
          int64_t(facts_.vocabulary->shared_table_budget())},
     };
+    // Compute buffers: every device's together, against the devices' budgets together (each
+    // device's own: offgraph_device_memory_*{use="compute"}).
+    int64_t compute = 0, compute_budget = 0;
+    for (const engine::Engine::Load::DeviceBytes &b : load.by_device)
+      if (std::string_view(b.use) == "compute") compute += b.bytes;
+    for (const engine::Engine::Load::DeviceBytes &b : engine_->budget_by_device())
+      if (std::string_view(b.use) == "compute") compute_budget += b.bytes;
+    in.budgets.push_back({"compute", "--compute-mib", compute, compute_budget});
     if (facts_.images) {
       const engine::ImageEncoder::Stats is = facts_.images->stats();
       in.budgets.push_back({"image_rows", "--image-mib", is.live_bytes + is.reserved_bytes,

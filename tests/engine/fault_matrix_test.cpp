@@ -97,7 +97,9 @@ struct Answers {
   std::vector<std::string> errors;
 };
 
-Answers run_waves(const std::vector<std::vector<Request>> &waves, const EngineOptions &o) {
+// `after_step`, if set, sees the engine after each step.
+Answers run_waves(const std::vector<std::vector<Request>> &waves, const EngineOptions &o,
+                  const std::function<void(const Engine &)> &after_step = {}) {
   auto e = Engine::create(*fixture().model, o);
   EXPECT_TRUE(e.ok()) << e.message();
   Answers r;
@@ -116,7 +118,8 @@ Answers run_waves(const std::vector<std::vector<Request>> &waves, const EngineOp
       EXPECT_TRUE(id.ok()) << id.message();
       ++k;
     }
-    (*e)->run_until_idle();
+    while ((*e)->step())
+      if (after_step) after_step(**e);
     EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
   }
   EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
@@ -385,6 +388,54 @@ TEST(FaultMatrix, UnderMemoryThatStaysShortStepsShrinkAndDraftsStepAside) {
                 verify_too ? "verify spans too" : "past 8 tokens", (long long)failures,
                 (long long)verified);
   }
+}
+
+// A compute budget (EngineOptions::compute_budget) as tight as the engine allows (one token's
+// step at the full context, both models), and between that and a full prefill chunk: the mixed
+// waves answer as without a budget, no step's compute buffers ever pass it, and graphs were
+// refused (steps ran smaller). One byte below the tightest is refused at create by name.
+TEST(FaultMatrix, UnderATightComputeBudgetStepsShrinkAndAnswersStayTheSame) {
+  const std::vector<std::vector<Request>> waves = mixed_waves();
+  const Answers want = run_waves(waves, mixed_options());
+  for (const std::string &error : want.errors) ASSERT_EQ(error, "");
+  EngineOptions probe = mixed_options();
+  probe.compute_budget = int64_t(1) << 40;
+  auto measured = Engine::create(*fixture().model, probe);
+  ASSERT_TRUE(measured.ok()) << measured.message();
+  const Engine::ComputeNeeds needs = (*measured)->compute_needs();
+  ASSERT_EQ(needs.one_token.size(), 1u); // the CPU alone
+  const int64_t one = needs.one_token[0].second, full = needs.full_chunk[0].second;
+  ASSERT_LT(one, full);
+  for (const int64_t budget : {one, (one + full) / 2}) {
+    SCOPED_TRACE("budget " + std::to_string(budget) + " (one token " + std::to_string(one) +
+                 ", a chunk " + std::to_string(full) + ")");
+    EngineOptions o = mixed_options();
+    o.compute_budget = budget;
+    int64_t most = 0, refusals = 0, steps = 0;
+    const Answers got = run_waves(waves, o, [&](const Engine &e) {
+      int64_t compute = 0;
+      for (const Engine::Load::DeviceBytes &b : e.load().by_device)
+        if (std::string(b.use) == "compute") compute += b.bytes;
+      most = std::max(most, compute);
+      refusals = e.published_stats().compute_budget_refusals;
+      ++steps;
+    });
+    EXPECT_EQ(got.out, want.out);
+    EXPECT_EQ(got.errors, want.errors);
+    EXPECT_LE(most, budget);
+    EXPECT_GT(most, 0);
+    EXPECT_GT(refusals, 0);
+    std::printf("[ compute  ] budget %lld bytes (one token %lld, a chunk %lld): %lld steps, "
+                "compute buffers at most %lld, %lld graphs refused\n",
+                (long long)budget, (long long)one, (long long)full, (long long)steps,
+                (long long)most, (long long)refusals);
+  }
+  EngineOptions o = mixed_options();
+  o.compute_budget = one - 1;
+  auto refused = Engine::create(*fixture().model, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("--compute-mib"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("one token's step"), std::string::npos) << refused.message();
 }
 
 } // namespace

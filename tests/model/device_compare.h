@@ -150,4 +150,66 @@ inline void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode
               (long long)split.fwd->graphs_reused());
 }
 
+// The compute limit on `s` (a fresh session; `ref` another of the same model, no limit): a
+// prefill chunk measured (model::Forward::measure, which keeps nothing: the sequence stays
+// empty) and run one byte short of its largest buffer is refused before anything is computed,
+// the message naming the budget, the sequence and the buffers as they were; at its measure it
+// runs, and the buffers it leaves are the measure; under a limit below what it left, steps that
+// fit those buffers run (a limit bounds growth), with the logits of `ref`.
+inline void check_compute_limit(Session &s, Session &ref) {
+  std::mt19937_64 rng(41);
+  std::vector<int32_t> tokens(16);
+  for (int32_t &t : tokens) t = std::uniform_int_distribution<int32_t>(0, 299)(rng);
+  const kv::SeqId a = *s.store->create_sequence(), r = *ref.store->create_sequence();
+  Batch chunk;
+  chunk.tokens.assign(tokens.begin(), tokens.begin() + 8);
+  chunk.spans.push_back({a, 0, 8});
+  for (int32_t i = 0; i < 8; ++i) chunk.logit_rows.push_back(i);
+  auto need = s.fwd->measure(chunk);
+  ASSERT_TRUE(need.ok()) << need.message();
+  EXPECT_EQ(s.store->sequence(a)->length(), 0);
+  ggml_backend_buffer_type_t most = nullptr;
+  int64_t most_bytes = 0;
+  for (const auto &[buft, bytes] : *need)
+    if (bytes > most_bytes) most = buft, most_bytes = bytes;
+  ASSERT_GT(most_bytes, 0);
+  int64_t limit = most_bytes - 1;
+  s.fwd->set_compute_limit(
+      [&](ggml_backend_buffer_type_t buft) -> int64_t { return buft == most ? limit : -1; });
+  auto refused = s.fwd->run(chunk);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(s.fwd->allocation_failed());
+  EXPECT_NE(refused.message().find("compute budget"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find(ggml_backend_buft_name(most)), std::string::npos);
+  EXPECT_EQ(s.fwd->compute_refusals(), 1);
+  EXPECT_EQ(s.store->sequence(a)->length(), 0);
+  for (const auto &[buft, bytes] : s.fwd->compute_buffer_bytes())
+    if (buft == most) {
+      EXPECT_LE(bytes, limit);
+    }
+
+  limit = most_bytes;
+  std::vector<float> got = s.step(a, chunk.tokens);
+  std::vector<float> want = ref.step(r, chunk.tokens);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5);
+  for (const auto &[buft, bytes] : *need) {
+    int64_t held = 0;
+    for (const auto &[b, h] : s.fwd->compute_buffer_bytes())
+      if (b == buft) held = h;
+    EXPECT_EQ(held, bytes) << ggml_backend_buft_name(buft);
+  }
+  limit = most_bytes / 2;
+  for (size_t i = 8; i < tokens.size(); ++i) { // one token a step: within the buffers
+    got = s.step(a, {tokens[i]});
+    want = ref.step(r, {tokens[i]});
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5) << "position " << i;
+  }
+  EXPECT_EQ(s.fwd->compute_refusals(), 1);
+  std::printf("[ model    ] compute limit: a chunk of 8 needs %lld bytes on %s; refused one byte "
+              "short, ran at its measure\n",
+              (long long)most_bytes, ggml_backend_buft_name(most));
+}
+
 } // namespace offgraph::model::testing

@@ -1,6 +1,7 @@
 // The model layer against full recomputation: decoding step by step and in prefill chunks of
 // varied size gives, at every position, the logits of recomputing the whole prefix from an empty
 // cache (where the sliding layers are not even rings). And malformed files get clear errors.
+#include "device_compare.h"
 #include "model/amx_matmul.h"
 #include "model/arch.h"
 #include "model/cpu_matmul.h"
@@ -868,6 +869,13 @@ TEST(ModelFiles, FusedQkvComputesTheSeparateProjections) {
                   arch, int(form), err);
     }
   }
+}
+
+// The compute limit on the CPU alone (ggml's allocator, measured before it grows).
+TEST(ModelDecode, TheComputeLimitRefusesAGraphBeforeItsBufferGrows) {
+  const std::string path = testing::make_model("muse-glimmer", 8);
+  testing::Session limited(path, nullptr), ref(path, nullptr);
+  testing::check_compute_limit(limited, ref);
 }
 
 } // namespace

@@ -76,6 +76,18 @@ TEST(Rpc, SplitLayersGiveTheCpuLogits) {
   EXPECT_TRUE(servers().alive(1));
 }
 
+// With layers on the servers, the scheduler's buffers: one that grows past the limit is refused
+// right after it grew and freed; the measure is what the scheduler takes (each device's).
+TEST(Rpc, TheComputeLimitBoundsEachDevicesBuffers) {
+  ASSERT_TRUE(servers().ok()) << "could not start " << OFFGRAPH_RPC_SERVER;
+  const std::string path = make_model("muse-glimmer", 7);
+  Session remote(path, open_devices({1, 1}));
+  Session cpu(path, nullptr);
+  testing::check_compute_limit(remote, cpu);
+  EXPECT_TRUE(servers().alive(0));
+  EXPECT_TRUE(servers().alive(1));
+}
+
 // A server forgets its stored graphs when any of its buffers is freed: a sequence removed between
 // two decode steps of another (its rings freed on the devices) must make the next step send its
 // graph again, not recompute one the server no longer has (which would lose the device).

@@ -1,13 +1,13 @@
 // The server soak (issue 37; `make soak` runs it at OFFGRAPH_SOAK_REQUESTS, 20,000): 32 clients on
 // loopback send a mix of long prompts, branches of a few conversations, n = 2, images, JSON
 // schemas, n-gram speculation, logprobs and streams, and hang up on 15% of their requests, against
-// a server with small budgets (KV, image rows, image cache, cached conversations). Every request a
-// client completed got 200 or a 429 (the queue full), never a 5xx or another 4xx; every request the
-// server accepted was answered in full or cancelled because its client left; while it runs no
-// budget in /metrics is ever past its limit; afterwards nothing is active or queued, the KV store
-// holds only what the cached conversations hold, the image rows only what the image cache holds,
-// and the process's resident memory is within 10% of what it was after the first tenth of the
-// requests (at least 400, by when the caches are full).
+// a server with small budgets (KV, compute, image rows, image cache, cached conversations). Every
+// request a client completed got 200 or a 429 (the queue full), never a 5xx or another 4xx; every
+// request the server accepted was answered in full or cancelled because its client left; while it
+// runs no budget in /metrics is ever past its limit; afterwards nothing is active or queued, the KV
+// store holds only what the cached conversations hold, the image rows only what the image cache
+// holds, and the process's resident memory is within 10% of what it was after the first tenth of
+// the requests (at least 400, by when the caches are full).
 #include "../image/random_png.h"
 #include "engine/images.h"
 #include "image_models.h"
@@ -101,14 +101,21 @@ TEST(ServerSoak, MixedRequestsUnderSmallBudgetsLoseNothing) {
   engine::EngineOptions eo = small_engine(1024, 32);
   eo.max_active = 8, eo.max_cached = 6, eo.max_queue = 48, eo.snapshot_every = 64;
   {
-    auto probe = engine::Engine::create(*model, eo);
-    ASSERT_TRUE(probe.ok());
+    engine::EngineOptions measuring = eo;
+    measuring.compute_budget = int64_t(1) << 40; // to read what steps need
+    auto probe = engine::Engine::create(*model, measuring);
+    ASSERT_TRUE(probe.ok()) << probe.message();
     // Room for two of the longest requests sent at once: admission decides, requests wait.
     engine::Request longest;
     longest.prompt.assign(1000, 1);
     longest.max_tokens = 24;
     longest.message_starts = {0, 500, 600};
     eo.kv_budget = 2 * (*probe)->peak_kv_bytes(longest);
+    // Compute buffers: halfway between one token's step and a full prefill chunk at the full
+    // context (the CPU's), so that long prompts and busy steps run smaller.
+    const engine::Engine::ComputeNeeds &needs = (*probe)->compute_needs();
+    ASSERT_EQ(needs.one_token.size(), 1u);
+    eo.compute_budget = (needs.one_token[0].second + needs.full_chunk[0].second) / 2;
   }
   ServerOptions so = opts("soak");
   auto server = std::move(Server::create(*model, eo, so, images)).value();
@@ -265,11 +272,13 @@ TEST(ServerSoak, MixedRequestsUnderSmallBudgetsLoseNothing) {
                   client_seconds);
   std::printf("[ soak     ] %d requests from %d clients: %d answered, %d refused with 429, %d "
               "hung up; %.0f accepted, %.0f cancelled by hang-ups; %.0f generated tokens; %.0f "
-              "images encoded; RSS %.1f MiB after %d requests, %.1f MiB at the end\n",
+              "images encoded; %.0f step graphs refused by the compute budget; RSS %.1f MiB "
+              "after %d requests, %.1f MiB at the end\n",
               total, kClients, ok.load(), refused.load(), hung_up.load(),
               metric("offgraph_requests_total"), metric("offgraph_client_disconnects_total"),
               metric("offgraph_generated_tokens_total"), double(encoder.stats().encoded),
-              double(warm_rss) / 1048576, warm_up, double(end_rss) / 1048576);
+              metric("offgraph_compute_budget_refusals_total"), double(warm_rss) / 1048576, warm_up,
+              double(end_rss) / 1048576);
 #ifndef OFFGRAPH_SOAK_SANITIZED // the sanitizers' quarantine holds freed memory
   EXPECT_LE(double(end_rss), 1.10 * double(warm_rss));
 #endif
