@@ -327,6 +327,23 @@ public:
   const kv::KvStore *draft_store() const { return draft_store_.get(); }
 
 private:
+  // A size of step (or of one generation's span) whose graph can be allocated, learned from
+  // failures (a device's memory that stays short, the compute budget): a failure at T tokens caps
+  // the next at T / 2; kRelax that ran at the cap double it, until it reaches the most there is
+  // (no cap). 0: no cap.
+  struct Allocatable {
+    static constexpr int32_t kRelax = 32;
+    int32_t tokens = 0, ran_at_cap = 0;
+    void failed(int32_t t) {
+      const int32_t half = std::max(1, t / 2);
+      tokens = tokens > 0 ? std::min(tokens, half) : half, ran_at_cap = 0;
+    }
+    void ran(int32_t t, int32_t most) {
+      if (tokens <= 0 || t < tokens || ++ran_at_cap < kRelax) return;
+      tokens = tokens * 2 >= most ? 0 : tokens * 2, ran_at_cap = 0;
+    }
+    int32_t cap(int32_t n) const { return tokens > 0 ? std::min(n, tokens) : n; }
+  };
   // One choice of one request, from the queue through the batch to its end: the request's first
   // choice is queued and admitted; its others are forked from it once the prompt is computed.
   struct Generation {
@@ -383,6 +400,9 @@ private:
     bool prompt_logprobs_sent = false;
     // The message start the last chunks snapshotted near, and how many did.
     int32_t near_start = -1, near_start_snapshots = 0;
+    // Its own span size that can be allocated (a prompt chunk or a verify span that failed
+    // alone: its depth, not the step, was too much), so that the next ones do not fail first.
+    Allocatable span;
   };
   // A request waiting for an active one to compute the prefix they share.
   struct Parked {
@@ -537,22 +557,7 @@ private:
   double draft_step_seconds_ = 0; // recent mean time of one draft forward pass
   // Draft caches kept with cached sequences (by the target's sequence id): id and tokens held.
   std::map<kv::SeqId, std::pair<kv::SeqId, size_t>> cached_drafts_;
-  // The step size whose graph can be allocated, learned from failures (a device's memory that
-  // stays short): a failed step of T tokens (of several parts) caps the next steps at T / 2;
-  // kRelax steps that ran at the cap double it, until it reaches the step budget (no cap). 0: no
-  // cap.
-  struct Allocatable {
-    static constexpr int32_t kRelax = 32;
-    int32_t tokens = 0, ran_at_cap = 0;
-    void failed(int32_t t) {
-      const int32_t half = std::max(1, t / 2);
-      tokens = tokens > 0 ? std::min(tokens, half) : half, ran_at_cap = 0;
-    }
-    void ran(int32_t t, int32_t step_tokens) {
-      if (tokens <= 0 || t < tokens || ++ran_at_cap < kRelax) return;
-      tokens = tokens * 2 >= step_tokens ? 0 : tokens * 2, ran_at_cap = 0;
-    }
-  };
+  // Of the steps (Allocatable).
   Allocatable allocatable_;
   // budget_by_device(): fixed once the budgets are.
   std::vector<Load::DeviceBytes> budget_by_device_;

@@ -50,8 +50,7 @@ std::vector<Engine::Part> Engine::plan_batch() {
     order.push_back(active_[(start + i) % active_.size()].get());
   std::vector<Part> parts;
   // Under a step size whose graph could not be allocated lately, smaller steps (allocatable_).
-  int32_t budget = allocatable_.tokens > 0 ? std::min(options_.step_tokens, allocatable_.tokens)
-                                           : options_.step_tokens;
+  int32_t budget = allocatable_.cap(options_.step_tokens);
   size_t scored_rows = 0; // within kScoredChunk a step
   // Drafts take only what leaves a token for every generation after them in this step's order.
   int32_t later = int32_t(order.size());
@@ -78,9 +77,9 @@ std::vector<Engine::Part> Engine::plan_batch() {
       if (a->speculator) {
         // Drafts no longer than a rejection can be rewound from, than the tokens the request may
         // still write after this step's first, and than the budget.
-        const int32_t limit =
-            std::min({store_->sequence(a->seq)->max_draft_tokens(),
-                      a->request.max_tokens - a->generated - 1, budget - 1 - later});
+        const int32_t limit = std::min({store_->sequence(a->seq)->max_draft_tokens(),
+                                        a->request.max_tokens - a->generated - 1,
+                                        budget - 1 - later, a->span.cap(options_.max_write) - 1});
         if (limit > 0 && a->speculator->options().source == DraftSource::Draft) {
           if (const int32_t k = a->speculator->length(limit, model_cost); k > 0) {
             model_drafts.push_back({a, k}), model_parts.push_back(parts.size());
@@ -100,8 +99,8 @@ std::vector<Engine::Part> Engine::plan_batch() {
       parts.push_back(std::move(decode));
       continue;
     }
-    size_t n = std::min<size_t>(
-        {size_t(options_.max_write), size_t(budget), a->request.prompt.size() - a->computed});
+    size_t n = std::min<size_t>({size_t(a->span.cap(options_.max_write)), size_t(budget),
+                                 a->request.prompt.size() - a->computed});
     if (const size_t every = size_t(std::max(0, options_.snapshot_every)); every > 0) {
       n = std::min(n, every - a->computed % every); // stop at the next periodic snapshot
     }
@@ -182,6 +181,11 @@ void Engine::run_batch(const std::vector<Part> &parts) {
     run_batch(std::vector<Part>(half, parts.end()));
     return;
   }
+  // A part alone: its own span sizes learn (the steps' do not).
+  if (parts.size() == 1 && !logits.ok() && forward_->allocation_failed())
+    parts[0].g->span.failed(parts[0].n);
+  else if (logits.ok())
+    for (const Part &p : parts) p.g->span.ran(p.n, options_.max_write);
   if (!logits.ok() && forward_->allocation_failed() && !parts[0].draft.empty()) {
     // A verify span alone that cannot be allocated: its token runs without the draft (a draft
     // model's cache cut back to what is computed, as after a rejection).

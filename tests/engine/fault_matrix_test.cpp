@@ -380,6 +380,9 @@ TEST(FaultMatrix, UnderMemoryThatStaysShortStepsShrinkAndDraftsStepAside) {
     EXPECT_GT(failures, 0);
     if (verify_too) {
       EXPECT_EQ(verified, 0); // each verify span failed, and its token ran alone
+      // A span size that failed alone is not tried again at every step (31 were, before each
+      // generation learned its own: Engine::Generation::span).
+      EXPECT_LE(failures, 12);
     } else {
       EXPECT_LE(failures, 4) << "a step size that failed was tried again";
       EXPECT_GT(verified, 0);
