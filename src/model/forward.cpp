@@ -2,8 +2,6 @@
 
 #include "base/units.h"
 
-#include "ggml-cpu.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -144,7 +142,7 @@ bool fits_plan(const std::vector<size_t> &sizes, const std::vector<size_t> &plan
 } // namespace
 
 Forward::Forward(const Model &model, kv::KvStore &store, int n_threads)
-    : model_(model), store_(store), backend_(ggml_backend_cpu_init()) {
+    : model_(model), store_(store), backend_(ggml_backend_cpu_init()), n_threads_(n_threads) {
   ggml_backend_cpu_set_n_threads(backend_.get(), n_threads);
   devices_ = model.shared_devices();
   const Devices &d = *devices_;
@@ -160,7 +158,7 @@ kv::BytesByBufferType Forward::compute_buffer_bytes() const {
   kv::BytesByBufferType by;
   if (alloc_) {
     kv::add_bytes(by, ggml_backend_get_default_buffer_type(backend_.get()),
-                  int64_t(ggml_gallocr_get_buffer_size(alloc_.get(), 0)));
+                  int64_t(ggml_gallocr_get_buffer_size(alloc_.get(), 0) + work_size_));
   } else if (sched_) {
     for (int i = 0; i < ggml_backend_sched_get_n_backends(sched_.get()); ++i) {
       ggml_backend_t b = ggml_backend_sched_get_backend(sched_.get(), i);
@@ -263,21 +261,31 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx,
 
 bool Forward::allocate_alone(ggml_cgraph *gf, std::string &refused) {
   const kv::BytesByBufferType held = compute_buffer_bytes();
+  plan_ = ggml_graph_plan(gf, n_threads_, nullptr);
   if (compute_limit_) {
     // ggml's allocator grows its buffer only for a graph some node (or source) of which is
     // larger than the plan it holds, or whose node count differs: such a graph is measured
     // first, by an allocator that never allocates, and refused where it needs more than the
-    // budget leaves. Decode steps repeat their shapes and skip the measure (45 us a step on
-    // the 0.4b file).
+    // budget leaves (with the work buffer it needs). Decode steps repeat their shapes and skip
+    // the measure (45 us a step on the 0.4b file).
     std::vector<size_t> sizes = allocation_sizes(gf);
-    if (!fits_plan(sizes, planned_)) {
+    size_t graph_bytes = ggml_gallocr_get_buffer_size(alloc_.get(), 0);
+    const bool measure = !fits_plan(sizes, planned_);
+    if (measure) {
       size_t bytes = 0;
       ggml_gallocr_reserve_n_size(measurer(), gf, nullptr, nullptr, &bytes);
-      kv::BytesByBufferType needs;
-      kv::add_bytes(needs, ggml_backend_get_default_buffer_type(backend_.get()), int64_t(bytes));
-      if (refused = over_compute_limit(needs, held); !refused.empty()) return false;
-      planned_ = std::move(sizes);
+      graph_bytes = std::max(graph_bytes, bytes);
     }
+    kv::BytesByBufferType needs;
+    kv::add_bytes(needs, ggml_backend_get_default_buffer_type(backend_.get()),
+                  int64_t(graph_bytes + std::max(work_size_, plan_.work_size)));
+    if (refused = over_compute_limit(needs, held); !refused.empty()) return false;
+    if (measure) planned_ = std::move(sizes);
+  }
+  if (plan_.work_size > work_size_) {
+    work_.reset(new (std::nothrow) uint8_t[plan_.work_size]);
+    work_size_ = work_ ? plan_.work_size : 0;
+    if (!work_) return false;
   }
   if (!ggml_gallocr_alloc_graph(alloc_.get(), gf)) return false;
   // A plan made again from scratch (ggml re-plans when the leaf count differs, which the sizes
@@ -405,7 +413,8 @@ Result<kv::BytesByBufferType> Forward::measure(const Batch &batch) try {
   if (alloc_) {
     size_t bytes = 0;
     ggml_gallocr_reserve_n_size(measurer(), g->gf, nullptr, nullptr, &bytes);
-    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backend_.get()), int64_t(bytes));
+    const size_t work = ggml_graph_plan(g->gf, n_threads_, nullptr).work_size;
+    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backend_.get()), int64_t(bytes + work));
     return by;
   }
   // ggml's scheduler rewrites the graph it splits (inputs copied between devices): a scheduler
@@ -532,7 +541,10 @@ Result<std::vector<float>> Forward::run(const Batch &batch,
 
 ggml_status Forward::compute(ggml_cgraph *gf) {
   if (sched_) return ggml_backend_sched_graph_compute(sched_.get(), gf);
-  if (!observer_) return ggml_backend_graph_compute(backend_.get(), gf);
+  if (!observer_) { // gf's plan and work buffer, made when it was allocated
+    plan_.work_data = work_.get();
+    return ggml_graph_compute(gf, &plan_);
+  }
   ggml_init_params params = {ggml_graph_overhead_custom(1, false), nullptr, true};
   ggml_context_ptr ctx(ggml_init(params));
   ggml_cgraph *one = ggml_new_graph_custom(ctx.get(), 1, false);

@@ -15,8 +15,10 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
+#include "ggml-cpu.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,8 +47,8 @@ public:
   void set_allocation_fault(AllocationFault fault) { allocation_fault_ = std::move(fault); }
   // The compute buffers the graphs are allocated in now, by buffer type (one per device): ggml's
   // allocator grows them to the largest step so far (the most tokens, the deepest history); the
-  // scheduler's are made again when a step needs a larger graph. The CPU backend's own work
-  // buffer (ggml's, private to it) is not counted.
+  // scheduler's are made again when a step needs a larger graph. On the CPU alone the graphs'
+  // work buffer counts too (with devices it is the CPU backend's own, not counted).
   kv::BytesByBufferType compute_buffer_bytes() const;
   // The compute budget: the most bytes this pass's compute buffer may grow to on a buffer type
   // (the budget less what another model's passes hold there), or a negative number for no
@@ -104,6 +106,13 @@ private:
   kv::KvStore &store_;
   ggml_backend_ptr backend_; // the CPU's
   ggml_gallocr_ptr alloc_;   // the CPU alone
+  // The CPU alone: the graph's compute plan (made when it is allocated) and its work buffer (the
+  // CPU backend's otherwise, private to it): ours, so that the compute budget counts it and a
+  // work buffer that cannot be had is a graph that cannot be allocated, not a failed pass.
+  int n_threads_;
+  ggml_cplan plan_{};
+  std::unique_ptr<uint8_t[]> work_;
+  size_t work_size_ = 0;
   ggml_gallocr_ptr measurer_;
   ComputeLimit compute_limit_;
   int64_t compute_refusals_ = 0;
