@@ -82,14 +82,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
   if (!store.ok()) return store.status();
   e->store_ = std::move(store).value();
   if (options.kv_fault) e->store_->set_fault(options.kv_fault);
-  if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
-    e->options_.kv_budget = kv_budget_from_memory(
-        kv_device_memory(*e->store_, options.context),
-        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(),
-        e->store_->peak_bytes_at_length(options.context) + e->store_->peak_bytes_at_length(0));
-  e->store_->set_memory_budget(e->options_.kv_budget);
-  e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
-  if (options.allocation_fault) e->forward_->set_allocation_fault(options.allocation_fault);
   if (const model::Model *d = options.draft_model) {
     if (d->config().n_vocab != model.config().n_vocab)
       return Status::error("the draft model has " + std::to_string(d->config().n_vocab) +
@@ -101,21 +93,34 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     auto draft_store = kv::KvStore::create(*draft_layout, options.types, d->cache_buffer_types());
     if (!draft_store.ok()) return draft_store.status();
     e->draft_store_ = std::move(draft_store).value();
-    // The draft's caches follow the target's sequences: its budget is the KV budget's share in
-    // proportion to one full-context sequence of each. Past it a draft is not started (or cached
-    // drafts go first): speculation slows, answers stay the same.
-    if (const int64_t target = e->store_->peak_bytes_at_length(options.context);
-        e->options_.kv_budget > 0 && target > 0)
-      e->draft_store_->set_memory_budget(std::max<int64_t>(
-          1, int64_t(double(e->options_.kv_budget) *
-                     double(e->draft_store_->peak_bytes_at_length(options.context)) /
-                     double(target))));
     if (options.draft_kv_fault) e->draft_store_->set_fault(options.draft_kv_fault);
-    e->draft_forward_ = std::make_unique<model::Forward>(*d, *e->draft_store_, options.threads);
-    if (options.draft_allocation_fault)
-      e->draft_forward_->set_allocation_fault(options.draft_allocation_fault);
   } else if (options.speculation.source == DraftSource::Draft) {
     return Status::error("speculative decoding with a draft model needs one (a draft model file)");
+  }
+  // The draft's caches follow the target's sequences: its budget is the KV budget's share in
+  // proportion to one full-context sequence of each. Past it a draft is not started (or cached
+  // drafts go first): speculation slows, answers stay the same.
+  const int64_t target_peak = e->store_->peak_bytes_at_length(options.context);
+  const double draft_share =
+      e->draft_store_ && target_peak > 0
+          ? double(e->draft_store_->peak_bytes_at_length(options.context)) / double(target_peak)
+          : 0.0;
+  if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
+    e->options_.kv_budget = kv_budget_from_memory(
+        kv_device_memory(*e->store_, options.context, e->draft_store_.get(), draft_share),
+        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(),
+        target_peak + e->store_->peak_bytes_at_length(0));
+  e->store_->set_memory_budget(e->options_.kv_budget);
+  e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
+  if (options.allocation_fault) e->forward_->set_allocation_fault(options.allocation_fault);
+  if (e->draft_store_) {
+    if (e->options_.kv_budget > 0 && draft_share > 0)
+      e->draft_store_->set_memory_budget(
+          std::max<int64_t>(1, int64_t(double(e->options_.kv_budget) * draft_share)));
+    e->draft_forward_ =
+        std::make_unique<model::Forward>(*options.draft_model, *e->draft_store_, options.threads);
+    if (options.draft_allocation_fault)
+      e->draft_forward_->set_allocation_fault(options.draft_allocation_fault);
   }
   e->budget_by_device_ =
       budget_parts_by_device(*e->store_, options.context, e->options_.kv_budget, "kv");

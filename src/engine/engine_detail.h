@@ -16,7 +16,12 @@ inline constexpr int32_t kSnapshotsPerStart = 3;
 
 // Each buffer type of `store` as kv_budget_from_memory reads it: its largest part of the store
 // (sequences of up to `context` positions), the pool held there, what its device may still take.
-std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context);
+// With a draft model's store, whose budget is `draft_share` of the KV budget, its parts (times
+// that share) add to the buffer types they live in: the budget then bounds both stores on every
+// device.
+std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context,
+                                             const kv::KvStore *draft = nullptr,
+                                             double draft_share = 0);
 // The most of `budget` each of `store`'s buffer types can hold (its part; none for 0).
 std::vector<Engine::Load::DeviceBytes>
 budget_parts_by_device(const kv::KvStore &store, int32_t context, int64_t budget, const char *use);

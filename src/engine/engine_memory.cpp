@@ -22,7 +22,8 @@ int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t p
   for (const KvDeviceMemory &d : devices) {
     if (d.available <= 0 || d.part <= 0) continue; // unknown, or nothing of the KV there
     const double room = double(d.held) + double(d.available / 4 * 3);
-    const int64_t limit = int64_t(std::min(room / std::min(d.part, 1.0), 0x1p62));
+    // (A part past 1: a draft model's store beside the target's on that device.)
+    const int64_t limit = int64_t(std::min(room / d.part, 0x1p62));
     budget = budget ? std::min(*budget, limit) : limit;
   }
   if (!budget) return 0; // unknown: no limit, as before there was a default
@@ -110,17 +111,26 @@ std::vector<std::pair<ggml_backend_buffer_type_t, double>> device_parts(const kv
 
 } // namespace
 
-std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context) {
-  const kv::BytesByBufferType held = store.device_pool_bytes();
+std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t context,
+                                             const kv::KvStore *draft, double draft_share) {
+  std::vector<std::pair<ggml_backend_buffer_type_t, KvDeviceMemory>> by;
+  auto add = [&by, context](const kv::KvStore &s, double share) {
+    const kv::BytesByBufferType held = s.device_pool_bytes();
+    for (const auto &[buft, part] : device_parts(s, context)) {
+      auto it =
+          std::find_if(by.begin(), by.end(), [b = buft](const auto &d) { return d.first == b; });
+      if (it == by.end()) {
+        by.push_back({buft, {device_available(buft), 0, 0}});
+        it = by.end() - 1;
+      }
+      it->second.part += part * share;
+      it->second.held += bytes_on(held, buft);
+    }
+  };
+  add(store, 1.0);
+  if (draft && draft_share > 0) add(*draft, draft_share);
   std::vector<KvDeviceMemory> out;
-  for (const auto &[buft, part] : device_parts(store, context)) {
-    KvDeviceMemory d;
-    d.part = part;
-    d.available = device_available(buft);
-    for (const auto &[b, bytes] : held)
-      if (b == buft) d.held = bytes;
-    out.push_back(d);
-  }
+  for (const auto &[buft, d] : by) out.push_back(d);
   return out;
 }
 

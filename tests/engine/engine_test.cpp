@@ -1,6 +1,7 @@
 // The engine against running each request alone: batched requests, prefix reuse (by rewind and by
 // the prompt-end snapshot after the rings wrapped) and agent loops give exactly the tokens of a
 // fresh computation, while computing only the new part of each prompt.
+#include "engine/engine_detail.h"
 #include "engine_util.h"
 
 #include <gtest/gtest.h>
@@ -166,6 +167,28 @@ TEST(Engine, KvBudgetFromMemory) {
   ASSERT_EQ(budget_by_device.size(), 1u);
   EXPECT_EQ(budget_by_device[0].bytes, (*e)->options().kv_budget);
   EXPECT_STREQ(budget_by_device[0].use, "kv");
+  // With a draft model (the target as its own: the same bytes a sequence), the store's real parts
+  // and the draft's, at its share of the budget, on the buffer type both live in: the host holds
+  // twice the budget's part, so it allows half the budget.
+  o.draft_model = fixture().model.get();
+  auto with_draft = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(with_draft.ok()) << with_draft.message();
+  const kv::KvStore &target = (*with_draft)->store(), &draft = *(*with_draft)->draft_store();
+  const double share = double(draft.peak_bytes_at_length(o.context)) /
+                       double(target.peak_bytes_at_length(o.context));
+  EXPECT_DOUBLE_EQ(share, 1.0);
+  const std::vector<KvDeviceMemory> host = kv_device_memory(target, o.context, &draft, share);
+  ASSERT_EQ(host.size(), 1u);
+  EXPECT_DOUBLE_EQ(host[0].part, 2.0);
+  EXPECT_GT(host[0].available, 0);
+  const std::vector<KvDeviceMemory> alone_host = kv_device_memory(target, o.context);
+  ASSERT_EQ(alone_host.size(), 1u);
+  EXPECT_DOUBLE_EQ(alone_host[0].part, 1.0);
+  const int64_t available = int64_t(1) << 30;
+  const std::vector<KvDeviceMemory> gib_host = {{available, 0, host[0].part}};
+  EXPECT_EQ(kv_budget_from_memory(gib_host, 0, 4096), available / 4 * 3 / 2);
+  EXPECT_EQ(draft.memory_budget(), (*with_draft)->options().kv_budget);
+  o.draft_model = nullptr;
   o.kv_budget = -2;
   EXPECT_FALSE(Engine::create(*fixture().model, o).ok());
 }
