@@ -105,11 +105,19 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
       e->draft_store_ && target_peak > 0
           ? double(e->draft_store_->peak_bytes_at_length(options.context)) / double(target_peak)
           : 0.0;
-  if (options.kv_budget == EngineOptions::kKvBudgetFromMemory)
+  if (options.kv_budget == EngineOptions::kKvBudgetFromMemory) {
+    // What the store can hold at most: the page pool, and beside it (the budget counts them
+    // too) every sequence's rings, a prompt-end snapshot per cached conversation, and the
+    // snapshots inside prompts.
+    const int64_t rings = e->store_->peak_bytes_at_length(0);
+    const int64_t most =
+        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes() +
+        rings * (int64_t(options.max_active) + 2 * int64_t(options.max_cached)) +
+        std::max<int64_t>(0, options.snapshot_budget != 0 ? options.snapshot_budget : target_peak);
     e->options_.kv_budget = kv_budget_from_memory(
-        kv_device_memory(*e->store_, options.context, e->draft_store_.get(), draft_share),
-        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes(),
-        target_peak + e->store_->peak_bytes_at_length(0));
+        kv_device_memory(*e->store_, options.context, e->draft_store_.get(), draft_share), most,
+        target_peak + rings);
+  }
   e->store_->set_memory_budget(e->options_.kv_budget);
   e->forward_ = std::make_unique<model::Forward>(model, *e->store_, options.threads);
   if (options.allocation_fault) e->forward_->set_allocation_fault(options.allocation_fault);

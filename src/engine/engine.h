@@ -129,11 +129,11 @@ struct KvDeviceMemory {
 };
 // The KV budget EngineOptions::kKvBudgetFromMemory stands for: the largest total whose part on
 // each device fits in what the store holds there plus three quarters of what the device may
-// still take; at most what the store's page pool can hold (`pool`), and at least what one
-// request at the full context holds (`one`: a budget that cannot hold it would refuse what the
-// context allows). A quarter of each device stays for compute buffers, images, grammar tables
-// and the rest of the process. A device whose memory is unknown sets no limit; 0 (no limit)
-// where none is known.
+// still take; at most what the store can hold (`pool`: its page pool, and the rings and snapshots
+// beside it), and at least what one request at the full context holds (`one`: a budget that cannot
+// hold it would refuse what the context allows). A quarter of each device stays for the rest:
+// compute buffers (an eighth by default: compute_budget_from_memory), images, grammar tables and
+// the process. A device whose memory is unknown sets no limit; 0 (no limit) where none is known.
 int64_t kv_budget_from_memory(std::span<const KvDeviceMemory> devices, int64_t pool, int64_t one);
 // One device, the host, holding all of it.
 inline int64_t kv_budget_from_memory(int64_t available, int64_t pool, int64_t one) {
