@@ -110,10 +110,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Model &model, Engine
     // too) every sequence's rings, a prompt-end snapshot per cached conversation, and the
     // snapshots inside prompts.
     const int64_t rings = e->store_->peak_bytes_at_length(0);
+    const int64_t snapshots = options.snapshot_budget != 0 ? options.snapshot_budget : target_peak;
     const int64_t most =
-        int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes() +
-        rings * (int64_t(options.max_active) + 2 * int64_t(options.max_cached)) +
-        std::max<int64_t>(0, options.snapshot_budget != 0 ? options.snapshot_budget : target_peak);
+        snapshots < 0 // snapshots without a limit: no cap
+            ? 0
+            : int64_t(e->store_->pages().max_pages()) * e->store_->page_bytes() +
+                  rings * (int64_t(options.max_active) + 2 * int64_t(options.max_cached)) +
+                  snapshots;
     e->options_.kv_budget = kv_budget_from_memory(
         kv_device_memory(*e->store_, options.context, e->draft_store_.get(), draft_share), most,
         target_peak + rings);
@@ -307,14 +310,44 @@ void Engine::end_events(Generation &a, FinishReason reason, const std::string &e
   e.drafted = a.drafted + a.span_tested, e.accepted = a.accepted + a.span_kept;
   attach_prompt_logprobs(a, e);
   if (!a.on_event) return;
-  a.on_event(e);
+  send_end(a.on_event, e);
   // Choices that were never forked end with their request, so that each choice of a request
   // sees exactly one last event.
   if (a.choice == 0)
     for (int32_t c = a.choices_started; c < a.request.n; ++c) {
       e.choice = c;
-      a.on_event(e);
+      send_end(a.on_event, e);
     }
+}
+
+void Engine::send_end(const std::function<void(const Event &)> &on_event, const Event &e) {
+  try {
+    on_event(e);
+  } catch (const std::bad_alloc &) {
+    // The receiver could not take it (its queue, its message): kept and sent again at the next
+    // steps, so that every request still sees its last event and the step goes on.
+    try {
+      undelivered_.push_back({on_event, e, 1});
+    } catch (const std::bad_alloc &) {
+      ++stats_.lost_end_events; // not even that: counted
+    }
+  }
+}
+
+void Engine::send_undelivered() {
+  for (auto it = undelivered_.begin(); it != undelivered_.end();) {
+    try {
+      it->on_event(it->event);
+      it = undelivered_.erase(it);
+    } catch (const std::bad_alloc &) {
+      if (++it->tries < kEndTries) {
+        ++it;
+      } else { // a receiver that never takes it: it goes, counted
+        ++stats_.lost_end_events;
+        it = undelivered_.erase(it);
+      }
+    }
+  }
 }
 
 void Engine::finish(Generation &a, FinishReason reason, const std::string &error, bool keep) {
@@ -407,12 +440,14 @@ void Engine::give_back_memory() {
 }
 
 bool Engine::step_inner() {
+  send_undelivered();
   take_inbox();
   drop_cancelled();
   admit_queued();
   const bool sampled = sample_restored_prompts();
-  if (active_.empty()) return sampled;
+  if (active_.empty()) return sampled || !undelivered_.empty();
   run_batch(plan_batch());
+  if (options_.step_fault && options_.step_fault(stats_.steps)) throw std::bad_alloc();
   return true;
 }
 
@@ -609,7 +644,7 @@ void Engine::spawn_choices(Generation &a, std::span<const float> logits) {
     if (!child.ok()) {
       Event e;
       e.request = a.id, e.finish = FinishReason::Error, e.choice = c, e.error = child.message();
-      if (a.on_event) a.on_event(e);
+      if (a.on_event) send_end(a.on_event, e);
       continue;
     }
     Generation &g = **child;

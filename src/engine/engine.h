@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,6 +109,9 @@ struct EngineOptions {
   // graphs. A draft that fails is not used: speculation slows, answers stay the same.
   kv::KvStore::Fault draft_kv_fault;
   model::Forward::AllocationFault draft_allocation_fault;
+  // Fault injection for tests: true (given the steps run so far) throws std::bad_alloc from the
+  // step's own bookkeeping after its batch ran, as memory that no fault site contains.
+  std::function<bool(int64_t steps)> step_fault;
   kv::StorageTypes types;
   int threads = 2;
   // Speculative decoding for requests that do not choose their own (Request::speculation).
@@ -235,6 +239,10 @@ struct EngineStats {
   // Graphs (of both models) refused for needing more than the compute budget: their steps ran
   // smaller.
   int64_t compute_budget_refusals = 0;
+  // Last events whose receiver could not take them (std::bad_alloc from its callback, again at
+  // each of the next steps, or not even kept for them): their requests ended without the
+  // receiver knowing.
+  int64_t lost_end_events = 0;
   // The most rows of logits one step computed (scored prompts take at most 64 a step together).
   int64_t peak_step_logit_rows = 0;
   // Time of the forward passes, split between prompt and generated tokens by their share of
@@ -307,6 +315,9 @@ public:
   const ComputeNeeds &compute_needs() const { return compute_needs_; }
   EngineStats published_stats() const;
   size_t cached() const { return cached_.size(); }
+  // Last events kept for receivers that could not take them (offered again at the next steps;
+  // the stepping thread's).
+  size_t undelivered() const { return undelivered_.size(); }
   // Draft caches kept with cached conversations.
   size_t cached_drafts() const { return cached_drafts_.size(); }
   // Bytes held by the cached conversations and the snapshots: their rings, the pages no active
@@ -487,6 +498,19 @@ private:
   void finish(Generation &a, FinishReason reason, const std::string &error = {}, bool keep = true);
   // The last event of a (and of its choices not forked yet).
   void end_events(Generation &a, FinishReason reason, const std::string &error = "");
+  // A last event through `on_event`; one whose receiver throws std::bad_alloc is kept for the
+  // next steps (undelivered_), never lost with the rest of the step.
+  void send_end(const std::function<void(const Event &)> &on_event, const Event &e);
+  // Sends the kept last events, in order, each once a step; one refused kEndTries times goes
+  // (EngineStats::lost_end_events).
+  void send_undelivered();
+  static constexpr int32_t kEndTries = 16;
+  struct Undelivered {
+    std::function<void(const Event &)> on_event;
+    Event event;
+    int32_t tries = 0;
+  };
+  std::list<Undelivered> undelivered_;
   // A scored prompt's log-probabilities go with each choice's first event.
   static void attach_prompt_logprobs(Generation &a, Event &e);
   // The first of a's message starts in [from - snapshot_reach, to + snapshot_reach], or -1: a

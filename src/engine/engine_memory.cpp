@@ -59,7 +59,8 @@ int64_t bytes_on(const kv::BytesByBufferType &by, ggml_backend_buffer_type_t buf
 // The compute buffers a pass of `n` tokens at the deepest position of the context needs, by
 // buffer type: measured (model::Forward::measure) on a sequence of the store advanced there
 // without computing anything, and removed after. Its storage is only reserved (host pages are
-// never touched; a device's pool is allocated already), past the store's budget for the while.
+// never touched; a device's pool is allocated already), past the store's budget for the while;
+// where the pool cannot hold that deep a sequence, at the deepest it can hold.
 Result<kv::BytesByBufferType> deepest_step_needs(model::Forward &forward, kv::KvStore &store,
                                                  int32_t context, int32_t max_write, int32_t n) {
   auto seq = store.create_sequence();
@@ -67,25 +68,35 @@ Result<kv::BytesByBufferType> deepest_step_needs(model::Forward &forward, kv::Kv
   const int64_t budget = store.memory_budget();
   store.set_memory_budget(0);
   auto measured = [&]() -> Result<kv::BytesByBufferType> {
-    for (int32_t at = 0; at < context - n;) {
+    int32_t at = 0;
+    while (at < context - n) {
       const int32_t chunk = std::min(max_write, context - n - at);
       kv::Step step(store);
-      if (auto span = step.add_span({*seq, at, chunk}); !span.ok()) return span.status();
+      if (auto span = step.add_span({*seq, at, chunk}); !span.ok()) {
+        if (span.status().code() == StatusCode::kResourceExhausted && at >= n) break;
+        return span.status();
+      }
       OFFGRAPH_TRY(step.commit());
       at += chunk;
     }
     model::Batch batch;
     batch.tokens.assign(size_t(n), 0);
-    batch.spans.push_back({*seq, context - n, n});
+    batch.spans.push_back({*seq, at, n});
     batch.logit_rows.push_back(n - 1);
     return forward.measure(batch);
-  }();
+  };
+  Result<kv::BytesByBufferType> needs = Status();
+  try {
+    needs = measured();
+  } catch (const std::bad_alloc &) {
+    needs = Status::error("out of memory", StatusCode::kResourceExhausted);
+  }
   store.set_memory_budget(budget);
   (void)store.remove_sequence(*seq);
-  if (!measured.ok())
+  if (!needs.ok())
     return Status::error("measuring a step of " + std::to_string(n) +
-                         " token(s) at the full context: " + measured.message());
-  return measured;
+                         " token(s) at the full context: " + needs.message());
+  return needs;
 }
 
 // Each buffer type's largest part of the store's bytes (KvDeviceMemory::part).
@@ -188,7 +199,7 @@ Status Engine::set_compute_budget() {
   forward_->set_compute_limit([limit, draft_forward](ggml_backend_buffer_type_t buft) -> int64_t {
     const int64_t b = limit(buft);
     if (b < 0 || !draft_forward) return b;
-    return b - bytes_on(draft_forward->compute_buffer_bytes(), buft);
+    return std::max<int64_t>(0, b - bytes_on(draft_forward->compute_buffer_bytes(), buft));
   });
   if (draft_forward) {
     model::Forward *target_forward = forward_.get();
@@ -196,8 +207,9 @@ Status Engine::set_compute_budget() {
                                          ggml_backend_buffer_type_t buft) -> int64_t {
       const int64_t b = limit(buft);
       if (b < 0) return b;
-      return b -
-             std::max(bytes_on(target_forward->compute_buffer_bytes(), buft), bytes_on(one, buft));
+      return std::max<int64_t>(0,
+                               b - std::max(bytes_on(target_forward->compute_buffer_bytes(), buft),
+                                            bytes_on(one, buft)));
     });
   }
   return ok_status();

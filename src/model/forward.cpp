@@ -245,7 +245,10 @@ bool Forward::allocate(ggml_cgraph *gf, size_t n_nodes, ggml_context_ptr &ctx,
   ggml_backend_sched_reset(sched_.get());
   pin_custom_ops(sched_.get(), gf);
   const kv::BytesByBufferType held = compute_buffer_bytes();
-  if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) return false;
+  if (!ggml_backend_sched_alloc_graph(sched_.get(), gf)) {
+    sched_.reset(); // its allocator kept the plan its buffers could not hold (allocate_alone)
+    return false;
+  }
   // The scheduler cannot be asked beforehand without splitting the graph a second time (it
   // rewrites what it splits): a graph whose buffers grew past the compute budget is refused
   // right after, and the scheduler, with its buffers, goes.
@@ -282,12 +285,18 @@ bool Forward::allocate_alone(ggml_cgraph *gf, std::string &refused) {
     if (refused = over_compute_limit(needs, held); !refused.empty()) return false;
     if (measure) planned_ = std::move(sizes);
   }
-  if (plan_.work_size > work_size_) {
+  if (plan_.work_size > work_size_ && !observer_) { // (node profiling computes on the backend)
     work_.reset(new (std::nothrow) uint8_t[plan_.work_size]);
     work_size_ = work_ ? plan_.work_size : 0;
     if (!work_) return false;
   }
-  if (!ggml_gallocr_alloc_graph(alloc_.get(), gf)) return false;
+  if (!ggml_gallocr_alloc_graph(alloc_.get(), gf)) {
+    // ggml keeps the new plan even though its buffer could not be had: a later graph of the same
+    // shape would be placed in no buffer. A fresh allocator instead.
+    alloc_.reset(ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_.get())));
+    planned_.clear();
+    return false;
+  }
   // A plan made again from scratch (ggml re-plans when the leaf count differs, which the sizes
   // above do not see) that came out larger: the allocator and its buffer go.
   if (refused = over_compute_limit(compute_buffer_bytes(), held); !refused.empty()) {
@@ -315,13 +324,18 @@ Status Forward::check(const Batch &batch, bool wants_hidden) const {
     return Status::error("forward: " + std::to_string(batch.embeddings.size()) +
                          " embedding values for " + std::to_string(batch.embedding_at.size()) +
                          " rows of width " + std::to_string(c.n_embd));
-  // Where the input is an embedding row, the token id only names the row (for prefix reuse).
-  std::vector<bool> embedded(size_t(n), false);
-  for (int32_t at : batch.embedding_at) embedded[size_t(at)] = true;
-  for (size_t i = 0; i < batch.tokens.size(); ++i)
-    if (const int32_t t = batch.tokens[i]; !embedded[i] && (t < 0 || t >= c.n_vocab))
+  // Where the input is an embedding row, the token id only names the row (for prefix reuse);
+  // embedding_at ascends (checked above).
+  auto embedded = batch.embedding_at.begin();
+  for (size_t i = 0; i < batch.tokens.size(); ++i) {
+    if (embedded != batch.embedding_at.end() && size_t(*embedded) == i) {
+      ++embedded;
+      continue;
+    }
+    if (const int32_t t = batch.tokens[i]; t < 0 || t >= c.n_vocab)
       return Status::error("forward: token id " + std::to_string(t) +
                            " is outside the vocabulary (0.." + std::to_string(c.n_vocab - 1) + ")");
+  }
   for (size_t i = 0; i < batch.logit_rows.size(); ++i)
     if (batch.logit_rows[i] < 0 || batch.logit_rows[i] >= n ||
         (i && batch.logit_rows[i] <= batch.logit_rows[i - 1]))
@@ -420,13 +434,20 @@ Result<kv::BytesByBufferType> Forward::measure(const Batch &batch) try {
   // ggml's scheduler rewrites the graph it splits (inputs copied between devices): a scheduler
   // of its own, made for this graph and dropped with it.
   std::vector<ggml_backend_t> backends = scheduler_backends();
+  // (ggml_backend_sched_reserve_size resets the scheduler first, so custom ops cannot be pinned
+  // to the CPU here as run() pins them; they read host storage, which keeps them there.)
   ggml_backend_sched_ptr sched(ggml_backend_sched_new(
       backends.data(), nullptr, int(backends.size()), scheduler_size(g->n_nodes), false, false));
-  pin_custom_ops(sched.get(), g->gf);
   std::vector<size_t> sizes(backends.size(), 0);
   ggml_backend_sched_reserve_size(sched.get(), g->gf, sizes.data());
-  for (size_t i = 0; i < backends.size(); ++i)
-    kv::add_bytes(by, ggml_backend_get_default_buffer_type(backends[i]), int64_t(sizes[i]));
+  for (size_t i = 0; i < backends.size(); ++i) { // backends sharing a buffer type share a buffer
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(backends[i]);
+    auto it = std::find_if(by.begin(), by.end(), [buft](const auto &b) { return b.first == buft; });
+    if (it == by.end())
+      by.push_back({buft, int64_t(sizes[i])});
+    else
+      it->second = std::max(it->second, int64_t(sizes[i]));
+  }
   return by;
 } catch (const std::bad_alloc &) {
   return Status::error("forward: out of host memory measuring the graph of " +

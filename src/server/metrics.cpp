@@ -93,6 +93,9 @@ std::string render_metrics(const MetricsInput &in, const HttpCounters &http) {
   w.one("offgraph_step_memory_faults_total", "counter",
         "steps whose every request ended because memory no fault site contains could not be had",
         double(e.step_memory_faults));
+  w.one("offgraph_lost_end_events_total", "counter",
+        "requests whose last event the server could not take (out of memory, 16 steps running)",
+        double(e.lost_end_events));
   w.one("offgraph_compute_budget_refusals_total", "counter",
         "step graphs that needed more than the compute budget (--compute-mib) and ran smaller",
         double(e.compute_budget_refusals));

@@ -919,8 +919,10 @@ void Server::engine_loop() {
       std::unique_lock lock(mutex_);
       e = engine_.get();
       if (!e || (e->active() == 0 && e->queued() == 0)) {
-        wake_.wait_for(lock, std::chrono::milliseconds(100));
-        continue;
+        // Last events a receiver could not take yet are offered again every 10 ms meanwhile.
+        const bool retry = e && e->undelivered() > 0;
+        wake_.wait_for(lock, std::chrono::milliseconds(retry ? 10 : 100));
+        if (!retry) continue;
       }
     }
     if (stopping_) e->cancel_all(); // shutting down: accepted work ends as cancelled

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <random>
+#include <utility>
 
 namespace offgraph::engine::testing {
 namespace {
@@ -264,17 +265,21 @@ TEST(FaultMatrix, EverySiteOfAMixedStepFailsAtMostItsRequest) {
               counts.c_str());
 }
 
-// std::bad_alloc that no fault site contains escapes a step (here thrown by a request's callback
-// as it takes its last event): every request of that step ends with the error, after a prefix of
-// its answer, each choice with exactly one last event (a request of two choices among them), none
-// is kept, no sequence is left held, and the engine answers the next request as alone.
+// std::bad_alloc that no fault site contains escapes a step (EngineOptions::step_fault, thrown
+// after the step in which the first request finished): every request of that step ends with the
+// error, after a prefix of its answer, each choice with exactly one last event (a request of two
+// choices among them), none is kept, no sequence is left held, and the engine answers the next
+// request as alone.
 TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
   std::mt19937_64 rng(45);
   std::vector<Request> requests = {greedy(random_tokens(rng, 12), 6),
                                    greedy(random_tokens(rng, 10), 12),
                                    greedy(random_tokens(rng, 9), 12)};
   requests[2].n = 2, requests[2].sampling.temperature = 1.0, requests[2].sampling.seed = 3;
-  auto e = Engine::create(*fixture().model, options(4));
+  EngineOptions o = options(4);
+  bool first_done = false, thrown = false;
+  o.step_fault = [&](int64_t) { return first_done && !std::exchange(thrown, true); };
+  auto e = Engine::create(*fixture().model, o);
   ASSERT_TRUE(e.ok()) << e.message();
   std::vector<std::vector<std::vector<int32_t>>> out(requests.size());
   std::vector<std::vector<int>> last_events(requests.size());
@@ -287,14 +292,14 @@ TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
                                if (ev.finish == FinishReason::Error) errors[i] = ev.error;
                                if (ev.finish != FinishReason::None)
                                  ++last_events[i][size_t(ev.choice)];
-                               if (i == 0 && ev.finish != FinishReason::None)
-                                 throw std::bad_alloc();
+                               if (i == 0 && ev.finish != FinishReason::None) first_done = true;
                              })
                     .ok());
   }
   (*e)->run_until_idle();
   EXPECT_EQ((*e)->stats().step_memory_faults, 1);
-  EXPECT_EQ(out[0][0], alone(requests[0])); // its answer was whole when its callback threw
+  EXPECT_EQ(out[0][0], alone(requests[0])); // it had finished when the step threw
+  EXPECT_EQ(last_events[0], std::vector<int>{1});
   for (size_t i : {size_t(1), size_t(2)}) {
     EXPECT_NE(errors[i].find("out of memory in the engine's step"), std::string::npos) << errors[i];
     EXPECT_EQ(last_events[i], std::vector<int>(size_t(requests[i].n), 1)) << "request " << i;
@@ -315,9 +320,9 @@ TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
   EXPECT_EQ((*e)->cached_bytes(), (*e)->cached_bytes_walked());
   const Request next = greedy(random_tokens(rng, 11), 8);
   EXPECT_EQ(run(**e, {next})[0], alone(next));
-  // Thrown while the choices of a request are being forked (choice 1's last event, its only
-  // token): the choice forked before it, the one being forked and the one never forked each get
-  // exactly one last event; nothing is left held.
+  // A receiver that never takes a last event (choice 1's, while the choices are being forked,
+  // its only token): offered at each of the next steps, 16 times in all, then counted lost; the
+  // choices beside it each get exactly one; no step-wide fault; nothing is left held.
   Request three = greedy(random_tokens(rng, 10), 1);
   three.n = 3;
   std::vector<int> ends(3, 0);
@@ -329,8 +334,9 @@ TEST(FaultMatrix, MemoryNoSiteContainsEndsTheStepsRequestsAndTheEngineGoesOn) {
                            })
                   .ok());
   (*e)->run_until_idle();
-  EXPECT_EQ((*e)->stats().step_memory_faults, 2);
-  EXPECT_EQ(ends, std::vector<int>(3, 1));
+  EXPECT_EQ((*e)->stats().step_memory_faults, 1);
+  EXPECT_EQ((*e)->stats().lost_end_events, 1);
+  EXPECT_EQ(ends, (std::vector<int>{1, 16, 1}));
   EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached()) << "a sequence was left held";
 }
 
@@ -439,6 +445,74 @@ TEST(FaultMatrix, UnderATightComputeBudgetStepsShrinkAndAnswersStayTheSame) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("--compute-mib"), std::string::npos) << refused.message();
   EXPECT_NE(refused.message().find("one token's step"), std::string::npos) << refused.message();
+}
+
+// A receiver that cannot take a request's last event (std::bad_alloc from its callback: its
+// queue, its message) the first time: the event is kept and sent again at the next step, each
+// request sees exactly one last event, the step goes on (no step-wide fault), and every answer is
+// the request's answer alone. Last events of finished, cancelled-while-queued and never-forked
+// choices alike.
+TEST(FaultMatrix, ALastEventTheReceiverCannotTakeIsSentAgain) {
+  std::mt19937_64 rng(47);
+  std::vector<Request> requests = {greedy(random_tokens(rng, 20), 6),
+                                   greedy(random_tokens(rng, 12), 9),
+                                   greedy(random_tokens(rng, 16), 5)};
+  requests[2].n = 2, requests[2].sampling.temperature = 1.0, requests[2].sampling.seed = 3;
+  const Request cancelled = greedy(random_tokens(rng, 10), 4);
+  EngineOptions o = options(2);
+  o.max_active = 1; // the others wait in the queue
+  auto e = Engine::create(*fixture().model, o);
+  ASSERT_TRUE(e.ok()) << e.message();
+  struct Seen {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int> ends, refused;
+    std::vector<FinishReason> how;
+  };
+  std::vector<Seen> seen(requests.size() + 1);
+  auto callback = [&seen](size_t k) {
+    return [&seen, k](const Event &ev) {
+      Seen &s = seen[k];
+      const size_t c = size_t(ev.choice);
+      if (s.tokens.size() <= c) {
+        s.tokens.resize(c + 1), s.ends.resize(c + 1), s.refused.resize(c + 1);
+        s.how.resize(c + 1);
+      }
+      if (ev.token >= 0) s.tokens[c].push_back(ev.token);
+      if (ev.finish == FinishReason::None) return;
+      if (s.refused[c]++ == 0) throw std::bad_alloc(); // the first time, for every choice
+      ++s.ends[c], s.how[c] = ev.finish;
+    };
+  };
+  std::vector<uint64_t> ids;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    auto id = (*e)->submit(requests[k], callback(k));
+    ASSERT_TRUE(id.ok()) << id.message();
+    ids.push_back(*id);
+  }
+  auto queued = (*e)->submit(cancelled, callback(requests.size()));
+  ASSERT_TRUE(queued.ok());
+  (*e)->cancel(*queued);
+  (*e)->run_until_idle();
+  for (size_t k = 0; k < requests.size(); ++k) {
+    SCOPED_TRACE("request " + std::to_string(k));
+    const std::vector<std::vector<int32_t>> want = choices_alone(requests[k]);
+    ASSERT_EQ(seen[k].tokens.size(), want.size());
+    EXPECT_EQ(seen[k].tokens, want);
+    for (size_t c = 0; c < want.size(); ++c) {
+      EXPECT_EQ(seen[k].ends[c], 1) << "choice " << c;
+      EXPECT_EQ(seen[k].refused[c], 2) << "choice " << c;
+      EXPECT_EQ(seen[k].how[c], FinishReason::Length) << "choice " << c;
+    }
+  }
+  const Seen &c = seen.back();
+  ASSERT_EQ(c.ends.size(), 1u);
+  EXPECT_EQ(c.ends[0], 1);
+  EXPECT_EQ(c.how[0], FinishReason::Cancelled);
+  EXPECT_TRUE(c.tokens[0].empty());
+  const EngineStats stats = (*e)->stats();
+  EXPECT_EQ(stats.step_memory_faults, 0);
+  EXPECT_EQ(stats.lost_end_events, 0);
+  EXPECT_EQ((*e)->store().sequence_ids().size(), (*e)->cached());
 }
 
 } // namespace

@@ -151,8 +151,8 @@ inline void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode
 }
 
 // The compute limit on `s` (a fresh session; `ref` another of the same model, no limit): a
-// prefill chunk measured (model::Forward::measure, which keeps nothing: the sequence stays
-// empty) and run one byte short of its largest buffer is refused before anything is computed,
+// prefill chunk measured (model::Forward::measure, which computes and commits nothing and
+// allocates no buffer) and run one byte short of its largest buffer is refused before anything is computed,
 // the message naming the budget, the sequence and the buffers as they were; at its measure it
 // runs, and the buffers it leaves are the measure; under a limit below what it left, steps that
 // fit those buffers run (a limit bounds growth), with the logits of `ref`.
@@ -168,6 +168,14 @@ inline void check_compute_limit(Session &s, Session &ref) {
   auto need = s.fwd->measure(chunk);
   ASSERT_TRUE(need.ok()) << need.message();
   EXPECT_EQ(s.store->sequence(a)->length(), 0);
+  // The span's storage is reserved as for a run (the sequence keeps it for those rows): what
+  // the chunk then takes, and no more (checked once it ran, below).
+  const int64_t stored = s.store->bytes_in_use();
+  EXPECT_TRUE(s.fwd->compute_buffer_bytes().empty() || [&] {
+    for (const auto &[buft, bytes] : s.fwd->compute_buffer_bytes())
+      if (bytes) return false;
+    return true;
+  }()) << "measuring allocated a buffer";
   ggml_backend_buffer_type_t most = nullptr;
   int64_t most_bytes = 0;
   for (const auto &[buft, bytes] : *need)
@@ -183,13 +191,13 @@ inline void check_compute_limit(Session &s, Session &ref) {
   EXPECT_NE(refused.message().find(ggml_backend_buft_name(most)), std::string::npos);
   EXPECT_EQ(s.fwd->compute_refusals(), 1);
   EXPECT_EQ(s.store->sequence(a)->length(), 0);
-  for (const auto &[buft, bytes] : s.fwd->compute_buffer_bytes())
-    if (buft == most) {
-      EXPECT_LE(bytes, limit);
-    }
+  EXPECT_EQ(s.store->bytes_in_use(), stored);
+  for (const auto &[buft, bytes] : s.fwd->compute_buffer_bytes()) // none grew, or was freed
+    EXPECT_EQ(bytes, 0) << ggml_backend_buft_name(buft);
 
   limit = most_bytes;
   std::vector<float> got = s.step(a, chunk.tokens);
+  EXPECT_EQ(s.store->bytes_in_use(), stored);
   std::vector<float> want = ref.step(r, chunk.tokens);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_LE(rel_error(got.data(), want.data(), got.size()), 1e-5);
