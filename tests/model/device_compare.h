@@ -152,10 +152,10 @@ inline void compare(Session &cpu, Session &split, uint64_t seed, int64_t &decode
 
 // The compute limit on `s` (a fresh session; `ref` another of the same model, no limit): a
 // prefill chunk measured (model::Forward::measure, which computes and commits nothing and
-// allocates no buffer) and run one byte short of its largest buffer is refused before anything is computed,
-// the message naming the budget, the sequence and the buffers as they were; at its measure it
-// runs, and the buffers it leaves are the measure; under a limit below what it left, steps that
-// fit those buffers run (a limit bounds growth), with the logits of `ref`.
+// allocates no buffer) and run one byte short of its largest buffer is refused before anything is
+// computed, the message naming the budget, the sequence and the buffers as they were; at its
+// measure it runs, and the buffers it leaves are the measure; under a limit below what it left,
+// steps that fit those buffers run (a limit bounds growth), with the logits of `ref`.
 inline void check_compute_limit(Session &s, Session &ref) {
   std::mt19937_64 rng(41);
   std::vector<int32_t> tokens(16);
