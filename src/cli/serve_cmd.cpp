@@ -33,11 +33,8 @@ void print_compute_budget(const engine::Engine &engine, bool explicit_budget,
   for (const engine::Engine::Load::DeviceBytes &b : engine.budget_by_device()) {
     if (std::string(b.use) != "compute") continue;
     any = true;
-    int64_t one = 0, full = 0;
-    for (const auto &[buft, bytes] : needs.one_token)
-      if (buft == b.buft) one = bytes;
-    for (const auto &[buft, bytes] : needs.full_chunk)
-      if (buft == b.buft) full = bytes;
+    const int64_t one = kv::bytes_on(needs.one_token, b.buft),
+                  full = kv::bytes_on(needs.full_chunk, b.buft);
     std::fprintf(stderr,
                  "offgraph serve: compute budget on %s %s%s; at the full context one token's "
                  "step needs %s, a full prefill chunk %s%s\n",

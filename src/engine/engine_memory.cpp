@@ -50,42 +50,50 @@ int64_t device_available(ggml_backend_buffer_type_t buft) {
   return 0;
 }
 
-int64_t bytes_on(const kv::BytesByBufferType &by, ggml_backend_buffer_type_t buft) {
-  for (const auto &[b, bytes] : by)
-    if (b == buft) return bytes;
-  return 0;
-}
-
-// The compute buffers a pass of `n` tokens at the deepest position of the context needs, by
-// buffer type: measured (model::Forward::measure) on a sequence of the store advanced there
-// without computing anything, and removed after. Its storage is only reserved (host pages are
-// never touched; a device's pool is allocated already), past the store's budget for the while;
-// where the pool cannot hold that deep a sequence, at the deepest it can hold.
-Result<kv::BytesByBufferType> deepest_step_needs(model::Forward &forward, kv::KvStore &store,
-                                                 int32_t context, int32_t max_write, int32_t n) {
+// The compute buffers passes of `sizes` tokens (descending) at the deepest position of the
+// context need, by buffer type: measured (model::Forward::measure) on one sequence of the store
+// advanced there (to each size's depth in turn) without computing anything, and removed after.
+// Its storage is only reserved (host pages are never touched; a device's pool is allocated
+// already), past the store's budget for the while; where the pool cannot hold that deep a
+// sequence, at the deepest it can hold.
+Result<std::vector<kv::BytesByBufferType>> deepest_step_needs(model::Forward &forward,
+                                                              kv::KvStore &store, int32_t context,
+                                                              int32_t max_write,
+                                                              const std::vector<int32_t> &sizes) {
   auto seq = store.create_sequence();
   if (!seq.ok()) return seq.status();
   const int64_t budget = store.memory_budget();
   store.set_memory_budget(0);
-  auto measured = [&]() -> Result<kv::BytesByBufferType> {
+  std::string measuring;
+  auto measured = [&]() -> Result<std::vector<kv::BytesByBufferType>> {
+    std::vector<kv::BytesByBufferType> out;
     int32_t at = 0;
-    while (at < context - n) {
-      const int32_t chunk = std::min(max_write, context - n - at);
-      kv::Step step(store);
-      if (auto span = step.add_span({*seq, at, chunk}); !span.ok()) {
-        if (span.status().code() == StatusCode::kResourceExhausted && at >= n) break;
-        return span.status();
+    bool full = false; // the pool holds no more
+    for (const int32_t n : sizes) {
+      measuring = "a step of " + std::to_string(n) + " token(s) at the full context";
+      while (!full && at < context - n) {
+        const int32_t chunk = std::min(max_write, context - n - at);
+        kv::Step step(store);
+        if (auto span = step.add_span({*seq, at, chunk}); !span.ok()) {
+          if (span.status().code() != StatusCode::kResourceExhausted || at < n)
+            return span.status();
+          full = true;
+          break;
+        }
+        OFFGRAPH_TRY(step.commit());
+        at += chunk;
       }
-      OFFGRAPH_TRY(step.commit());
-      at += chunk;
+      model::Batch batch;
+      batch.tokens.assign(size_t(n), 0);
+      batch.spans.push_back({*seq, at, n});
+      batch.logit_rows.push_back(n - 1);
+      auto needs = forward.measure(batch);
+      if (!needs.ok()) return needs.status();
+      out.push_back(std::move(needs).value());
     }
-    model::Batch batch;
-    batch.tokens.assign(size_t(n), 0);
-    batch.spans.push_back({*seq, at, n});
-    batch.logit_rows.push_back(n - 1);
-    return forward.measure(batch);
+    return out;
   };
-  Result<kv::BytesByBufferType> needs = Status();
+  Result<std::vector<kv::BytesByBufferType>> needs = Status();
   try {
     needs = measured();
   } catch (const std::bad_alloc &) {
@@ -93,9 +101,7 @@ Result<kv::BytesByBufferType> deepest_step_needs(model::Forward &forward, kv::Kv
   }
   store.set_memory_budget(budget);
   (void)store.remove_sequence(*seq);
-  if (!needs.ok())
-    return Status::error("measuring a step of " + std::to_string(n) +
-                         " token(s) at the full context: " + needs.message());
+  if (!needs.ok()) return Status::error("measuring " + measuring + ": " + needs.message());
   return needs;
 }
 
@@ -135,7 +141,7 @@ std::vector<KvDeviceMemory> kv_device_memory(const kv::KvStore &store, int32_t c
         it = by.end() - 1;
       }
       it->second.part += part * share;
-      it->second.held += bytes_on(held, buft);
+      it->second.held += kv::bytes_on(held, buft);
     }
   };
   add(store, 1.0);
@@ -163,11 +169,10 @@ Status Engine::set_compute_budget() {
        {std::tuple{&target, forward_.get(), store_.get()},
         std::tuple{&draft, draft_forward_.get(), draft_store_.get()}}) {
     if (!forward) continue;
-    auto one = deepest_step_needs(*forward, *store, context, options_.max_write, 1);
-    if (!one.ok()) return one.status();
-    auto full = deepest_step_needs(*forward, *store, context, options_.max_write, chunk);
-    if (!full.ok()) return full.status();
-    needs->one_token = std::move(one).value(), needs->full_chunk = std::move(full).value();
+    auto measured =
+        deepest_step_needs(*forward, *store, context, options_.max_write, {std::max(chunk, 1), 1});
+    if (!measured.ok()) return measured.status();
+    needs->full_chunk = std::move((*measured)[0]), needs->one_token = std::move((*measured)[1]);
   }
   compute_needs_ = target;
   for (const auto &[buft, bytes] : draft.one_token)
@@ -199,7 +204,7 @@ Status Engine::set_compute_budget() {
   forward_->set_compute_limit([limit, draft_forward](ggml_backend_buffer_type_t buft) -> int64_t {
     const int64_t b = limit(buft);
     if (b < 0 || !draft_forward) return b;
-    return std::max<int64_t>(0, b - bytes_on(draft_forward->compute_buffer_bytes(), buft));
+    return std::max<int64_t>(0, b - kv::bytes_on(draft_forward->compute_buffer_bytes(), buft));
   });
   if (draft_forward) {
     model::Forward *target_forward = forward_.get();
@@ -207,9 +212,9 @@ Status Engine::set_compute_budget() {
                                          ggml_backend_buffer_type_t buft) -> int64_t {
       const int64_t b = limit(buft);
       if (b < 0) return b;
-      return std::max<int64_t>(0,
-                               b - std::max(bytes_on(target_forward->compute_buffer_bytes(), buft),
-                                            bytes_on(one, buft)));
+      return std::max<int64_t>(
+          0, b - std::max(kv::bytes_on(target_forward->compute_buffer_bytes(), buft),
+                          kv::bytes_on(one, buft)));
     });
   }
   return ok_status();

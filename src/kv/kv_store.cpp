@@ -21,6 +21,12 @@ void add_bytes(BytesByBufferType &to, ggml_backend_buffer_type_t buft, int64_t b
   to.emplace_back(buft, bytes);
 }
 
+int64_t bytes_on(const BytesByBufferType &by, ggml_backend_buffer_type_t buft) {
+  for (const auto &[b, n] : by)
+    if (b == buft) return n;
+  return 0;
+}
+
 void SnapshotTally::add(const Pool &rows, int64_t sign) {
   std::lock_guard lock(mutex);
   for (const Pool::Part &p : rows.parts)

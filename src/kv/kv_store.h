@@ -97,6 +97,8 @@ struct Pool {
 // Bytes by the buffer type they live in (one per device), in first-seen order.
 using BytesByBufferType = std::vector<std::pair<ggml_backend_buffer_type_t, int64_t>>;
 void add_bytes(BytesByBufferType &to, ggml_backend_buffer_type_t buft, int64_t bytes);
+// The bytes `by` holds on `buft` (0: none).
+int64_t bytes_on(const BytesByBufferType &by, ggml_backend_buffer_type_t buft);
 
 // Bytes of a store's live snapshots, in all and by buffer type; shared with the snapshots so that
 // one that goes subtracts its own.

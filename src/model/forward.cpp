@@ -114,20 +114,19 @@ void wait_for_devices(const std::vector<ggml_tensor *> &writes) {
 // What ggml's allocator compares to tell whether a graph fits the plan it holds: each node's
 // size and each of its sources' (0 for a view or a tensor whose memory is not the allocator's),
 // after the node count.
-std::vector<size_t> allocation_sizes(ggml_cgraph *gf) {
+// (Into `sizes`, reused step after step: this runs every step under a compute limit.)
+void allocation_sizes(ggml_cgraph *gf, std::vector<size_t> &sizes) {
   auto size = [](const ggml_tensor *t) -> size_t {
     return !t || t->data || t->view_src ? 0 : ggml_nbytes(t);
   };
   const int n = ggml_graph_n_nodes(gf);
-  std::vector<size_t> sizes;
-  sizes.reserve(1 + size_t(n) * (1 + GGML_MAX_SRC));
+  sizes.clear();
   sizes.push_back(size_t(n));
   for (int i = 0; i < n; ++i) {
     const ggml_tensor *node = ggml_graph_node(gf, i);
     sizes.push_back(size(node));
     for (int j = 0; j < GGML_MAX_SRC; ++j) sizes.push_back(size(node->src[j]));
   }
-  return sizes;
 }
 
 // A graph of `sizes` within the plan made for `plan` (allocation_sizes of both): the same node
@@ -204,11 +203,8 @@ std::string Forward::over_compute_limit(const kv::BytesByBufferType &needs,
                                         const kv::BytesByBufferType &held) {
   if (!compute_limit_) return {};
   for (const auto &[buft, bytes] : needs) {
-    int64_t had = 0;
-    for (const auto &[b, h] : held)
-      if (b == buft) had = h;
     const int64_t limit = compute_limit_(buft);
-    if (limit >= 0 && bytes > limit && bytes > had)
+    if (limit >= 0 && bytes > limit && bytes > kv::bytes_on(held, buft))
       return ++compute_refusals_, "its compute buffer on " +
                                       std::string(ggml_backend_buft_name(buft)) +
                                       " would grow to " + mib(bytes) + ", past the " + mib(limit) +
@@ -271,9 +267,9 @@ bool Forward::allocate_alone(ggml_cgraph *gf, std::string &refused) {
     // first, by an allocator that never allocates, and refused where it needs more than the
     // budget leaves (with the work buffer it needs). Decode steps repeat their shapes and skip
     // the measure (45 us a step on the 0.4b file).
-    std::vector<size_t> sizes = allocation_sizes(gf);
+    allocation_sizes(gf, sizes_);
     size_t graph_bytes = ggml_gallocr_get_buffer_size(alloc_.get(), 0);
-    const bool measure = !fits_plan(sizes, planned_);
+    const bool measure = !fits_plan(sizes_, planned_);
     if (measure) {
       size_t bytes = 0;
       ggml_gallocr_reserve_n_size(measurer(), gf, nullptr, nullptr, &bytes);
@@ -283,7 +279,7 @@ bool Forward::allocate_alone(ggml_cgraph *gf, std::string &refused) {
     kv::add_bytes(needs, ggml_backend_get_default_buffer_type(backend_.get()),
                   int64_t(graph_bytes + std::max(work_size_, plan_.work_size)));
     if (refused = over_compute_limit(needs, held); !refused.empty()) return false;
-    if (measure) planned_ = std::move(sizes);
+    if (measure) planned_.swap(sizes_);
   }
   if (plan_.work_size > work_size_ && !observer_) { // (node profiling computes on the backend)
     work_.reset(new (std::nothrow) uint8_t[plan_.work_size]);

@@ -118,7 +118,7 @@ private:
   int64_t compute_refusals_ = 0;
   // allocation_sizes() of the largest graph measured against the compute limit since alloc_'s
   // plan last grew: a graph within it cannot grow the buffer.
-  std::vector<size_t> planned_;
+  std::vector<size_t> planned_, sizes_; // (sizes_: the current graph's, a scratch)
   // Other devices: their backends (split order), then the CPU's, and the scheduler over them.
   // The devices (their relays) outlive the backends and buffers that talk through them.
   std::shared_ptr<const Devices> devices_;
